@@ -1,0 +1,31 @@
+"""ament_python build: `colcon build` on a ROS 2 install, or `pip install .` anywhere.
+
+The Numba-CUDA kernels live in the top-level kernels/ folder and install as vla_edge_ros.kernels.
+"""
+
+from glob import glob
+
+from setuptools import setup
+
+PACKAGE = "vla_edge_ros"
+
+setup(
+    name=PACKAGE,
+    version="0.1.0",
+    packages=[PACKAGE, f"{PACKAGE}.model", f"{PACKAGE}.kernels"],
+    package_dir={f"{PACKAGE}.kernels": "kernels"},
+    data_files=[
+        ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),
+        (f"share/{PACKAGE}", ["package.xml"]),
+        (f"share/{PACKAGE}/config", glob("config/*.yaml")),
+        (f"share/{PACKAGE}/launch", glob("launch/*.launch.py")),
+    ],
+    install_requires=["setuptools"],
+    zip_safe=False,
+    maintainer="vla_edge_ros maintainers",
+    maintainer_email="maintainers@vla-edge-ros.dev",
+    description="Vision-Language-Action transformer for ROS 2 under a hard control deadline.",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    entry_points={"console_scripts": ["vla-edge = vla_edge_ros.cli:main"]},
+)

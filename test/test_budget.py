@@ -1,0 +1,60 @@
+"""The memory plan adds up, and a configuration over budget is refused before anything loads."""
+
+from __future__ import annotations
+
+import pytest
+
+from vla_edge_ros.config import parse_settings
+from vla_edge_ros.model.budget import BudgetError
+from vla_edge_ros.model.checkpoint import load_checkpoint
+from vla_edge_ros.model.engine import VlaEngine
+from vla_edge_ros.runtime import load_engine, plan_for
+
+
+def _settings(model_dir, **params):
+    base = {"model_dir": str(model_dir), "backend": "numpy"}
+    return parse_settings({"reasoning": {"ros__parameters": {**base, **params}}}, "test.yaml")
+
+
+def test_plan_matches_what_the_numpy_engine_allocates(tiny_model):
+    plan, checkpoint = plan_for(_settings(tiny_model, kv_capacity_tokens=256))
+    engine = VlaEngine(checkpoint, backend="numpy", kv_capacity_tokens=256)
+    backend_weights, backend_kv = engine.backend.state_bytes()
+    assert plan.kv_arena_bytes == backend_kv
+    c = checkpoint.config
+    assert plan.kv_bytes_per_token == 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4
+    # the plan counts every stored tensor widened to fp32; the decoder share of it is what the backend holds
+    vision = sum(checkpoint.tensors[n].array.size for n in checkpoint.tensors if n.startswith("vision.")) * 4
+    assert plan.weight_bytes - vision == backend_weights
+    assert plan.total_bytes == plan.weight_bytes + plan.kv_arena_bytes + plan.workspace_bytes
+
+
+def test_qwen_shape_kv_bytes_per_token():
+    from vla_edge_ros.model.init_model import preset
+
+    c = preset("qwen2.5-1.5b-shape")
+    # DESIGN.md: 28,672 B per token in bf16; our arena keeps fp32, twice that
+    assert 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 2 == 28_672
+
+
+def test_over_budget_is_refused_with_the_breakdown(tiny_model):
+    settings = _settings(tiny_model, budget_bytes=2 ** 20, kv_capacity_tokens=4096)
+    with pytest.raises(BudgetError) as info:
+        load_engine(settings)
+    text = str(info.value)
+    assert "DOES NOT FIT" in text and "kv arena" in text and "weights" in text
+
+
+def test_load_engine_prefills_the_prompt(tiny_model):
+    engine, plan = load_engine(_settings(tiny_model, prompt_token_ids=[5, 6, 7]))
+    assert plan.fits and engine.arena.used == 3
+
+
+def test_prompt_ids_beyond_the_vocabulary_are_refused(tiny_model):
+    with pytest.raises(ValueError, match="vocab_size"):
+        load_engine(_settings(tiny_model, prompt_token_ids=[5, 99999]))
+
+
+def test_checkpoint_header_only(tiny_model):
+    checkpoint = load_checkpoint(tiny_model)
+    assert checkpoint.weight_bytes() < (tiny_model / "model.safetensors").stat().st_size

@@ -1,0 +1,58 @@
+"""``vla-edge`` subcommands end to end, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from vla_edge_ros.cli import main
+
+
+def _config(tmp_path, model_dir, **params):
+    path = tmp_path / "robot.yaml"
+    base = {"model_dir": str(model_dir), "backend": "numpy", "kv_capacity_tokens": 128}
+    path.write_text(yaml.safe_dump({"reasoning": {"ros__parameters": {**base, **params}}}))
+    return path
+
+
+def test_init_model_then_run(tmp_path, capsys):
+    model = tmp_path / "m"
+    assert main(["init-model", "--out", str(model), "--preset", "tiny", "--layers", "1", "--seed", "3"]) == 0
+    assert main(["run", "--config", str(_config(tmp_path, model)), "--frames", "12"]) == 0
+    out = capsys.readouterr().out
+    assert "12 frames: cycle p50" in out and "action [" in out
+
+
+def test_plan_prints_breakdown_and_fails_over_budget(tmp_path, tiny_model, capsys):
+    assert main(["plan", "--config", str(_config(tmp_path, tiny_model))]) == 0
+    assert "kv arena" in capsys.readouterr().out
+    assert main(["plan", "--config", str(_config(tmp_path, tiny_model, budget_bytes=2 ** 20))]) == 1
+    assert "DOES NOT FIT" in capsys.readouterr().out
+
+
+def test_parity_json_and_saved_logits(tmp_path, tiny_model, capsys):
+    pytest.importorskip("transformers")
+    out = tmp_path / "logits.npy"
+    assert main(["parity", "--model", str(tiny_model), "--backend", "numpy", "--token-ids", "1,2,3,500",
+                 "--save-logits", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["passed"] and report["logits"]["cosine"] >= 0.99999
+    assert np.load(out).shape == (2048,)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--config", "/nonexistent.yaml"], "cannot read config"),
+    (["parity", "--model", "/nonexistent", "--token-ids", "1"], "does not exist"),
+])
+def test_user_errors_exit_2_with_a_message(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_token_ids_are_rejected_by_the_parser(capsys):
+    with pytest.raises(SystemExit):
+        main(["parity", "--model", "x", "--token-ids", "1,a"])
+    assert "comma-separated" in capsys.readouterr().err

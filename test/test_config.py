@@ -1,0 +1,53 @@
+"""The YAML schema: defaults, coercion, and errors that name the key and the file."""
+
+from __future__ import annotations
+
+import pytest
+
+from vla_edge_ros.config import SCHEMA, ConfigError, load_settings, parse_settings
+
+
+def test_default_yaml_is_valid_and_matches_schema(tmp_path):
+    settings = load_settings("config/default.yaml")
+    assert set(settings["reasoning"]) == {p.name for p in SCHEMA["reasoning"]}
+
+
+def test_every_param_has_a_description_and_numbers_have_ranges():
+    for params in SCHEMA.values():
+        for param in params:
+            assert param.description
+            if param.kind in (int, float):
+                assert param.minimum is not None and param.maximum is not None
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"kv_capacity_tokens": 4}, "below the minimum"),
+    ({"kv_capacity_tokens": "big"}, "must be of type int"),
+    ({"kv_capacity_tokens": True}, "must be of type int"),
+    ({"backend": "tpu"}, "must be one of"),
+    ({"prompt_token_ids": [1, -2]}, "outside"),
+    ({"prompt_token_ids": "1,2"}, "list of integers"),
+    ({"no_such_key": 1}, "unknown key reasoning.no_such_key"),
+])
+def test_bad_values_name_the_key_and_file(params, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        parse_settings({"reasoning": {"ros__parameters": params}}, "robot.yaml")
+    assert "robot.yaml" in str(info.value)
+
+
+def test_structure_errors():
+    with pytest.raises(ConfigError, match="unknown node"):
+        parse_settings({"planner": {"ros__parameters": {}}}, "x.yaml")
+    with pytest.raises(ConfigError, match="ros__parameters"):
+        parse_settings({"reasoning": {"kv_capacity_tokens": 8}}, "x.yaml")
+    with pytest.raises(ConfigError, match="top level"):
+        parse_settings([1, 2], "x.yaml")
+
+
+def test_bad_yaml_and_missing_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("reasoning: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_settings(bad)
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_settings(tmp_path / "missing.yaml")

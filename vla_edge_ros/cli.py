@@ -1,0 +1,143 @@
+"""``vla-edge``: the package's command line (works without a ROS install)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .config import ConfigError, load_settings
+from .model.budget import BudgetError
+from .model.checkpoint import CheckpointError
+from .model.config import ModelConfigError
+from .model.init_model import PRESETS, STORAGE_DTYPES, preset, write_random_model
+from .model.safetensors_io import SafetensorsError
+
+MIN_COSINE = {"numpy": 0.99999, "cuda": 0.999}
+USER_ERRORS = (ConfigError, ModelConfigError, CheckpointError, SafetensorsError, BudgetError, ValueError, OSError)
+
+
+def _token_ids(text: str) -> list[int]:
+    try:
+        ids = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"token ids must be comma-separated integers: {text!r}") from exc
+    if not ids:
+        raise argparse.ArgumentTypeError("at least one token id is needed")
+    return ids
+
+
+def cmd_init_model(args: argparse.Namespace) -> int:
+    config = preset(args.preset, args.layers)
+    out = write_random_model(args.out, config, seed=args.seed, dtype=args.dtype)
+    print(f"wrote {args.preset} ({config.num_hidden_layers} layers, {args.dtype}, seed {args.seed}) to {out}")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .runtime import plan_for
+
+    settings = load_settings(args.config)
+    plan, checkpoint = plan_for(settings)
+    c = checkpoint.config
+    print(f"model      {checkpoint.path} (qwen2, {c.num_hidden_layers} layers, hidden {c.hidden_size}, "
+          f"{checkpoint.storage_dtype} on disk)")
+    print(plan.table())
+    return 0 if plan.fits else 1
+
+
+def cmd_parity(args: argparse.Namespace) -> int:
+    from .parity import run_parity
+
+    report = run_parity(args.model, args.token_ids, args.backend)
+    if args.save_logits:
+        np.save(args.save_logits, report.last_logits)
+    threshold = args.min_cosine if args.min_cosine is not None else MIN_COSINE[report.backend]
+    passed = report.worst_cosine() >= threshold
+    if args.json:
+        print(json.dumps({**report.to_dict(), "min_cosine": threshold, "passed": passed}, indent=2))
+    else:
+        print(f"parity of {report.model} on {report.backend} against transformers (fp32, CPU), "
+              f"{len(report.token_ids)} tokens")
+        print(f"  logits                 cosine {report.logits.cosine:.9f}  max|err| {report.logits.max_abs_error:.3e}")
+        for index, layer in enumerate(report.layers):
+            label = "embeddings" if index == 0 else f"layer {index}" + (" (+norm)" if index == len(report.layers) - 1 else "")
+            print(f"  {label:<22} cosine {layer.cosine:.9f}  max|err| {layer.max_abs_error:.3e}")
+        print(f"  incremental vs full    cosine {report.incremental.cosine:.9f}  max|err| {report.incremental.max_abs_error:.3e}")
+        print(f"  worst cosine {report.worst_cosine():.9f} (bar {threshold}): {'PASS' if passed else 'FAIL'}")
+    return 0 if passed else 1
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .runtime import load_engine
+    from .synthetic import SyntheticCamera
+
+    settings = load_settings(args.config)
+    engine, plan = load_engine(settings)
+    c = engine.config
+    print(f"engine: {settings['reasoning']['model_dir']} on {plan.backend}, {c.num_hidden_layers} layers, "
+          f"{engine.tokens_per_frame} tokens/frame, {c.action.head} head, KV arena {plan.kv_arena_bytes:,} B")
+    camera = SyntheticCamera(seed=args.seed)
+    totals = []
+    for index in range(args.frames):
+        result = engine.step(camera.frame())
+        totals.append(result.total_ms)
+        if index % max(1, args.frames // 10) == 0 or index == args.frames - 1:
+            action = np.array2string(result.action, precision=3, separator=", ")
+            print(f"frame {index:5d}  cycle {result.total_ms:6.2f} ms (encode {result.encode_ms:.2f}, "
+                  f"prefill {result.prefill_ms:.2f}, decode {result.decode_ms:.2f})  kv {engine.arena.used} tokens  "
+                  f"action {action}")
+    p50, p99 = np.percentile(totals, [50, 99])
+    print(f"{args.frames} frames: cycle p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {max(totals):.2f} ms; "
+          f"positions stay < {engine.arena.capacity} (next {engine.arena.next_position()})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vla-edge", description="Vision-Language-Action engine for ROS 2 robots.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("init-model", help="write a randomly initialised checkpoint in HuggingFace format")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    p.add_argument("--layers", type=int, help="override the number of layers (e.g. a slice of the 1.5B shape)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=STORAGE_DTYPES, default="bfloat16")
+    p.set_defaults(func=cmd_init_model)
+
+    p = sub.add_parser("plan", help="print the memory plan of a config against its budget_bytes")
+    p.add_argument("--config", type=Path, help="YAML config (default: built-in defaults)")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("parity", help="compare our forward pass with HuggingFace transformers")
+    p.add_argument("--model", required=True, type=Path)
+    p.add_argument("--backend", choices=sorted(MIN_COSINE), default="numpy")
+    p.add_argument("--token-ids", required=True, type=_token_ids)
+    p.add_argument("--save-logits", type=Path, help="write our last-position logits (float32 [vocab]) as .npy")
+    p.add_argument("--min-cosine", type=float, help="pass bar (default 0.99999 numpy, 0.999 cuda)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_parity)
+
+    p = sub.add_parser("run", help="run the engine on the synthetic camera and print what it did")
+    p.add_argument("--config", type=Path, help="YAML config (default: built-in defaults)")
+    p.add_argument("--frames", type=int, default=300)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except USER_ERRORS as exc:
+        print(f"vla-edge {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

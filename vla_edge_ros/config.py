@@ -1,0 +1,126 @@
+"""The one configuration schema: every knob, its type, range, description and whether it may change live.
+
+The YAML file uses the ROS 2 parameter-file layout (``node_name: {ros__parameters: {...}}``) so the
+same file feeds ``ros2 launch``, the ROS-free command line and the tests. It is validated here and
+only here: unknown keys, wrong types and out-of-range values are errors that name the key and file.
+The ROS layer declares exactly these parameters, with these descriptions and ranges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration file or value that does not satisfy the schema."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """One declared parameter."""
+
+    name: str
+    default: Any
+    description: str
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] = ()
+    read_only: bool = True
+
+    @property
+    def kind(self) -> type:
+        return type(self.default)
+
+    def check(self, value: Any, where: str) -> Any:
+        """Return ``value`` coerced to this parameter's type, or raise ConfigError saying why."""
+        kind = self.kind
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)  # `deadline_ms: 33` means 33.0
+        if kind is list:
+            if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                raise ConfigError(f"{where}: {self.name} must be a list of integers, got {value!r}")
+            bad = [v for v in value if (self.minimum is not None and v < self.minimum)
+                   or (self.maximum is not None and v > self.maximum)]
+            if bad:
+                raise ConfigError(f"{where}: {self.name} has entries {bad} outside [{self.minimum:g}, {self.maximum:g}]")
+            return list(value)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ConfigError(f"{where}: {self.name} must be of type {kind.__name__}, got {type(value).__name__} {value!r}")
+        if self.choices and value not in self.choices:
+            raise ConfigError(f"{where}: {self.name} must be one of {list(self.choices)}, got {value!r}")
+        if self.minimum is not None and value < self.minimum:
+            raise ConfigError(f"{where}: {self.name}={value} is below the minimum {self.minimum:g}")
+        if self.maximum is not None and value > self.maximum:
+            raise ConfigError(f"{where}: {self.name}={value} is above the maximum {self.maximum:g}")
+        return value
+
+
+SCHEMA: dict[str, tuple[Param, ...]] = {
+    "reasoning": (
+        Param("model_dir", "models/tiny", "Local HuggingFace Qwen2 directory (config.json + safetensors); "
+              "relative paths are resolved against the working directory."),
+        Param("backend", "auto", "Compute backend: auto picks cuda when a GPU is present, else numpy.",
+              choices=("auto", "numpy", "cuda")),
+        Param("kv_capacity_tokens", 1024, "Slots in the KV arena (prompt + frames + action scratch).",
+              minimum=8, maximum=1 << 20),
+        Param("budget_bytes", 5_000_000_000, "Memory budget for weights + KV arena + workspace; a plan over "
+              "it is refused before anything loads.", minimum=1 << 20, maximum=1 << 42),
+        Param("prompt_token_ids", [1, 2, 3, 4], "Instruction token ids, prefilled once and pinned in the cache.",
+              minimum=0, maximum=(1 << 31) - 1),
+    ),
+}
+
+
+class Settings:
+    """Validated values per node: ``settings['reasoning']['deadline_ms']``."""
+
+    def __init__(self, values: dict[str, dict[str, Any]], source: str) -> None:
+        self.values = values
+        self.source = source
+
+    def __getitem__(self, node: str) -> dict[str, Any]:
+        return self.values[node]
+
+
+def defaults() -> Settings:
+    return Settings({node: {p.name: p.default for p in params} for node, params in SCHEMA.items()}, "<defaults>")
+
+
+def parse_settings(raw: Any, source: str) -> Settings:
+    """Validate a parsed YAML document against SCHEMA; missing keys take their defaults."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: top level must be a mapping of node names")
+    settings = defaults()
+    settings.source = source
+    for node, section in raw.items():
+        if node not in SCHEMA:
+            raise ConfigError(f"{source}: unknown node {node!r}; known: {sorted(SCHEMA)}")
+        params = section.get("ros__parameters") if isinstance(section, dict) else None
+        if not isinstance(params, dict):
+            raise ConfigError(f"{source}: {node} must contain a 'ros__parameters' mapping")
+        specs = {p.name: p for p in SCHEMA[node]}
+        for key, value in params.items():
+            if key not in specs:
+                raise ConfigError(f"{source}: unknown key {node}.{key}; known: {sorted(specs)}")
+            settings.values[node][key] = specs[key].check(value, f"{source}: {node}")
+    return settings
+
+
+def load_settings(path: str | Path | None) -> Settings:
+    """Read and validate a YAML config file (None: the built-in defaults)."""
+    if path is None:
+        return defaults()
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    return parse_settings(raw, str(path))

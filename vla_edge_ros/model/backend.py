@@ -1,0 +1,67 @@
+"""What a compute backend provides to the engine; ``numpy`` and ``cuda`` implement it."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+from .arena import KVArena
+from .checkpoint import Checkpoint
+
+
+@dataclass
+class ForwardResult:
+    """Final-norm hidden states [T, H] (host, fp32) and, when asked, every layer's input/output."""
+
+    hidden: np.ndarray
+    layer_hidden: list[np.ndarray] | None = None  # embeddings, then the output of each layer (pre final norm)
+
+
+class Backend(ABC):
+    """A Qwen2 decoder that reads and writes a slot-based KV arena."""
+
+    name: str
+
+    def __init__(self, checkpoint: Checkpoint, arena: KVArena) -> None:
+        self.config = checkpoint.config
+        self.arena = arena
+
+    @abstractmethod
+    def forward(self, positions: np.ndarray, slots: np.ndarray, *, token_ids: np.ndarray | None = None,
+                embeddings: np.ndarray | None = None, collect_layers: bool = False) -> ForwardResult:
+        """Run T new tokens (ids or [T, H] embeddings) at ``positions``, storing their K/V in ``slots``.
+
+        Each new token attends to every valid slot whose position is not after its own, which
+        includes the earlier new tokens: one rule for prefill, decode and a cache with holes.
+        """
+
+    @abstractmethod
+    def logits(self, hidden: np.ndarray, rows: slice = slice(None)) -> np.ndarray:
+        """lm_head applied to final-norm hidden [T, H], restricted to vocabulary ``rows``."""
+
+    @abstractmethod
+    def greedy(self, hidden: np.ndarray, rows: slice = slice(None)) -> int:
+        """Index (within ``rows``) of the highest logit for one final-norm hidden state [H]."""
+
+    @abstractmethod
+    def rotate_keys(self, slots: np.ndarray, shifts: np.ndarray) -> None:
+        """Rotate the cached keys of ``slots`` in every layer by ``shifts`` positions (RoPE composes)."""
+
+    @abstractmethod
+    def state_bytes(self) -> tuple[int, int]:
+        """(weight bytes, KV arena bytes) this backend holds."""
+
+    def _inputs(self, token_ids: np.ndarray | None, embeddings: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray | None]:
+        if (token_ids is None) == (embeddings is None):
+            raise ValueError("forward needs exactly one of token_ids or embeddings")
+        if token_ids is not None:
+            token_ids = np.asarray(token_ids, dtype=np.int32)
+            if token_ids.size and (token_ids.min() < 0 or token_ids.max() >= self.config.vocab_size):
+                raise ValueError(f"token id out of range [0, {self.config.vocab_size})")
+        if embeddings is not None:
+            embeddings = np.asarray(embeddings, dtype=np.float32)
+            if embeddings.ndim != 2 or embeddings.shape[1] != self.config.hidden_size:
+                raise ValueError(f"embeddings must be [T, {self.config.hidden_size}], got {list(embeddings.shape)}")
+        return token_ids, embeddings

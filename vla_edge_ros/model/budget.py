@@ -1,0 +1,72 @@
+"""Memory plan: weights + KV arena + workspace against the configured budget, before anything loads.
+
+Only tensor headers are read (the weights are memory-mapped, not loaded), so a configuration that
+cannot fit on the robot is refused in milliseconds with the breakdown that explains why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .checkpoint import Checkpoint
+from .config import NUM_ACTION_BINS
+
+FP32 = 4
+
+
+class BudgetError(ValueError):
+    """The plan does not fit in ``budget_bytes``."""
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    backend: str
+    weight_bytes: int
+    kv_bytes_per_token: int
+    kv_capacity_tokens: int
+    workspace_bytes: int
+    budget_bytes: int
+
+    @property
+    def kv_arena_bytes(self) -> int:
+        return self.kv_bytes_per_token * self.kv_capacity_tokens
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.kv_arena_bytes + self.workspace_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.budget_bytes
+
+    def table(self) -> str:
+        rows = [
+            ("weights", self.weight_bytes, f"{self.backend} backend"),
+            ("kv arena", self.kv_arena_bytes, f"{self.kv_capacity_tokens} tokens x {self.kv_bytes_per_token:,} B"),
+            ("workspace", self.workspace_bytes, "activations of the largest forward"),
+            ("total", self.total_bytes, ""),
+            ("budget", self.budget_bytes, f"{100.0 * self.total_bytes / self.budget_bytes:.1f}% used"
+             + ("" if self.fits else " -> DOES NOT FIT")),
+        ]
+        return "\n".join(f"{name:<10} {value:>16,} B  {note}".rstrip() for name, value, note in rows)
+
+
+def plan_memory(checkpoint: Checkpoint, backend: str, kv_capacity_tokens: int, budget_bytes: int,
+                max_new_tokens: int) -> MemoryPlan:
+    """Bytes each part will take on ``backend`` ('numpy' widens weights to fp32; 'cuda' keeps storage dtype)."""
+    c = checkpoint.config
+    if backend == "numpy":
+        weight_bytes = sum(t.array.size for t in checkpoint.tensors.values()) * FP32
+    else:
+        weight_bytes = checkpoint.weight_bytes()
+    kv_per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * FP32
+    t = max_new_tokens
+    activations = t * (3 * c.hidden_size + c.q_dim + 2 * c.kv_dim + 3 * c.intermediate_size + NUM_ACTION_BINS)
+    if backend == "numpy":  # attention scores are materialised per KV head group
+        activations += 2 * c.num_attention_heads * t * kv_capacity_tokens
+    return MemoryPlan(backend, weight_bytes, kv_per_token, kv_capacity_tokens, activations * FP32, budget_bytes)
+
+
+def require_fit(plan: MemoryPlan) -> None:
+    if not plan.fits:
+        raise BudgetError(f"configuration does not fit the memory budget:\n{plan.table()}")

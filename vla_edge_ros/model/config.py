@@ -1,0 +1,230 @@
+"""Model configuration: the Qwen2 fields of a HuggingFace ``config.json`` plus our VLA section.
+
+Only what the engine actually implements is accepted. Anything that would change the forward pass
+in a way we do not reproduce (another model type, rope scaling, sliding-window attention) is refused
+here with the offending key named, so a checkpoint can never run silently wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+NUM_ACTION_BINS = 256
+
+
+class ModelConfigError(ValueError):
+    """A model directory or config.json that the engine cannot run faithfully."""
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    """Frame encoder geometry: image -> patches -> pooled ``tokens_per_frame`` embeddings."""
+
+    image_size: int = 64
+    patch_size: int = 8
+    tokens_per_frame: int = 16
+    mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+
+    @property
+    def patch_dim(self) -> int:
+        return self.patch_size * self.patch_size * 3
+
+    @property
+    def pool_grid(self) -> int:
+        """Side of the square grid of pooled tokens (tokens_per_frame = pool_grid ** 2)."""
+        return math.isqrt(self.tokens_per_frame)
+
+
+@dataclass(frozen=True)
+class ActionConfig:
+    """How the last hidden state becomes a robot action."""
+
+    head: str = "bins"  # "bins" (OpenVLA-style tokens) or "linear" (continuous)
+    dof: int = 7
+    q01: tuple[float, ...] = ()
+    q99: tuple[float, ...] = ()
+    normalize_mask: tuple[bool, ...] = ()
+
+    def bounds(self) -> tuple[tuple[float, ...], tuple[float, ...], tuple[bool, ...]]:
+        """Per-dimension (q01, q99, mask), defaulting to the identity map on [-1, 1]."""
+        q01 = self.q01 or (-1.0,) * self.dof
+        q99 = self.q99 or (1.0,) * self.dof
+        mask = self.normalize_mask or (True,) * self.dof
+        return q01, q99, mask
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything the engine needs to know about a Qwen2-family checkpoint."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 32768
+    vision: VisionConfig = field(default_factory=VisionConfig)
+    action: ActionConfig = field(default_factory=ActionConfig)
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    def validate(self) -> None:
+        """Refuse shapes that cannot form a valid grouped-query attention model."""
+        for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "vocab_size", "head_dim", "max_position_embeddings"):
+            if getattr(self, name) <= 0:
+                raise ModelConfigError(f"config.json: {name} must be positive, got {getattr(self, name)}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ModelConfigError(
+                f"config.json: num_attention_heads ({self.num_attention_heads}) is not a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})")
+        if self.head_dim % 2:
+            raise ModelConfigError(f"config.json: head_dim must be even for RoPE, got {self.head_dim}")
+        vision = self.vision
+        if vision.pool_grid ** 2 != vision.tokens_per_frame:
+            raise ModelConfigError(
+                f"config.json: vla.vision.tokens_per_frame must be a square, got {vision.tokens_per_frame}")
+        patches_per_side = vision.image_size // vision.patch_size
+        if vision.image_size % vision.patch_size or patches_per_side % vision.pool_grid:
+            raise ModelConfigError(
+                "config.json: vla.vision.image_size must be a multiple of patch_size, and the patch grid "
+                f"({patches_per_side}) a multiple of sqrt(tokens_per_frame) ({vision.pool_grid})")
+        action = self.action
+        if action.head not in ("bins", "linear"):
+            raise ModelConfigError(f"config.json: vla.action.head must be 'bins' or 'linear', got {action.head!r}")
+        if action.head == "bins" and self.vocab_size < NUM_ACTION_BINS:
+            raise ModelConfigError(f"config.json: a 'bins' action head needs vocab_size >= {NUM_ACTION_BINS}")
+        for name in ("q01", "q99", "normalize_mask"):
+            values = getattr(action, name)
+            if values and len(values) != action.dof:
+                raise ModelConfigError(f"config.json: vla.action.{name} has {len(values)} entries, dof is {action.dof}")
+        q01, q99, _ = action.bounds()
+        if any(lo >= hi for lo, hi in zip(q01, q99)):
+            raise ModelConfigError("config.json: vla.action.q01 must be below q99 in every dimension")
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The ``config.json`` content HuggingFace ``Qwen2Config`` reads (plus our ``vla`` section)."""
+        return {
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size,
+            "rope_theta": self.rope_theta,
+            "rms_norm_eps": self.rms_norm_eps,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "max_position_embeddings": self.max_position_embeddings,
+            "hidden_act": "silu",
+            "use_sliding_window": False,
+            "attention_dropout": 0.0,
+            "vla": {"vision": asdict(self.vision), "action": asdict(self.action)},
+        }
+
+
+_UNSUPPORTED_IF_SET = {
+    "rope_scaling": "rope scaling (YaRN/dynamic/linear) is not implemented",
+    "use_sliding_window": "sliding-window attention is not implemented",
+}
+
+
+def _required(raw: dict[str, Any], key: str, source: Path) -> Any:
+    if key not in raw:
+        raise ModelConfigError(f"{source}: missing required key {key!r}")
+    return raw[key]
+
+
+def _rope_theta(raw: dict[str, Any]) -> float:
+    """rope_theta lives at the top level in older configs and under rope_parameters in newer ones."""
+    params = raw.get("rope_parameters")
+    if isinstance(params, dict):
+        kind = params.get("rope_type", "default")
+        if kind != "default":
+            raise ModelConfigError(f"config.json: rope_parameters.rope_type {kind!r} is not implemented")
+        if "rope_theta" in params:
+            return float(params["rope_theta"])
+    return float(raw.get("rope_theta", 10000.0))
+
+
+def _vla_section(raw: dict[str, Any], source: Path) -> tuple[VisionConfig, ActionConfig]:
+    section = raw.get("vla", {})
+    if not isinstance(section, dict):
+        raise ModelConfigError(f"{source}: 'vla' must be a mapping")
+    try:
+        vision = dict(section.get("vision", {}))
+        for key in ("mean", "std"):
+            if key in vision:
+                vision[key] = tuple(float(x) for x in vision[key])
+        action = dict(section.get("action", {}))
+        for key in ("q01", "q99"):
+            if key in action:
+                action[key] = tuple(float(x) for x in action[key])
+        if "normalize_mask" in action:
+            action["normalize_mask"] = tuple(bool(x) for x in action["normalize_mask"])
+        return VisionConfig(**vision), ActionConfig(**action)
+    except TypeError as exc:  # unknown key in the section
+        raise ModelConfigError(f"{source}: bad 'vla' section: {exc}") from exc
+
+
+def load_model_config(model_dir: str | Path) -> ModelConfig:
+    """Read and validate ``model_dir/config.json``."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise ModelConfigError(f"model directory {model_dir} does not exist")
+    source = model_dir / "config.json"
+    if not source.is_file():
+        raise ModelConfigError(f"{source} not found: not a HuggingFace model directory")
+    try:
+        raw = json.loads(source.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelConfigError(f"{source}: not valid JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ModelConfigError(f"{source}: top level must be a JSON object")
+    model_type = raw.get("model_type")
+    if model_type != "qwen2":
+        raise ModelConfigError(f"{source}: model_type {model_type!r} is not supported (only 'qwen2')")
+    for key, why in _UNSUPPORTED_IF_SET.items():
+        if raw.get(key):
+            raise ModelConfigError(f"{source}: {key}={raw[key]!r} set, but {why}")
+    hidden_act = raw.get("hidden_act", "silu")
+    if hidden_act != "silu":
+        raise ModelConfigError(f"{source}: hidden_act {hidden_act!r} is not supported (only 'silu')")
+    heads = int(_required(raw, "num_attention_heads", source))
+    hidden = int(_required(raw, "hidden_size", source))
+    vision, action = _vla_section(raw, source)
+    config = ModelConfig(
+        hidden_size=hidden,
+        intermediate_size=int(_required(raw, "intermediate_size", source)),
+        num_hidden_layers=int(_required(raw, "num_hidden_layers", source)),
+        num_attention_heads=heads,
+        num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+        vocab_size=int(_required(raw, "vocab_size", source)),
+        head_dim=int(raw.get("head_dim") or hidden // max(heads, 1)),
+        rope_theta=_rope_theta(raw),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
+        vision=vision,
+        action=action,
+    )
+    config.validate()
+    return config

@@ -1,0 +1,76 @@
+"""Write randomly initialised checkpoints in HuggingFace format, so nothing is ever downloaded.
+
+``tiny`` is the embedded default (fast on a 2-core CPU); ``qwen2.5-1.5b-shape`` has the exact
+shapes of Qwen2.5-1.5B (28 layers, 12 query / 2 KV heads of 128, vocab 151,936) for timing and
+memory work. The same seed always gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoint import language_model_shapes, vla_shapes
+from .config import ActionConfig, ModelConfig, VisionConfig
+from .safetensors_io import StoredTensor, bf16_bits, write_safetensors
+
+PRESETS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(
+        hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, vocab_size=2048, rope_theta=10000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, max_position_embeddings=4096,
+        vision=VisionConfig(image_size=64, patch_size=8, tokens_per_frame=16),
+        action=ActionConfig(head="bins", dof=7),
+    ),
+    "qwen2.5-1.5b-shape": ModelConfig(
+        hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+        num_key_value_heads=2, head_dim=128, vocab_size=151936, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, max_position_embeddings=32768,
+        vision=VisionConfig(image_size=224, patch_size=14, tokens_per_frame=16),
+        action=ActionConfig(head="bins", dof=7),
+    ),
+}
+STORAGE_DTYPES = ("float32", "float16", "bfloat16")
+_INIT_STD = 0.02
+
+
+def _encode(values: np.ndarray, dtype: str) -> StoredTensor:
+    if dtype == "bfloat16":
+        return StoredTensor("BF16", bf16_bits(values))
+    if dtype == "float16":
+        return StoredTensor("F16", values.astype(np.float16))
+    return StoredTensor("F32", values.astype(np.float32))
+
+
+def random_tensor(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Norm weights near 1, everything else N(0, 0.02), as HF's initializer does (plus jitter on norms)."""
+    if name.endswith("norm.weight"):
+        return (1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
+    return rng.standard_normal(shape, dtype=np.float32) * np.float32(_INIT_STD)
+
+
+def write_random_model(out: str | Path, config: ModelConfig, *, seed: int = 0, dtype: str = "bfloat16") -> Path:
+    """Write config.json and model.safetensors for ``config`` with seeded random weights."""
+    if dtype not in STORAGE_DTYPES:
+        raise ValueError(f"dtype must be one of {STORAGE_DTYPES}, got {dtype!r}")
+    config.validate()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    shapes = {**language_model_shapes(config), **vla_shapes(config)}
+    tensors = {name: _encode(random_tensor(name, shape, rng), dtype) for name, shape in shapes.items()}
+    hf = config.to_hf_dict()
+    hf["torch_dtype"] = dtype
+    (out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    write_safetensors(out / "model.safetensors", tensors)
+    return out
+
+
+def preset(name: str, layers: int | None = None) -> ModelConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
+    config = PRESETS[name]
+    return replace(config, num_hidden_layers=layers) if layers else config

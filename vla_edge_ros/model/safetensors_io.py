@@ -1,0 +1,114 @@
+"""Read and write safetensors files with NumPy, bf16 included.
+
+The format is an 8-byte little-endian header length, a JSON header mapping tensor names to
+dtype/shape/byte offsets, then the raw bytes. We parse it ourselves because the ``safetensors``
+NumPy bindings cannot represent bf16, which is how Qwen2 checkpoints ship; bf16 tensors are kept
+as their raw uint16 bits (memory-mapped, no copy) and widened to fp32 only when asked.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+_NUMPY_DTYPES = {
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype("<u2"),  # raw bits; see StoredTensor.to_float32
+    "F64": np.dtype("<f8"),
+    "I64": np.dtype("<i8"),
+    "I32": np.dtype("<i4"),
+    "U8": np.dtype("u1"),
+}
+_MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+class SafetensorsError(ValueError):
+    """A safetensors file that is truncated, malformed or inconsistent with itself."""
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    """A tensor as stored on disk: its safetensors dtype name and a NumPy view of its bytes."""
+
+    dtype: str
+    array: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.array.shape)
+
+    def to_float32(self) -> np.ndarray:
+        """Widen to fp32 exactly (bf16 -> fp32 is a 16-bit left shift of the bits)."""
+        if self.dtype == "BF16":
+            return (self.array.astype(np.uint32) << 16).view(np.float32)
+        return self.array.astype(np.float32)
+
+
+def bf16_bits(values: np.ndarray) -> np.ndarray:
+    """Round fp32 values to bf16 (round-to-nearest-even), returned as uint16 bits."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounding = ((bits >> 16) & 1) + np.uint32(0x7FFF)
+    return ((bits + rounding) >> 16).astype(np.uint16)
+
+
+def read_safetensors(path: str | Path) -> dict[str, StoredTensor]:
+    """Memory-map ``path`` and return its tensors; any inconsistency raises SafetensorsError."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size < 8:
+        raise SafetensorsError(f"{path}: {size} bytes is too short to be a safetensors file")
+    with path.open("rb") as handle:
+        (header_len,) = struct.unpack("<Q", handle.read(8))
+        if header_len > min(_MAX_HEADER_BYTES, size - 8):
+            raise SafetensorsError(f"{path}: header length {header_len} exceeds the file ({size} bytes): truncated?")
+        try:
+            header = json.loads(handle.read(header_len))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise SafetensorsError(f"{path}: header is not valid JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise SafetensorsError(f"{path}: header is not a JSON object")
+    data_start = 8 + header_len
+    data_len = size - data_start
+    buffer = np.memmap(path, dtype=np.uint8, mode="r", offset=data_start, shape=(data_len,)) if data_len else np.empty(0, np.uint8)
+    tensors: dict[str, StoredTensor] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype_name = info["dtype"]
+            shape = tuple(int(d) for d in info["shape"])
+            begin, end = (int(x) for x in info["data_offsets"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SafetensorsError(f"{path}: tensor {name!r} has a malformed header entry: {info!r}") from exc
+        if dtype_name not in _NUMPY_DTYPES:
+            raise SafetensorsError(f"{path}: tensor {name!r} has unsupported dtype {dtype_name}")
+        dtype = _NUMPY_DTYPES[dtype_name]
+        expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if not 0 <= begin <= end <= data_len or end - begin != expected:
+            raise SafetensorsError(
+                f"{path}: tensor {name!r} ({dtype_name}{list(shape)}) has byte range [{begin}, {end}) "
+                f"that does not fit its shape or the {data_len} data bytes: truncated or corrupt")
+        tensors[name] = StoredTensor(dtype_name, buffer[begin:end].view(dtype).reshape(shape))
+    return tensors
+
+
+def write_safetensors(path: str | Path, tensors: dict[str, StoredTensor], metadata: dict[str, str] | None = None) -> None:
+    """Write tensors (already in their storage dtype) as one safetensors file."""
+    header: dict[str, object] = {"__metadata__": metadata or {"format": "pt"}}
+    offset = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.array.nbytes
+        header[name] = {"dtype": tensor.dtype, "shape": list(tensor.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # keep tensor data 8-byte aligned, as the reference writer does
+    with Path(path).open("wb") as handle:
+        handle.write(struct.pack("<Q", len(encoded)))
+        handle.write(encoded)
+        for tensor in tensors.values():
+            handle.write(np.ascontiguousarray(tensor.array).tobytes())

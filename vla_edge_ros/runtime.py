@@ -1,0 +1,34 @@
+"""Build a ready engine from validated settings: plan the memory, refuse what cannot fit, load, prefill."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .config import Settings
+from .model.budget import MemoryPlan, plan_memory, require_fit
+from .model.checkpoint import Checkpoint, load_checkpoint
+from .model.engine import VlaEngine, resolve_backend
+
+
+def plan_for(settings: Settings, checkpoint: Checkpoint | None = None) -> tuple[MemoryPlan, Checkpoint]:
+    """The memory plan of the reasoning node's configuration (reads tensor headers only)."""
+    node = settings["reasoning"]
+    checkpoint = checkpoint or load_checkpoint(Path(node["model_dir"]))
+    largest = max(checkpoint.config.vision.tokens_per_frame, len(node["prompt_token_ids"]))
+    plan = plan_memory(checkpoint, resolve_backend(node["backend"]), node["kv_capacity_tokens"],
+                       node["budget_bytes"], largest)
+    return plan, checkpoint
+
+
+def load_engine(settings: Settings) -> tuple[VlaEngine, MemoryPlan]:
+    """Plan, check the budget, then load the engine and prefill the pinned prompt."""
+    node = settings["reasoning"]
+    plan, checkpoint = plan_for(settings)
+    require_fit(plan)
+    prompt = node["prompt_token_ids"]
+    vocab = checkpoint.config.vocab_size
+    if any(t >= vocab for t in prompt):
+        raise ValueError(f"{settings.source}: reasoning.prompt_token_ids has ids >= vocab_size {vocab}")
+    engine = VlaEngine(checkpoint, backend=plan.backend, kv_capacity_tokens=node["kv_capacity_tokens"])
+    engine.set_prompt(prompt)
+    return engine, plan
