@@ -2,14 +2,31 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
+import sys
 
-import pytest
+# Without a GPU, CUDA kernels run on Numba's simulator. It must be chosen before numba.cuda is first
+# imported anywhere in the process; an explicit NUMBA_ENABLE_CUDASIM=0 (on a GPU machine) wins.
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
-from vla_edge_ros.model.init_model import preset, write_random_model
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from vla_edge_ros.model.init_model import preset, write_random_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The embedded default preset, written once per test session."""
     return write_random_model(tmp_path_factory.mktemp("models") / "tiny", preset("tiny"), seed=0)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _fast_simulated_threads():
+    """The CUDA simulator runs each GPU thread as a Python thread that meets the others at every
+    __syncthreads; a short GIL switch interval makes those barriers several times cheaper."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-3)
+    yield
+    sys.setswitchinterval(previous)

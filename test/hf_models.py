@@ -9,17 +9,18 @@ from __future__ import annotations
 from pathlib import Path
 
 VARIANTS: dict[str, dict] = {
-    # name: Qwen2Config overrides (plus "dtype" for storage)
-    "gqa2_tied": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=300, tie_word_embeddings=True),
-    "odd_heads_untied": dict(hidden_size=60, intermediate_size=100, num_hidden_layers=3, num_attention_heads=3,
-                             num_key_value_heads=3, vocab_size=280, tie_word_embeddings=False),
-    "one_kv_head": dict(hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=6,
-                        num_key_value_heads=1, vocab_size=260, tie_word_embeddings=False),
-    "head_dim_differs": dict(hidden_size=40, intermediate_size=72, num_hidden_layers=2, num_attention_heads=5,
-                             num_key_value_heads=1, head_dim=24, vocab_size=270, tie_word_embeddings=True),
-    "bf16_storage": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=320, tie_word_embeddings=False, dtype="bfloat16"),
+    # name: Qwen2Config overrides (plus "dtype" for storage). Kept tiny: the CUDA backend is tested on
+    # these under Numba's simulator, which runs every GPU thread as a Python thread.
+    "gqa2_tied": dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=64, tie_word_embeddings=True),
+    "odd_heads_untied": dict(hidden_size=24, intermediate_size=40, num_hidden_layers=1, num_attention_heads=3,
+                             num_key_value_heads=3, vocab_size=48, tie_word_embeddings=False),
+    "one_kv_head": dict(hidden_size=24, intermediate_size=32, num_hidden_layers=1, num_attention_heads=6,
+                        num_key_value_heads=1, vocab_size=40, tie_word_embeddings=False),
+    "head_dim_differs": dict(hidden_size=20, intermediate_size=36, num_hidden_layers=1, num_attention_heads=5,
+                             num_key_value_heads=1, head_dim=12, vocab_size=44, tie_word_embeddings=True),
+    "bf16_storage": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=56, tie_word_embeddings=False, dtype="bfloat16"),
 }
 
 

@@ -131,3 +131,20 @@ def test_prompt_that_leaves_no_room_is_refused(tiny_model):
 def test_arena_too_small_for_one_frame(tiny_model):
     with pytest.raises(ValueError, match="cannot hold one frame"):
         VlaEngine(load_checkpoint(tiny_model), backend="numpy", kv_capacity_tokens=16)
+
+
+def test_cuda_backend_engine_decodes_the_same_action_as_numpy(tmp_path):
+    """A whole VLA cycle (frame prefill + bin decoding) on the CUDA kernels, here under the simulator."""
+    config = replace(preset("tiny", layers=1), hidden_size=16, intermediate_size=24, num_attention_heads=2,
+                     num_key_value_heads=1, head_dim=8, vocab_size=256,
+                     vision=replace(preset("tiny").vision, image_size=16, patch_size=4, tokens_per_frame=4),
+                     action=ActionConfig(head="bins", dof=2))
+    checkpoint = load_checkpoint(write_random_model(tmp_path / "micro", config, seed=1))
+    frame = SyntheticCamera(height=16, width=16, seed=6).frame()
+    results = {}
+    for backend in ("numpy", "cuda"):
+        engine = VlaEngine(checkpoint, backend=backend, kv_capacity_tokens=12)
+        engine.set_prompt([3, 4])
+        results[backend] = engine.step(frame)
+    assert results["cuda"].tokens == results["numpy"].tokens
+    np.testing.assert_array_equal(results["cuda"].action, results["numpy"].action)

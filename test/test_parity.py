@@ -11,24 +11,48 @@ pytest.importorskip("transformers")
 from hf_models import VARIANTS, write_hf_model  # noqa: E402
 from vla_edge_ros.model.arena import KVArena  # noqa: E402
 from vla_edge_ros.model.checkpoint import load_checkpoint  # noqa: E402
-from vla_edge_ros.model.numpy_backend import NumpyBackend  # noqa: E402
+from vla_edge_ros.model.engine import make_backend  # noqa: E402
 from vla_edge_ros.parity import Agreement, load_reference, reference_forward, run_parity  # noqa: E402
 
-TOKENS = [3, 17, 250, 9, 42, 199, 7, 120, 64, 5, 31]
+TOKENS = [3, 17, 25, 9, 32, 19, 7, 12, 36, 5, 31]  # all below the smallest vocabulary (40)
+# The cuda backend runs on Numba's CUDA simulator here (on a real GPU with NUMBA_ENABLE_CUDASIM=0).
+# Its bar is the published 0.999; in fp32 it lands far closer.
+MIN_COSINE = {"numpy": 0.99999, "cuda": 0.999}
+# The simulator needs seconds per decode step, so the CUDA runs use fewer tokens.
+TOKENS_FOR = {"numpy": TOKENS, "cuda": TOKENS[:3]}
 
 
-@pytest.fixture(scope="module", params=sorted(VARIANTS))
-def hf_model(request, tmp_path_factory):
-    return write_hf_model(tmp_path_factory.mktemp(request.param), request.param)
+# Every variant on numpy; on the simulated CUDA backend one variant (bf16 weights, grouped KV heads)
+# runs by default and the rest with `make test-slow` (and on a real GPU, see bench/gpu_check.sh).
+CUDA_DEFAULT_VARIANT = "bf16_storage"
+CASES = [pytest.param(variant, backend, id=f"{variant}-{backend}",
+                      marks=[pytest.mark.slow] if backend == "cuda" and variant != CUDA_DEFAULT_VARIANT else [])
+         for variant in sorted(VARIANTS) for backend in ("numpy", "cuda")]
 
 
-def test_logits_and_every_layer_match_huggingface(hf_model):
-    report = run_parity(hf_model, TOKENS, "numpy")
-    assert report.logits.cosine >= 0.99999, report.logits
+@pytest.fixture(scope="module")
+def hf_models(tmp_path_factory):
+    """Writes each variant once, on first use."""
+    written: dict[str, object] = {}
+
+    def get(variant: str):
+        if variant not in written:
+            written[variant] = write_hf_model(tmp_path_factory.mktemp(variant), variant)
+        return written[variant]
+    return get
+
+
+@pytest.mark.parametrize("variant, backend", CASES)
+def test_logits_and_every_layer_match_huggingface(hf_models, variant, backend):
+    hf_model = hf_models(variant)
+    report = run_parity(hf_model, TOKENS_FOR[backend], backend)
+    bar = MIN_COSINE[backend]
+    assert report.backend == backend
+    assert report.logits.cosine >= bar, report.logits
     assert len(report.layers) == load_checkpoint(hf_model, require_vla=False).config.num_hidden_layers + 1
     for index, layer in enumerate(report.layers):
-        assert layer.cosine >= 0.99999, (index, layer)
-    assert report.incremental.cosine >= 0.99999
+        assert layer.cosine >= bar, (index, layer)
+    assert report.incremental.cosine >= bar
     assert report.incremental.max_abs_error < 1e-3
 
 
@@ -43,51 +67,60 @@ def _hf_logits_with_mask(model_dir, ids: list[int], visible: np.ndarray) -> np.n
     return out.logits[0].numpy()
 
 
-EVICTED = [2, 3, 6]
+EVICTED = [2, 3, 5]
+SHORT = TOKENS[:7]  # enough to evict from the middle, few enough for the simulator
 
 
-def test_attention_over_cache_with_evicted_middle_tokens_matches_hf_with_them_masked(hf_model):
+@pytest.mark.parametrize("variant, backend", CASES)
+def test_attention_over_cache_with_evicted_middle_tokens_matches_hf_with_them_masked(hf_models, variant, backend):
     """Prefill everything, evict middle tokens, decode: the new token must not see the evicted ones."""
+    hf_model = hf_models(variant)
     checkpoint = load_checkpoint(hf_model, require_vla=False)
     arena = KVArena(16)
-    backend = NumpyBackend(checkpoint, arena)
-    count = len(TOKENS)
+    backend = make_backend(backend, checkpoint, arena)
+    count = len(SHORT)
     positions = np.arange(count, dtype=np.int32)
-    backend.forward(positions, positions, token_ids=np.asarray(TOKENS))
+    backend.forward(positions, positions, token_ids=np.asarray(SHORT))
     arena.release(np.asarray(EVICTED, dtype=np.int32))
-    new_token = 77
+    new_token = 11
     hidden = backend.forward(np.array([count]), arena.allocate(1), token_ids=np.array([new_token])).hidden
     ours = backend.logits(hidden)[-1]
 
     visible = np.tril(np.ones((count + 1, count + 1), dtype=bool))
     visible[-1, EVICTED] = False
-    reference = _hf_logits_with_mask(hf_model, TOKENS + [new_token], visible)[-1]
-    assert Agreement.of(ours, reference).cosine >= 0.99999
+    reference = _hf_logits_with_mask(hf_model, SHORT + [new_token], visible)[-1]
+    assert Agreement.of(ours, reference).cosine >= MIN_COSINE[backend.name]
     # the eviction was honoured: attending over everything gives something else
-    full = _hf_logits_with_mask(hf_model, TOKENS + [new_token], np.tril(visible | True))[-1]
+    full = _hf_logits_with_mask(hf_model, SHORT + [new_token], np.tril(visible | True))[-1]
     assert Agreement.of(ours, full).cosine < 0.99999
 
 
-def test_cache_holding_kept_tokens_matches_hf_forward_over_them_at_original_positions(hf_model):
+@pytest.mark.parametrize("variant, backend", CASES)
+def test_cache_holding_kept_tokens_matches_hf_forward_over_them_at_original_positions(hf_models, variant, backend):
     """A cache whose tokens sit at gappy positions equals HF's forward with those position ids."""
+    hf_model = hf_models(variant)
     checkpoint = load_checkpoint(hf_model, require_vla=False)
-    kept = [i for i in range(len(TOKENS)) if i not in EVICTED]
-    ids = [TOKENS[i] for i in kept] + [77]
-    positions = kept + [len(TOKENS)]
-    backend = NumpyBackend(checkpoint, KVArena(16))
+    kept = [i for i in range(len(SHORT)) if i not in EVICTED]
+    ids = [SHORT[i] for i in kept] + [11]
+    positions = kept + [len(SHORT)]
+    backend = make_backend(backend, checkpoint, KVArena(16))
     prefix = np.asarray(positions[:-1], dtype=np.int32)
     backend.forward(prefix, np.arange(prefix.size, dtype=np.int32), token_ids=np.asarray(ids[:-1]))
     hidden = backend.forward(np.array(positions[-1:]), np.array([prefix.size]), token_ids=np.array(ids[-1:])).hidden
     reference, _ = reference_forward(load_reference(hf_model), ids, positions)
-    assert Agreement.of(backend.logits(hidden)[-1], reference[-1]).cosine >= 0.99999
+    assert Agreement.of(backend.logits(hidden)[-1], reference[-1]).cosine >= MIN_COSINE[backend.name]
 
 
-def test_rerotated_key_equals_key_computed_at_the_new_position(hf_model):
+@pytest.mark.parametrize("variant, backend", CASES)
+def test_rerotated_key_equals_key_computed_at_the_new_position(hf_models, variant, backend):
+    hf_model = hf_models(variant)
     checkpoint = load_checkpoint(hf_model, require_vla=False)
-    moved, direct = (NumpyBackend(checkpoint, KVArena(4)) for _ in range(2))
+    moved, direct = (make_backend(backend, checkpoint, KVArena(4)) for _ in range(2))
     token = np.array([TOKENS[4]])
-    moved.forward(np.array([3]), np.array([0]), token_ids=token)
-    moved.rotate_keys(np.array([0]), np.array([37 - 3]))
-    direct.forward(np.array([37]), np.array([0]), token_ids=token)
-    np.testing.assert_allclose(moved.k_cache[:, :, 0], direct.k_cache[:, :, 0], rtol=1e-4, atol=1e-5)
-    np.testing.assert_array_equal(moved.v_cache, direct.v_cache)
+    slot = np.array([0], dtype=np.int32)
+    moved.forward(np.array([3]), slot, token_ids=token)
+    moved.rotate_keys(slot, np.array([37 - 3]))
+    direct.forward(np.array([37]), slot, token_ids=token)
+    (moved_k, moved_v), (direct_k, direct_v) = moved.read_kv(slot), direct.read_kv(slot)
+    np.testing.assert_allclose(moved_k, direct_k, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(moved_v, direct_v)

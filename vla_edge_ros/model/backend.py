@@ -50,6 +50,10 @@ class Backend(ABC):
         """Rotate the cached keys of ``slots`` in every layer by ``shifts`` positions (RoPE composes)."""
 
     @abstractmethod
+    def read_kv(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Host copies of the cached keys and values of ``slots``, each [layers, kv_heads, n, head_dim]."""
+
+    @abstractmethod
     def state_bytes(self) -> tuple[int, int]:
         """(weight bytes, KV arena bytes) this backend holds."""
 

@@ -133,6 +133,7 @@ def load_checkpoint(model_dir: str | Path, *, require_vla: bool = True) -> Check
     vla = vla_shapes(config)
     has_vla = all(name in tensors for name in vla)
     if require_vla or any(name in tensors for name in vla):
+        config.validate_vla()
         _check(tensors, vla, model_dir)
         has_vla = True
     return Checkpoint(model_dir, config, tensors, has_vla)

@@ -96,6 +96,9 @@ class ModelConfig:
                 f"num_key_value_heads ({self.num_key_value_heads})")
         if self.head_dim % 2:
             raise ModelConfigError(f"config.json: head_dim must be even for RoPE, got {self.head_dim}")
+
+    def validate_vla(self) -> None:
+        """Refuse a frame encoder or action head that cannot work with this decoder."""
         vision = self.vision
         if vision.pool_grid ** 2 != vision.tokens_per_frame:
             raise ModelConfigError(

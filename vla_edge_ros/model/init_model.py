@@ -57,6 +57,7 @@ def write_random_model(out: str | Path, config: ModelConfig, *, seed: int = 0, d
     if dtype not in STORAGE_DTYPES:
         raise ValueError(f"dtype must be one of {STORAGE_DTYPES}, got {dtype!r}")
     config.validate()
+    config.validate_vla()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)

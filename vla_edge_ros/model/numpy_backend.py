@@ -104,6 +104,9 @@ class NumpyBackend(Backend):
         for layer_cache in self.k_cache:
             layer_cache[:, slots] = ops.apply_rope(layer_cache[:, slots].transpose(1, 0, 2), cos, sin).transpose(1, 0, 2)
 
+    def read_kv(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.k_cache[:, :, slots].copy(), self.v_cache[:, :, slots].copy()
+
     def state_bytes(self) -> tuple[int, int]:
         arrays = [self.embed, self.final_norm] + ([] if self.lm_head is self.embed else [self.lm_head])
         arrays += [a for layer in self.layers for a in vars(layer).values()]

@@ -43,17 +43,24 @@ class StoredTensor:
         return tuple(self.array.shape)
 
     def to_float32(self) -> np.ndarray:
-        """Widen to fp32 exactly (bf16 -> fp32 is a 16-bit left shift of the bits)."""
+        """Widen to fp32 exactly."""
         if self.dtype == "BF16":
-            return (self.array.astype(np.uint32) << 16).view(np.float32)
+            return bf16_bits_to_float32(self.array)
         return self.array.astype(np.float32)
 
 
 def bf16_bits(values: np.ndarray) -> np.ndarray:
-    """Round fp32 values to bf16 (round-to-nearest-even), returned as uint16 bits."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    rounding = ((bits >> 16) & 1) + np.uint32(0x7FFF)
-    return ((bits + rounding) >> 16).astype(np.uint16)
+    """Round fp32 values to bf16 (nearest, ties to even; NaN stays NaN), returned as uint16 bits."""
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    bits = values.view(np.uint32)
+    tie_to_even = (bits >> np.uint32(16)) & np.uint32(1)
+    rounded = ((bits + np.uint32(0x7FFF) + tie_to_even) >> np.uint32(16)).astype(np.uint16)
+    return np.where(np.isnan(values), np.uint16(0x7FC0), rounded).astype(np.uint16)
+
+
+def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
+    """Widen bf16 bit patterns to fp32 exactly: they are the high half of the fp32 bits."""
+    return (np.ascontiguousarray(bits, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
 def read_safetensors(path: str | Path) -> dict[str, StoredTensor]:

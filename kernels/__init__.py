@@ -1,0 +1,50 @@
+"""Numba-CUDA kernels for the Qwen2 decoder forward pass: fp32 activations and accumulation,
+weights in fp32, fp16 or bf16 (as uint16 bits), KV cache in fp32.
+
+Installed as ``vla_edge_ros.kernels`` and imported by absolute names: a checkout's root on sys.path
+also exposes this folder as a top-level ``kernels``, which transformers probes for (HF's kernel hub
+package); absolute imports keep that probe harmless.
+
+Each launcher takes Numba device arrays, checks their shapes on the host, picks the launch
+geometry and launches on an optional stream; reference.py holds a NumPy twin of each.
+"""
+
+from vla_edge_ros.kernels.dtypes import (
+    WeightKind,
+    to_device_vector,
+    to_device_weight,
+    to_float32,
+    weight_kind_of,
+)
+from vla_edge_ros.kernels.elementwise import add_inplace, swiglu
+from vla_edge_ros.kernels.embedding import embedding_gather
+from vla_edge_ros.kernels.gqa_attention import MAX_HEAD_DIM, AttentionScratch, attention
+from vla_edge_ros.kernels.greedy import argmax_rows
+from vla_edge_ros.kernels.kv_cache import kv_write
+from vla_edge_ros.kernels.matmul import linear
+from vla_edge_ros.kernels.norm import rmsnorm
+from vla_edge_ros.kernels.rotary import rope, rope_cache_shift
+
+KERNEL_VERSION = "qwen2-f32kv-1"
+"""Changes whenever kernel numerics or the KV layout change; part of persisted-KV fingerprints."""
+
+__all__ = [
+    "KERNEL_VERSION",
+    "MAX_HEAD_DIM",
+    "AttentionScratch",
+    "WeightKind",
+    "add_inplace",
+    "argmax_rows",
+    "attention",
+    "embedding_gather",
+    "kv_write",
+    "linear",
+    "rmsnorm",
+    "rope",
+    "rope_cache_shift",
+    "swiglu",
+    "to_device_vector",
+    "to_device_weight",
+    "to_float32",
+    "weight_kind_of",
+]

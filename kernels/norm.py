@@ -1,0 +1,45 @@
+"""RMSNorm as in Qwen2/HF: x * rsqrt(mean(x^2) + eps) * weight, all in fp32."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32
+
+from vla_edge_ros.kernels._launch import DeviceArray, Stream, check_array, dims
+from vla_edge_ros.kernels._reduce import tree_sum_rows
+
+_THREADS = 128
+
+
+@cuda.jit
+def _rmsnorm_kernel(x, weight, eps, out):
+    # One block per row: the row's sum of squares is a block reduction, then each thread scales
+    # the elements it summed (the row stays in L1/L2 between the two passes).
+    buf = cuda.shared.array((1, _THREADS), float32)
+    row = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    hidden = x.shape[1]
+    acc = float32(0)
+    for h in range(tid, hidden, _THREADS):
+        v = x[row, h]
+        acc += v * v
+    buf[0, tid] = acc
+    tree_sum_rows(buf, tid)
+    inv_rms = float32(1) / math.sqrt(buf[0, 0] / float32(hidden) + eps)
+    for h in range(tid, hidden, _THREADS):
+        out[row, h] = x[row, h] * inv_rms * weight[h]
+
+
+def rmsnorm(
+    x: DeviceArray, weight: DeviceArray, eps: float, out: DeviceArray, stream: Stream = 0
+) -> None:
+    """Normalise each row of x[T, H] into out (out may be x); weight is an fp32 vector [H]."""
+    tokens, hidden = dims(x, "x", 2)
+    check_array(x, "x", (tokens, hidden), (np.float32,))
+    check_array(weight, "weight", (hidden,), (np.float32,))
+    check_array(out, "out", (tokens, hidden), (np.float32,))
+    if tokens == 0:
+        return
+    _rmsnorm_kernel[tokens, _THREADS, stream](x, weight, np.float32(eps), out)

@@ -1,0 +1,410 @@
+"""Each CUDA kernel against its NumPy twin, under Numba's CUDA simulator on tiny shapes.
+
+The simulator runs every CUDA thread as a Python thread and each __syncthreads as a GIL hand-off,
+so shapes stay tiny and the thread switch interval is shortened while this module runs. The twins
+themselves are checked against independent formulations (float64, dense masks, HF's own RoPE).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+
+
+import numpy as np
+import pytest
+
+cuda = pytest.importorskip("numba.cuda", reason="numba-cuda is not installed")
+if not cuda.is_available():
+    pytest.skip("no CUDA GPU and the CUDA simulator is off", allow_module_level=True)
+
+import vla_edge_ros.kernels as K  # noqa: E402
+from vla_edge_ros.model.safetensors_io import bf16_bits, bf16_bits_to_float32  # noqa: E402
+from vla_edge_ros.kernels import reference as ref  # noqa: E402
+from vla_edge_ros.kernels.dtypes import WeightKind  # noqa: E402
+
+F32 = np.float32
+KINDS = list(WeightKind)
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+
+def _rng(seed: int = 0) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def _stored(values: np.ndarray, kind: WeightKind) -> np.ndarray:
+    """fp32 values rounded into the storage of `kind`."""
+    if kind is WeightKind.BF16:
+        return bf16_bits(values)
+    return values.astype(kind.storage_dtype)
+
+
+def _weight(rng: np.random.Generator, shape: tuple[int, ...], kind: WeightKind):
+    """(device weight in `kind`, the exact fp32 values it holds)."""
+    host = _stored(rng.standard_normal(shape).astype(F32) * F32(0.5), kind)
+    return K.to_device_weight(host, kind), K.to_float32(host, kind)
+
+
+def _dev(array: np.ndarray):
+    return cuda.to_device(np.ascontiguousarray(array))
+
+
+def _randn(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(F32)
+
+
+# --- weight storage --------------------------------------------------------------------------
+
+
+def test_bf16_bits_round_to_nearest_even_like_torch() -> None:
+    torch = pytest.importorskip("torch")
+    values = np.concatenate(
+        [
+            _randn(_rng(1), 1000) * F32(1e3),
+            np.array([0.0, -0.0, 1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, np.inf, -np.inf, 3.4e38], F32),
+        ]
+    )
+    expected = torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy()
+    np.testing.assert_array_equal(bf16_bits(values), expected.view(np.uint16))
+    back = bf16_bits_to_float32(bf16_bits(values))
+    np.testing.assert_array_equal(back, torch.from_numpy(values).to(torch.bfloat16).float().numpy())
+    assert np.isnan(bf16_bits_to_float32(bf16_bits(np.array([np.nan], F32))))[0]
+
+
+def test_weight_kind_is_read_from_storage_dtype_and_checked() -> None:
+    for kind in KINDS:
+        host = np.zeros((2, 3), kind.storage_dtype)
+        assert K.weight_kind_of(K.to_device_weight(host, kind)) is kind
+    with pytest.raises(TypeError):
+        K.to_device_weight(np.zeros(3, np.float32), WeightKind.BF16)
+    with pytest.raises(TypeError):
+        K.weight_kind_of(np.zeros(3, np.int8))
+    vec = K.to_device_vector(bf16_bits(np.array([1.5, -2.0], F32)), WeightKind.BF16)
+    np.testing.assert_array_equal(vec.copy_to_host(), np.array([1.5, -2.0], F32))
+
+
+# --- embedding, norm, element-wise -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.value)
+def test_embedding_gather(kind: WeightKind) -> None:
+    rng = _rng(2)
+    table, table32 = _weight(rng, (11, 40), kind)
+    ids = np.array([3, 0, 10, 3], np.int32)
+    out = cuda.device_array((4, 40), F32)
+    K.embedding_gather(table, _dev(ids), out)
+    np.testing.assert_array_equal(out.copy_to_host(), ref.embedding_gather(table32, ids))
+
+
+@pytest.mark.parametrize("hidden", [50, 300])
+def test_rmsnorm_matches_twin_and_float64(hidden: int) -> None:
+    rng = _rng(3)
+    x, weight = _randn(rng, 3, hidden), _randn(rng, hidden)
+    out = cuda.device_array((3, hidden), F32)
+    K.rmsnorm(_dev(x), _dev(weight), 1e-6, out)
+    expected = ref.rmsnorm(x, weight, 1e-6)
+    np.testing.assert_allclose(out.copy_to_host(), expected, **TOL)
+    x64 = x.astype(np.float64)
+    exact = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-6) * weight
+    np.testing.assert_allclose(expected, exact, rtol=1e-5, atol=1e-6)
+
+
+def test_rmsnorm_in_place() -> None:
+    x, weight = _randn(_rng(4), 2, 20), _randn(_rng(5), 20)
+    dx = _dev(x)
+    K.rmsnorm(dx, _dev(weight), 1e-5, dx)
+    np.testing.assert_allclose(dx.copy_to_host(), ref.rmsnorm(x, weight, 1e-5), **TOL)
+
+
+def test_swiglu_and_add_inplace() -> None:
+    rng = _rng(6)
+    gate_up = _randn(rng, 3, 2 * 21) * F32(4)
+    out = cuda.device_array((3, 21), F32)
+    K.swiglu(_dev(gate_up), out)
+    np.testing.assert_allclose(out.copy_to_host(), ref.swiglu(gate_up), **TOL)
+    g64, u64 = gate_up[:, :21].astype(np.float64), gate_up[:, 21:].astype(np.float64)
+    np.testing.assert_allclose(
+        ref.swiglu(gate_up), g64 / (1 + np.exp(-g64)) * u64, rtol=1e-5, atol=1e-6
+    )
+    x, y = _randn(rng, 3, 70), _randn(rng, 3, 70)
+    dx = _dev(x)
+    K.add_inplace(dx, _dev(y))
+    np.testing.assert_array_equal(dx.copy_to_host(), ref.add(x, y))
+
+
+# --- linear ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.value)
+@pytest.mark.parametrize(
+    "tokens, n_out, depth, with_bias",
+    [
+        (1, 9, 520, True),
+        (1, 9, 150, True),
+        (1, 5, 33, False),
+        (3, 37, 45, True),
+        (20, 70, 40, False),
+    ],
+    ids=["gemv-packed", "gemv-unpacked", "gemv-nobias", "gemm", "gemm-2x3-tiles"],
+)
+def test_linear(kind: WeightKind, tokens: int, n_out: int, depth: int, with_bias: bool) -> None:
+    rng = _rng(7)
+    w, w32 = _weight(rng, (n_out, depth), kind)
+    x = _randn(rng, tokens, depth)
+    bias = _randn(rng, n_out) if with_bias else None
+    out = cuda.device_array((tokens, n_out), F32)
+    K.linear(_dev(x), w, None if bias is None else _dev(bias), out)
+    np.testing.assert_allclose(out.copy_to_host(), ref.linear(x, w32, bias), **TOL)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.value)
+def test_linear_on_a_row_slice_of_the_weight(kind: WeightKind) -> None:
+    """lm_head restricted to the last vocabulary rows (the action bins) is a view, not a copy."""
+    rng = _rng(17)
+    w, w32 = _weight(rng, (11, 24), kind)
+    x = _randn(rng, 1, 24)
+    out = cuda.device_array((1, 4), F32)
+    K.linear(_dev(x), w[7:], None, out)
+    np.testing.assert_allclose(out.copy_to_host(), ref.linear(x, w32[7:], None), **TOL)
+
+
+def test_linear_wide_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 64 x 64 tile with a 4 x 4 register tile per thread, which large shapes select."""
+    from vla_edge_ros.kernels import matmul
+
+    monkeypatch.setattr(matmul, "_TARGET_BLOCKS", 1)
+    assert matmul._gemm_tiles(40, 70) == (64, 64)
+    rng = _rng(8)
+    w, w32 = _weight(rng, (70, 36), WeightKind.BF16)
+    x, bias = _randn(rng, 40, 36), _randn(rng, 70)
+    out = cuda.device_array((40, 70), F32)
+    K.linear(_dev(x), w, _dev(bias), out)
+    np.testing.assert_allclose(out.copy_to_host(), ref.linear(x, w32, bias), **TOL)
+
+
+def test_linear_rejects_mismatched_shapes() -> None:
+    w, _ = _weight(_rng(9), (4, 8), WeightKind.FP32)
+    with pytest.raises(ValueError, match="axis 1"):
+        K.linear(_dev(np.zeros((2, 7), F32)), w, None, cuda.device_array((2, 4), F32))
+    with pytest.raises(ValueError, match="bias"):
+        K.linear(
+            _dev(np.zeros((2, 8), F32)), w, _dev(np.zeros(5, F32)), cuda.device_array((2, 4), F32)
+        )
+
+
+# --- rope ------------------------------------------------------------------------------------
+
+HEAD_DIM = 16
+INV_FREQ = (1.0 / 10000.0 ** (np.arange(0, HEAD_DIM, 2) / HEAD_DIM)).astype(F32)
+
+
+def test_rope_twin_matches_hf_apply_rotary_pos_emb() -> None:
+    torch = pytest.importorskip("torch")
+    qwen2 = pytest.importorskip("transformers.models.qwen2.modeling_qwen2")
+    rng = _rng(10)
+    x, positions = _randn(rng, 4, 3, HEAD_DIM), np.array([0, 1, 7, 300], np.int32)
+    freqs = positions.astype(F32)[:, None] * INV_FREQ[None, :]
+    emb = torch.from_numpy(np.concatenate([freqs, freqs], axis=-1))
+    xt = torch.from_numpy(x).transpose(0, 1)[None]  # [1, heads, T, D], HF's layout
+    rotated, _ = qwen2.apply_rotary_pos_emb(xt, xt, emb.cos()[None], emb.sin()[None])
+    expected = rotated[0].transpose(0, 1).numpy()
+    np.testing.assert_allclose(ref.rope(x, positions, INV_FREQ), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_rope_matches_twin_in_place_and_out_of_place() -> None:
+    rng = _rng(11)
+    x, positions = _randn(rng, 3, 2, HEAD_DIM), np.array([0, 5, -3], np.int32)
+    expected = ref.rope(x, positions, INV_FREQ)
+    dx = _dev(x)
+    out = cuda.device_array(x.shape, F32)
+    K.rope(dx, _dev(positions), _dev(INV_FREQ), out)
+    np.testing.assert_allclose(out.copy_to_host(), expected, **TOL)
+    np.testing.assert_array_equal(dx.copy_to_host(), x)
+    K.rope(dx, _dev(positions), _dev(INV_FREQ))
+    np.testing.assert_allclose(dx.copy_to_host(), expected, **TOL)
+
+
+def _cache_with_keys_at(rng: np.random.Generator, positions: np.ndarray) -> np.ndarray:
+    """A [2, 10, D] key cache whose slots hold keys rotated to `positions` (one per slot)."""
+    raw = _randn(rng, positions.shape[0], 2, HEAD_DIM)
+    return ref.rope(raw, positions, INV_FREQ).transpose(1, 0, 2).copy()
+
+
+def test_rope_cache_shift_matches_twin_and_leaves_other_slots() -> None:
+    rng = _rng(12)
+    cache = _cache_with_keys_at(rng, np.arange(10, dtype=np.int32))
+    slots, deltas = np.array([1, 4, 7], np.int32), np.array([3, -2, 5], np.int32)
+    dcache = _dev(cache)
+    K.rope_cache_shift(dcache, _dev(slots), _dev(deltas), _dev(INV_FREQ))
+    expected = ref.rope_cache_shift(cache, slots, deltas, INV_FREQ)
+    np.testing.assert_allclose(dcache.copy_to_host(), expected, **TOL)
+    untouched = np.setdiff1d(np.arange(10), slots)
+    np.testing.assert_array_equal(dcache.copy_to_host()[:, untouched], cache[:, untouched])
+
+
+def test_rope_shift_round_trip_and_composition() -> None:
+    """Shifting by +d then -d recovers the key; shifting p -> p' equals rotating at p' directly."""
+    rng = _rng(13)
+    raw = _randn(rng, 10, 2, HEAD_DIM)
+    old_pos = np.arange(20, 30, dtype=np.int32)
+    new_pos = np.array([3, 4, 5, 6, 7, 20, 21, 40, 41, 2], np.int32)
+    cache = ref.rope(raw, old_pos, INV_FREQ).transpose(1, 0, 2).copy()
+    slots = np.arange(10, dtype=np.int32)
+    dcache = _dev(cache)
+    K.rope_cache_shift(dcache, _dev(slots), _dev(new_pos - old_pos), _dev(INV_FREQ))
+    direct = ref.rope(raw, new_pos, INV_FREQ).transpose(1, 0, 2)
+    np.testing.assert_allclose(dcache.copy_to_host(), direct, rtol=1e-5, atol=2e-5)
+    K.rope_cache_shift(dcache, _dev(slots), _dev(old_pos - new_pos), _dev(INV_FREQ))
+    np.testing.assert_allclose(dcache.copy_to_host(), cache, rtol=1e-5, atol=2e-5)
+
+
+# --- KV cache and attention ------------------------------------------------------------------
+
+
+def test_kv_write_scatters_into_slots() -> None:
+    rng = _rng(14)
+    k, v = _randn(rng, 3, 2, 8), _randn(rng, 3, 2, 8)
+    k_cache, v_cache = _randn(rng, 2, 12, 8), _randn(rng, 2, 12, 8)
+    slots = np.array([11, 0, 5], np.int32)
+    dk, dv = _dev(k_cache), _dev(v_cache)
+    K.kv_write(_dev(k), _dev(v), dk, dv, _dev(slots))
+    k_exp, v_exp = ref.kv_write(k, v, k_cache, v_cache, slots)
+    np.testing.assert_array_equal(dk.copy_to_host(), k_exp)
+    np.testing.assert_array_equal(dv.copy_to_host(), v_exp)
+
+
+def _arena(rng: np.random.Generator, kv_heads: int, head_dim: int, tokens: int, capacity: int = 24):
+    """An arena after evictions: pinned prompt, kept middle slots with evicted ones between them,
+    the newest tokens already written at the end; positions re-packed in cache order."""
+    k_cache = _randn(rng, kv_heads, capacity, head_dim)
+    v_cache = _randn(rng, kv_heads, capacity, head_dim)
+    valid = np.zeros(capacity, np.uint8)
+    slot_pos = np.full(capacity, 10_000, np.int32)  # stale positions of free slots
+    kept = [0, 1, 2, 3, *range(8, capacity - tokens - 2, 3), *range(capacity - tokens, capacity)]
+    valid[kept] = 1
+    slot_pos[kept] = np.arange(len(kept), dtype=np.int32)
+    slot_pos[5] = 4  # an evicted slot with a plausible position must still be ignored
+    q_pos = slot_pos[capacity - tokens :].copy()
+    return k_cache, v_cache, slot_pos, valid, q_pos
+
+
+def _run_attention(q, k_cache, v_cache, slot_pos, valid, q_pos, scale, **kwargs) -> np.ndarray:
+    out = cuda.device_array(q.shape, F32)
+    K.attention(
+        _dev(q),
+        _dev(k_cache),
+        _dev(v_cache),
+        _dev(slot_pos),
+        _dev(valid),
+        _dev(q_pos),
+        scale,
+        out,
+        **kwargs,
+    )
+    return out.copy_to_host()
+
+
+@pytest.mark.parametrize("group", [1, 2, 3])
+@pytest.mark.parametrize(
+    "tokens, splits",
+    [(1, 1), (1, 3), (1, None), (4, 1), (4, 2)],
+    ids=["decode", "decode-split3", "decode-auto", "prefill", "prefill-split2"],
+)
+def test_attention_gqa_with_evicted_slots(group: int, tokens: int, splits: int | None) -> None:
+    rng = _rng(15 + group)
+    kv_heads, head_dim = 2, 8
+    k_cache, v_cache, slot_pos, valid, q_pos = _arena(rng, kv_heads, head_dim, tokens)
+    q = _randn(rng, tokens, kv_heads * group, head_dim)
+    scale = head_dim**-0.5
+    got = _run_attention(q, k_cache, v_cache, slot_pos, valid, q_pos, scale, num_splits=splits)
+    expected = ref.attention(q, k_cache, v_cache, slot_pos, valid, q_pos, scale)
+    np.testing.assert_allclose(got, expected, **TOL)
+
+
+@pytest.mark.parametrize("tokens, splits", [(1, 1), (3, 2)])
+def test_attention_online_softmax_across_chunks(tokens: int, splits: int) -> None:
+    """More slots than one shared-memory chunk holds: the running max/sum rescaling is used."""
+    rng = _rng(19)
+    k_cache, v_cache, slot_pos, valid, q_pos = _arena(rng, 1, 8, tokens, capacity=75)
+    q = _randn(rng, tokens, 2, 8) * F32(3)
+    got = _run_attention(q, k_cache, v_cache, slot_pos, valid, q_pos, 0.5, num_splits=splits)
+    expected = ref.attention(q, k_cache, v_cache, slot_pos, valid, q_pos, 0.5)
+    np.testing.assert_allclose(got, expected, **TOL)
+
+
+def test_attention_prefill_with_several_row_tiles_then_decode_reusing_scratch() -> None:
+    rng = _rng(20)
+    k_cache, v_cache, slot_pos, valid, q_pos = _arena(rng, 2, 8, 5)
+    q = _randn(rng, 5, 8, 8)  # 5 tokens x 4 heads per group = 20 rows: two row tiles
+    scratch = K.AttentionScratch()
+    for tokens in (5, 1):  # the decode call reuses a prefix of the prefill's buffers
+        args = (q[-tokens:], k_cache, v_cache, slot_pos, valid, q_pos[-tokens:], 0.3)
+        got = _run_attention(*args, num_splits=2, scratch=scratch)
+        np.testing.assert_allclose(got, ref.attention(*args), **TOL)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_attention_without_visible_slots_outputs_zeros(splits: int) -> None:
+    rng = _rng(21)
+    k_cache, v_cache, slot_pos, valid, _ = _arena(rng, 1, 8, 2)
+    q = _randn(rng, 2, 2, 8)
+    q_pos = np.array([-1, 3], np.int32)  # the first query precedes every slot
+    got = _run_attention(q, k_cache, v_cache, slot_pos, valid, q_pos, 0.5, num_splits=splits)
+    assert np.isfinite(got).all()
+    np.testing.assert_array_equal(got[0], 0.0)
+    expected = ref.attention(q, k_cache, v_cache, slot_pos, valid, q_pos, 0.5)
+    np.testing.assert_allclose(got, expected, **TOL)
+
+
+def test_attention_twin_matches_dense_masked_softmax() -> None:
+    rng = _rng(22)
+    k_cache, v_cache, slot_pos, valid, q_pos = _arena(rng, 2, 8, 4)
+    q = _randn(rng, 4, 6, 8)
+    group = 3
+    keys = np.repeat(k_cache, group, axis=0).astype(np.float64)  # [Hq, S, D]
+    values = np.repeat(v_cache, group, axis=0).astype(np.float64)
+    scores = np.einsum("thd,hsd->ths", q.astype(np.float64), keys) * 0.4
+    mask = (valid[None, :] != 0) & (slot_pos[None, :] <= q_pos[:, None])  # [T, S]
+    scores = np.where(mask[:, None, :], scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    dense = np.einsum("ths,hsd->thd", weights / weights.sum(-1, keepdims=True), values)
+    twin = ref.attention(q, k_cache, v_cache, slot_pos, valid, q_pos, 0.4)
+    np.testing.assert_allclose(twin, dense, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_rejects_bad_grouping() -> None:
+    k = _dev(np.zeros((2, 4, 8), F32))
+    with pytest.raises(ValueError, match="group"):
+        K.attention(
+            _dev(np.zeros((1, 3, 8), F32)),
+            k,
+            k,
+            _dev(np.zeros(4, np.int32)),
+            _dev(np.ones(4, np.uint8)),
+            _dev(np.zeros(1, np.int32)),
+            1.0,
+            cuda.device_array((1, 3, 8), F32),
+        )
+
+
+# --- argmax ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "logits",
+    [
+        np.array([0.5, -1.0, 2.0, 2.0, 1.0], F32),
+        np.zeros(7, F32),
+        np.full(4, -np.inf, F32),
+        np.where(np.arange(300) % 97 == 5, F32(3.0), np.linspace(-1, 1, 300, dtype=F32)),
+        np.where(np.isin(np.arange(300), [150, 290]), F32(3.0), np.zeros(300, F32)),
+    ],
+    ids=["tie", "all-equal", "all-neg-inf", "tie-across-blocks", "tie-in-later-blocks"],
+)
+def test_argmax_rows(logits: np.ndarray) -> None:
+    assert K.argmax_rows(_dev(logits)) == ref.argmax(logits)
+
+
+def test_kernel_version_is_a_nonempty_string() -> None:
+    assert isinstance(K.KERNEL_VERSION, str) and K.KERNEL_VERSION

@@ -1,0 +1,156 @@
+"""Compile every kernel the launchers use to real PTX (sm_90 Hopper, sm_87 Orin) without a GPU.
+
+The CUDA simulator runs kernels as Python, so it cannot catch what only the real compiler sees:
+typing errors, unsupported features, silent fp64 arithmetic (a float64 literal or mixed int/float
+division), or small local arrays that did not become registers. Here every launcher is called on
+host arrays with the launch replaced by a PTX compilation of the kernel for the argument types the
+launcher chose, and the PTX is checked for `.f64` and `.local`. It needs NVVM and NVRTC (a CUDA
+toolkit) but no driver, and skips where they are missing. It runs in a subprocess because the
+simulator, once chosen by another test module, is fixed for the whole process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+_SKIP = 77  # exit status of the subprocess when no CUDA compiler toolchain is available
+_CCS = ((9, 0), (8, 7))
+_FORBIDDEN = re.compile(r"\.f64\b|\.local\b")
+# Accurate fp32 sin/cos (libdevice __nv_sinf/__nv_cosf, as HF's fp32 RoPE needs) carry a
+# large-argument reduction path that uses fp64 and a local array; it runs only for huge angles.
+_TRIG_KERNELS = {"_rope_kernel", "_cache_shift_kernel"}  # in kernels/rotary.py
+
+
+def test_kernels_compile_to_ptx_without_fp64_or_local_memory() -> None:
+    # The child imports vla_edge_ros.kernels from wherever this process found it.
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0", "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, __file__],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=Path(__file__).resolve().parent,
+    )
+    if done.returncode == _SKIP:
+        pytest.skip(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+
+
+class _HostBuffer(np.ndarray):
+    """Stands in for a device array: a host array with the DeviceNDArray methods used."""
+
+    def copy_to_host(self, stream: object = 0) -> np.ndarray:
+        return np.asarray(self)
+
+    def is_c_contiguous(self) -> bool:
+        return bool(self.flags.c_contiguous)
+
+
+def _zeros(shape: int | tuple[int, ...], dtype: type | np.dtype = np.float32) -> _HostBuffer:
+    return np.zeros(shape, dtype).view(_HostBuffer)
+
+
+def _install_compile_only_launch(kernels_compiled: list[str], problems: list[str]) -> None:
+    """Make `kernel[grid, block, stream](*args)` compile PTX for each cc instead of launching."""
+    from numba import cuda, typeof
+    from numba.cuda import dispatcher
+
+    def compile_instead(self, args, launch_config):
+        signature = tuple(typeof(a) for a in args)
+        name = f"{self.py_func.__module__}.{self.py_func.__qualname__}{signature}"
+        for cc in _CCS:
+            dispatcher.get_current_device = lambda cc=cc: types.SimpleNamespace(
+                compute_capability=cc
+            )
+            ptx, _ = cuda.compile_ptx(self.py_func, signature, cc=cc)
+            bad = sorted({m.group(0) for m in _FORBIDDEN.finditer(ptx)})
+            if bad and self.py_func.__name__ not in _TRIG_KERNELS:
+                lines = [ln.strip() for ln in ptx.splitlines() if _FORBIDDEN.search(ln)]
+                problems.append(f"{name} sm_{cc[0]}{cc[1]}: {bad}: {lines[:6]}")
+        kernels_compiled.append(name)
+
+    dispatcher.CUDADispatcher.call = compile_instead
+    cuda.device_array = lambda shape, dtype=np.float64, stream=0: _zeros(shape, dtype)
+
+
+def _exercise_launchers() -> None:
+    """Call each launcher with every argument variant the decoder uses."""
+    import vla_edge_ros.kernels as K
+
+    f32 = np.float32
+    for kind in K.WeightKind:
+        table = _zeros((50, 64), kind.storage_dtype)
+        K.embedding_gather(table, _zeros(3, np.int32), _zeros((3, 64), f32))
+        for tokens, n_out in ((1, 40), (3, 40), (20, 40), (40, 40), (64, 4096)):
+            w = _zeros((n_out, 64), kind.storage_dtype)
+            x = _zeros((tokens, 64), f32)
+            out = _zeros((tokens, n_out), f32)
+            K.linear(x, w, _zeros(n_out, f32), out)
+            K.linear(x, w, None, out)
+        odd = _zeros((40, 66), kind.storage_dtype)  # K % 4 != 0: the unpacked GEMV
+        K.linear(_zeros((1, 66), f32), odd, None, _zeros((1, 40), f32))
+        K.linear(
+            _zeros((1, 64), f32),
+            _zeros((80, 64), kind.storage_dtype)[40:],
+            None,
+            _zeros((1, 40), f32),
+        )
+    x = _zeros((3, 64))
+    K.rmsnorm(x, _zeros(64, f32), 1e-6, x)
+    K.add_inplace(x, x)
+    K.swiglu(_zeros((3, 64), f32), _zeros((3, 32), f32))
+    inv_freq = _zeros(8, f32)
+    K.rope(_zeros((3, 4, 16), f32), _zeros(3, np.int32), inv_freq)
+    K.rope_cache_shift(_zeros((2, 9, 16), f32), _zeros(2, np.int32), _zeros(2, np.int32), inv_freq)
+    K.kv_write(
+        _zeros((3, 2, 16), f32),
+        _zeros((3, 2, 16), f32),
+        _zeros((2, 9, 16), f32),
+        _zeros((2, 9, 16), f32),
+        _zeros(3, np.int32),
+    )
+    for head_dim in (64, 128):
+        for tokens, splits in ((1, None), (1, 1), (20, None)):
+            caches = [_zeros((2, 300, head_dim), f32) for _ in range(2)]
+            K.attention(
+                _zeros((tokens, 12, head_dim), f32),
+                *caches,
+                _zeros(300, np.int32),
+                _zeros(300, np.uint8),
+                _zeros(tokens, np.int32),
+                0.1,
+                _zeros((tokens, 12, head_dim), f32),
+                num_splits=splits,
+            )
+    K.argmax_rows(_zeros(1000, f32))
+
+
+def main() -> int:
+    try:
+        from numba import cuda, float32
+
+        cuda.compile_ptx(lambda a: None, (float32[:],), cc=_CCS[0])
+    except Exception as err:  # any missing piece of the toolchain means: cannot check here
+        print(f"no CUDA compiler toolchain (NVVM + NVRTC) available: {type(err).__name__}")
+        return _SKIP
+    compiled: list[str] = []
+    problems: list[str] = []
+    _install_compile_only_launch(compiled, problems)
+    _exercise_launchers()
+    print(f"compiled {len(compiled)} kernel launches for {_CCS}")
+    for problem in problems:
+        print("PROBLEM", problem)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""The GPU backend: the same decoder as ``numpy_backend``, as a sequence of Numba-CUDA kernels.
+
+Weights stay on the device in the checkpoint's precision (fp16, or bf16 kept as its uint16 bits) and
+are widened inside the kernels; activations, accumulation and the KV arena are fp32. No cuBLAS, no
+torch. Activation buffers are allocated once for the largest forward seen and reused, so a decode
+step allocates nothing. Under ``NUMBA_ENABLE_CUDASIM=1`` the same code runs on the CPU (slowly),
+which is how the tests prove it without a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda
+
+from .. import kernels
+from . import ops
+from .arena import KVArena
+from .backend import Backend, ForwardResult
+from .checkpoint import Checkpoint
+
+_KINDS = {"F32": kernels.WeightKind.FP32, "F16": kernels.WeightKind.FP16, "BF16": kernels.WeightKind.BF16}
+
+
+@dataclass
+class _Layer:
+    input_norm: object
+    q_weight: object
+    q_bias: object
+    k_weight: object
+    k_bias: object
+    v_weight: object
+    v_bias: object
+    o_weight: object
+    post_norm: object
+    gate_up_weight: object  # gate and up fused: [2 I, H]
+    down_weight: object
+
+
+def _matrix(checkpoint: Checkpoint, *names: str):
+    """Upload weight matrices in storage precision, fused along the output dim when several."""
+    stored = [checkpoint.tensors[name] for name in names]
+    if len({t.dtype for t in stored}) == 1:
+        return kernels.to_device_weight(np.concatenate([t.array for t in stored]), _KINDS[stored[0].dtype])
+    return kernels.to_device_weight(np.concatenate([t.to_float32() for t in stored]), kernels.WeightKind.FP32)
+
+
+def _vector(checkpoint: Checkpoint, name: str):
+    """Norm weights and biases go up as fp32: exact and tiny."""
+    return cuda.to_device(checkpoint.float32(name))
+
+
+def _layer(checkpoint: Checkpoint, p: str) -> _Layer:
+    attn = p + "self_attn."
+    return _Layer(
+        input_norm=_vector(checkpoint, p + "input_layernorm.weight"),
+        q_weight=_matrix(checkpoint, attn + "q_proj.weight"), q_bias=_vector(checkpoint, attn + "q_proj.bias"),
+        k_weight=_matrix(checkpoint, attn + "k_proj.weight"), k_bias=_vector(checkpoint, attn + "k_proj.bias"),
+        v_weight=_matrix(checkpoint, attn + "v_proj.weight"), v_bias=_vector(checkpoint, attn + "v_proj.bias"),
+        o_weight=_matrix(checkpoint, attn + "o_proj.weight"),
+        post_norm=_vector(checkpoint, p + "post_attention_layernorm.weight"),
+        gate_up_weight=_matrix(checkpoint, p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+        down_weight=_matrix(checkpoint, p + "mlp.down_proj.weight"),
+    )
+
+
+class _Workspace:
+    """Activation buffers for up to ``tokens`` new tokens; views of the first T rows are used."""
+
+    def __init__(self, backend: "CudaBackend", tokens: int) -> None:
+        c = backend.config
+        f32 = np.float32
+        self.tokens = tokens
+        self.x = cuda.device_array((tokens, c.hidden_size), f32)
+        self.h = cuda.device_array((tokens, c.hidden_size), f32)
+        self.tmp = cuda.device_array((tokens, c.hidden_size), f32)
+        self.q = cuda.device_array((tokens, c.q_dim), f32)
+        self.k = cuda.device_array((tokens, c.kv_dim), f32)
+        self.v = cuda.device_array((tokens, c.kv_dim), f32)
+        self.attn = cuda.device_array((tokens, c.q_dim), f32)
+        self.gate_up = cuda.device_array((tokens, 2 * c.intermediate_size), f32)
+        self.act = cuda.device_array((tokens, c.intermediate_size), f32)
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+
+    def __init__(self, checkpoint: Checkpoint, arena: KVArena) -> None:
+        super().__init__(checkpoint, arena)
+        c = self.config
+        self.embed = _matrix(checkpoint, "model.embed_tokens.weight")
+        self.lm_head = self.embed if c.tie_word_embeddings else _matrix(checkpoint, "lm_head.weight")
+        self.final_norm = _vector(checkpoint, "model.norm.weight")
+        self.layers = [_layer(checkpoint, f"model.layers.{i}.") for i in range(c.num_hidden_layers)]
+        shape = (c.num_key_value_heads, arena.capacity, c.head_dim)
+        self.k_cache = [cuda.to_device(np.zeros(shape, np.float32)) for _ in range(c.num_hidden_layers)]
+        self.v_cache = [cuda.to_device(np.zeros(shape, np.float32)) for _ in range(c.num_hidden_layers)]
+        self.inv_freq = cuda.to_device(ops.rope_inv_freq(c.head_dim, c.rope_theta))
+        self.scale = float(1.0 / np.sqrt(c.head_dim))
+        self.scratch = kernels.AttentionScratch()
+        self.workspace: _Workspace | None = None
+
+    def _buffers(self, tokens: int) -> _Workspace:
+        if self.workspace is None or self.workspace.tokens < tokens:
+            self.workspace = _Workspace(self, tokens)
+        return self.workspace
+
+    def forward(self, positions: np.ndarray, slots: np.ndarray, *, token_ids: np.ndarray | None = None,
+                embeddings: np.ndarray | None = None, collect_layers: bool = False) -> ForwardResult:
+        token_ids, embeddings = self._inputs(token_ids, embeddings)
+        c = self.config
+        positions = np.ascontiguousarray(positions, dtype=np.int32)
+        slots = np.ascontiguousarray(slots, dtype=np.int32)
+        tokens = positions.size
+        ws = self._buffers(tokens)
+        x, h, tmp = ws.x[:tokens], ws.h[:tokens], ws.tmp[:tokens]
+        q, k, v = ws.q[:tokens], ws.k[:tokens], ws.v[:tokens]
+        attn, gate_up, act = ws.attn[:tokens], ws.gate_up[:tokens], ws.act[:tokens]
+        q_heads = q.reshape(tokens, c.num_attention_heads, c.head_dim)
+        k_heads = k.reshape(tokens, c.num_key_value_heads, c.head_dim)
+        v_heads = v.reshape(tokens, c.num_key_value_heads, c.head_dim)
+        attn_heads = attn.reshape(tokens, c.num_attention_heads, c.head_dim)
+
+        if token_ids is not None:
+            kernels.embedding_gather(self.embed, cuda.to_device(token_ids), x)
+        else:
+            x.copy_to_device(np.ascontiguousarray(embeddings))
+        positions_dev, slots_dev = cuda.to_device(positions), cuda.to_device(slots)
+        self.arena.commit(slots, positions)
+        slot_pos = cuda.to_device(self.arena.positions)
+        slot_valid = cuda.to_device(self.arena.valid.view(np.uint8))
+        layer_hidden = [x.copy_to_host()] if collect_layers else None
+        for index, layer in enumerate(self.layers):
+            kernels.rmsnorm(x, layer.input_norm, c.rms_norm_eps, h)
+            kernels.linear(h, layer.q_weight, layer.q_bias, q)
+            kernels.linear(h, layer.k_weight, layer.k_bias, k)
+            kernels.linear(h, layer.v_weight, layer.v_bias, v)
+            kernels.rope(q_heads, positions_dev, self.inv_freq)
+            kernels.rope(k_heads, positions_dev, self.inv_freq)
+            kernels.kv_write(k_heads, v_heads, self.k_cache[index], self.v_cache[index], slots_dev)
+            kernels.attention(q_heads, self.k_cache[index], self.v_cache[index], slot_pos, slot_valid,
+                              positions_dev, self.scale, attn_heads, scratch=self.scratch)
+            kernels.linear(attn, layer.o_weight, None, tmp)
+            kernels.add_inplace(x, tmp)
+            kernels.rmsnorm(x, layer.post_norm, c.rms_norm_eps, h)
+            kernels.linear(h, layer.gate_up_weight, None, gate_up)
+            kernels.swiglu(gate_up, act)
+            kernels.linear(act, layer.down_weight, None, tmp)
+            kernels.add_inplace(x, tmp)
+            if layer_hidden is not None:
+                layer_hidden.append(x.copy_to_host())
+        kernels.rmsnorm(x, self.final_norm, c.rms_norm_eps, h)
+        return ForwardResult(h.copy_to_host(), layer_hidden)
+
+    def _logits_device(self, hidden: np.ndarray, rows: slice):
+        hidden = cuda.to_device(np.ascontiguousarray(np.atleast_2d(hidden), dtype=np.float32))
+        weight = self.lm_head[rows]
+        out = cuda.device_array((hidden.shape[0], weight.shape[0]), np.float32)
+        kernels.linear(hidden, weight, None, out)
+        return out
+
+    def logits(self, hidden: np.ndarray, rows: slice = slice(None)) -> np.ndarray:
+        return self._logits_device(hidden, rows).copy_to_host()
+
+    def greedy(self, hidden: np.ndarray, rows: slice = slice(None)) -> int:
+        return kernels.argmax_rows(self._logits_device(hidden, rows)[0])
+
+    def rotate_keys(self, slots: np.ndarray, shifts: np.ndarray) -> None:
+        slots_dev = cuda.to_device(np.ascontiguousarray(slots, dtype=np.int32))
+        shifts_dev = cuda.to_device(np.ascontiguousarray(shifts, dtype=np.int32))
+        for layer_cache in self.k_cache:
+            kernels.rope_cache_shift(layer_cache, slots_dev, shifts_dev, self.inv_freq)
+
+    def read_kv(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        keys = np.stack([cache.copy_to_host()[:, slots] for cache in self.k_cache])
+        values = np.stack([cache.copy_to_host()[:, slots] for cache in self.v_cache])
+        return keys, values
+
+    def state_bytes(self) -> tuple[int, int]:
+        arrays = [self.embed, self.final_norm] + ([] if self.lm_head is self.embed else [self.lm_head])
+        arrays += [a for layer in self.layers for a in vars(layer).values()]
+        kv = sum(a.nbytes for a in self.k_cache + self.v_cache)
+        return sum(a.nbytes for a in arrays), kv
