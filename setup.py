@@ -1,6 +1,9 @@
-"""ament_python build: `colcon build` on a ROS 2 install, or `pip install .` anywhere.
+"""ament_python build: `colcon build` (with or without --symlink-install) on a ROS 2 install,
+or `pip install .` anywhere.
 
-The Numba-CUDA kernels live in the top-level kernels/ folder and install as vla_edge_ros.kernels.
+The Numba-CUDA kernels live in the top-level kernels/ folder; vla_edge_ros/kernels is a symbolic link
+to it, so they install as vla_edge_ros.kernels in every mode, `setup.py develop` included (which
+ignores package_dir mappings of sub-packages).
 """
 
 from glob import glob
@@ -13,7 +16,6 @@ setup(
     name=PACKAGE,
     version="0.1.0",
     packages=[PACKAGE, f"{PACKAGE}.model", f"{PACKAGE}.kernels"],
-    package_dir={f"{PACKAGE}.kernels": "kernels"},
     data_files=[
         ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),
         (f"share/{PACKAGE}", ["package.xml"]),

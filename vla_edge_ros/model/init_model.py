@@ -1,8 +1,9 @@
 """Write randomly initialised checkpoints in HuggingFace format, so nothing is ever downloaded.
 
-``tiny`` is the embedded default (fast on a 2-core CPU); ``qwen2.5-1.5b-shape`` has the exact
-shapes of Qwen2.5-1.5B (28 layers, 12 query / 2 KV heads of 128, vocab 151,936) for timing and
-memory work. The same seed always gives the same bytes.
+``tiny`` is the embedded default (fast on a 2-core CPU; untied embeddings, because a random tied
+model greedily repeats its input token and every action dimension would read the same bin);
+``qwen2.5-1.5b-shape`` has the exact shapes of Qwen2.5-1.5B (28 layers, 12 query / 2 KV heads of
+128, vocab 151,936, tied) for timing and memory work. The same seed always gives the same bytes.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(
         hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, head_dim=64, vocab_size=2048, rope_theta=10000.0, rms_norm_eps=1e-6,
-        tie_word_embeddings=True, max_position_embeddings=4096,
+        tie_word_embeddings=False, max_position_embeddings=4096,
         vision=VisionConfig(image_size=64, patch_size=8, tokens_per_frame=16),
         action=ActionConfig(head="bins", dof=7),
     ),
