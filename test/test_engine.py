@@ -128,6 +128,27 @@ def test_prompt_that_leaves_no_room_is_refused(tiny_model):
         engine.set_prompt(list(range(20)))
 
 
+def test_backend_choice(tiny_model):
+    from vla_edge_ros.model.engine import resolve_backend
+
+    assert resolve_backend("auto") == "numpy"  # the simulator never counts as a GPU
+    with pytest.raises(ValueError, match="backend must be one of"):
+        VlaEngine(load_checkpoint(tiny_model), backend="tpu")
+
+
+def test_cuda_without_a_gpu_is_a_clear_error(tiny_model):
+    import subprocess
+    import sys
+
+    code = ("from vla_edge_ros.model.checkpoint import load_checkpoint\n"
+            "from vla_edge_ros.model.engine import VlaEngine\n"
+            f"VlaEngine(load_checkpoint({str(tiny_model)!r}), backend='cuda')\n")
+    env = {**__import__("os").environ, "NUMBA_ENABLE_CUDASIM": "0"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode != 0
+    assert "no CUDA GPU is usable here" in done.stderr
+
+
 def test_arena_too_small_for_one_frame(tiny_model):
     with pytest.raises(ValueError, match="cannot hold one frame"):
         VlaEngine(load_checkpoint(tiny_model), backend="numpy", kv_capacity_tokens=16)

@@ -25,22 +25,27 @@ from .vision import FrameEncoder
 BACKENDS = ("auto", "numpy", "cuda")
 
 
+def cuda_simulated() -> bool:
+    """True when Numba's CUDA simulator stands in for a GPU (NUMBA_ENABLE_CUDASIM=1, as in the tests)."""
+    try:
+        from numba import config
+    except ImportError:
+        return False
+    return bool(config.ENABLE_CUDASIM)
+
+
 def cuda_available() -> bool:
-    """True when a real CUDA device is usable (the simulator does not count)."""
+    """True when a real CUDA device is usable (Numba's simulator does not count)."""
+    if cuda_simulated():
+        return False
     try:
         from numba import cuda
     except ImportError:
         return False
     try:
-        return bool(cuda.is_available()) and not getattr(cuda, "simulator_enabled", False) and not _simulated()
-    except Exception:  # a broken driver install must not stop the numpy path
+        return bool(cuda.is_available())
+    except Exception:  # a broken driver install must not take the numpy path down with it
         return False
-
-
-def _simulated() -> bool:
-    from numba import config
-
-    return bool(getattr(config, "ENABLE_CUDASIM", False))
 
 
 def resolve_backend(name: str) -> str:
@@ -55,6 +60,8 @@ def resolve_backend(name: str) -> str:
 def make_backend(name: str, checkpoint: Checkpoint, arena: KVArena) -> Backend:
     """Build the requested backend over ``arena``."""
     if resolve_backend(name) == "cuda":
+        if not (cuda_available() or cuda_simulated()):
+            raise ValueError("backend 'cuda' was requested but no CUDA GPU is usable here; use 'auto' or 'numpy'")
         from .cuda_backend import CudaBackend
 
         return CudaBackend(checkpoint, arena)
