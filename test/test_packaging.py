@@ -49,3 +49,18 @@ def test_transformers_probe_for_a_top_level_kernels_package_is_harmless_from_a_c
 
 def test_gpu_check_script_parses():
     assert subprocess.run(["bash", "-n", str(ROOT / "bench" / "gpu_check.sh")]).returncode == 0
+
+
+def test_launch_file_starts_an_executable_the_package_installs():
+    """launch_ros is not installable here, so check statically what the launch file refers to."""
+    import ast
+
+    source = (ROOT / "launch" / "vla_edge.launch.py").read_text()
+    tree = ast.parse(source)
+    assert any(isinstance(n, ast.FunctionDef) and n.name == "generate_launch_description" for n in tree.body)
+    executables = {kw.value.value for n in ast.walk(tree) if isinstance(n, ast.Call)
+                   for kw in n.keywords if kw.arg == "executable"}
+    setup = (ROOT / "setup.py").read_text()
+    assert executables and all(f'"{exe} = vla_edge_ros.' in setup for exe in executables)
+    assert '"config", "default.yaml"' in source and (ROOT / "config" / "default.yaml").is_file()
+    assert 'glob("launch/*.launch.py")' in setup

@@ -63,12 +63,12 @@ def cmd_parity(args: argparse.Namespace) -> int:
     else:
         print(f"parity of {report.model} on {report.backend} against transformers (fp32, CPU), "
               f"{len(report.token_ids)} tokens")
-        print(f"  logits                 cosine {report.logits.cosine:.9f}  max|err| {report.logits.max_abs_error:.3e}")
+        print(f"  logits                 cosine {report.logits.cosine:.12f}  max|err| {report.logits.max_abs_error:.3e}")
         for index, layer in enumerate(report.layers):
             label = "embeddings" if index == 0 else f"layer {index}" + (" (+norm)" if index == len(report.layers) - 1 else "")
-            print(f"  {label:<22} cosine {layer.cosine:.9f}  max|err| {layer.max_abs_error:.3e}")
-        print(f"  incremental vs full    cosine {report.incremental.cosine:.9f}  max|err| {report.incremental.max_abs_error:.3e}")
-        print(f"  worst cosine {report.worst_cosine():.9f} (bar {threshold}): {'PASS' if passed else 'FAIL'}")
+            print(f"  {label:<22} cosine {layer.cosine:.12f}  max|err| {layer.max_abs_error:.3e}")
+        print(f"  incremental vs full    cosine {report.incremental.cosine:.12f}  max|err| {report.incremental.max_abs_error:.3e}")
+        print(f"  worst cosine {report.worst_cosine():.12f} (bar {threshold}): {'PASS' if passed else 'FAIL'}")
     return 0 if passed else 1
 
 

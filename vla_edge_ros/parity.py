@@ -56,7 +56,11 @@ def load_reference(model_dir: str | Path):
     """The HuggingFace model in fp32 on CPU (weights widened exactly from their storage dtype)."""
     import torch
     from transformers import Qwen2ForCausalLM
+    from transformers.utils import logging
 
+    # Our vision.* / action_head.* tensors are "unexpected" to HF's decoder by design: no report.
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
     model = Qwen2ForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     return model.eval()
 
