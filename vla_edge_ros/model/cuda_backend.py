@@ -48,7 +48,8 @@ def _matrix(checkpoint: Checkpoint, *names: str):
 
 def _vector(checkpoint: Checkpoint, name: str):
     """Norm weights and biases go up as fp32: exact and tiny."""
-    return cuda.to_device(checkpoint.float32(name))
+    tensor = checkpoint.tensors[name]
+    return kernels.to_device_vector(tensor.array, _KINDS[tensor.dtype])
 
 
 def _layer(checkpoint: Checkpoint, p: str) -> _Layer:
@@ -89,6 +90,8 @@ class CudaBackend(Backend):
     def __init__(self, checkpoint: Checkpoint, arena: KVArena) -> None:
         super().__init__(checkpoint, arena)
         c = self.config
+        if c.head_dim > kernels.MAX_HEAD_DIM:
+            raise ValueError(f"the cuda backend supports head_dim <= {kernels.MAX_HEAD_DIM}, this model has {c.head_dim}")
         self.embed = _matrix(checkpoint, "model.embed_tokens.weight")
         self.lm_head = self.embed if c.tie_word_embeddings else _matrix(checkpoint, "lm_head.weight")
         self.final_norm = _vector(checkpoint, "model.norm.weight")

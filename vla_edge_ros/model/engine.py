@@ -173,7 +173,3 @@ class VlaEngine:
         finally:
             self.arena.release(scratch)
         return head.from_bins(bins), [head.first_bin_token + b for b in bins]
-
-    def memory_bytes(self) -> dict[str, int]:
-        weights, kv = self.backend.state_bytes()
-        return {"weights": weights, "kv_arena": kv}
