@@ -35,6 +35,15 @@ def test_step_decodes_one_bin_token_per_dof_within_the_action_range(engine):
     assert engine.arena.used == len(PROMPT) + engine.tokens_per_frame  # action tokens were scratch
 
 
+def test_warm_up_leaves_the_episode_as_it_started(tiny_model, engine):
+    frame = SyntheticCamera(seed=7).frame()
+    engine.warm_up()
+    assert engine.arena.used == len(PROMPT) and not engine.frames
+    cold = VlaEngine(load_checkpoint(tiny_model), backend="numpy", kv_capacity_tokens=96)
+    cold.set_prompt(PROMPT)
+    assert engine.step(frame).tokens == cold.step(frame).tokens
+
+
 def test_bins_match_huggingface_greedy_decoding_over_the_same_embeddings(tiny_model, engine):
     torch = pytest.importorskip("torch")
     from vla_edge_ros.parity import load_reference

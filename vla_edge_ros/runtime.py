@@ -21,7 +21,7 @@ def plan_for(settings: Settings, checkpoint: Checkpoint | None = None) -> tuple[
 
 
 def load_engine(settings: Settings) -> tuple[VlaEngine, MemoryPlan]:
-    """Plan, check the budget, then load the engine and prefill the pinned prompt."""
+    """Plan, check the budget, load the engine, prefill the pinned prompt and warm it up."""
     node = settings["reasoning"]
     plan, checkpoint = plan_for(settings)
     require_fit(plan)
@@ -31,4 +31,5 @@ def load_engine(settings: Settings) -> tuple[VlaEngine, MemoryPlan]:
         raise ValueError(f"{settings.source}: reasoning.prompt_token_ids has ids >= vocab_size {vocab}")
     engine = VlaEngine(checkpoint, backend=plan.backend, kv_capacity_tokens=node["kv_capacity_tokens"])
     engine.set_prompt(prompt)
+    engine.warm_up()
     return engine, plan

@@ -107,6 +107,7 @@ class VlaEngine:
             weight, bias = checkpoint.float32("action_head.weight"), checkpoint.float32("action_head.bias")
         self.head = ActionHead(config.action, config.vocab_size, weight, bias)
         self.prompt_slots = np.empty(0, dtype=np.int32)
+        self._prompt_ids = np.empty(0, dtype=np.int32)
         self.frames: deque[np.ndarray] = deque()
         self._scratch_tokens = scratch
 
@@ -118,9 +119,21 @@ class VlaEngine:
                              f"{self.arena.capacity}-token arena")
         self.arena.release(np.arange(self.arena.capacity))
         self.frames.clear()
+        self._prompt_ids = ids
         self.prompt_slots = self.arena.allocate(ids.size)
         if ids.size:
             self.backend.forward(np.arange(ids.size, dtype=np.int32), self.prompt_slots, token_ids=ids)
+
+    def warm_up(self) -> None:
+        """Run one cycle on a blank frame, then restore the episode's start.
+
+        The first cycle pays one-off costs (BLAS and OpenCV initialisation, first-touch of every
+        buffer, kernel compilation on the GPU) that are many times a normal cycle; a robot should
+        pay them at load, not in its first control period.
+        """
+        size = self.config.vision.image_size
+        self.step(np.zeros((size, size, 3), dtype=np.uint8))
+        self.set_prompt(self._prompt_ids)
 
     def _make_room(self, count: int) -> int:
         """Evict the oldest frames until ``count`` tokens fit in slots and in positions."""
