@@ -1,0 +1,244 @@
+"""The admission gate refuses what would overrun, counts what did, and stays bounded forever.
+
+Every test drives the gate with a scripted clock, so each decision and each number is exact.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from vla_edge_ros.admission import (
+    NS_PER_MS,
+    AdmissionGate,
+    BlockKind,
+    LatencyHistogram,
+    Verdict,
+)
+
+DECODE = BlockKind.DECODE
+
+
+class FakeClock:
+    """Monotonic ns that only move when a test says so."""
+
+    def __init__(self) -> None:
+        self.ns = 1_000 * NS_PER_MS
+
+    def __call__(self) -> int:
+        return self.ns
+
+    def advance(self, ms: float) -> None:
+        self.ns += round(ms * NS_PER_MS)
+
+    def after(self, ms: float) -> int:
+        return self.ns + round(ms * NS_PER_MS)
+
+
+def make_gate(**settings) -> tuple[AdmissionGate, FakeClock]:
+    clock = FakeClock()
+    return AdmissionGate(clock=clock, **settings), clock
+
+
+def run_block(gate: AdmissionGate, clock: FakeClock, cost_ms: float, kind: BlockKind = DECODE,
+              slack_ms: float = 1e6) -> bool:
+    """Admit a block with a far deadline, let it cost ``cost_ms``, record it; return whether it missed."""
+    decision = gate.admit(kind, clock.after(slack_ms))
+    assert decision, decision
+    clock.advance(cost_ms)
+    return gate.record(decision)
+
+
+def trained(**settings) -> tuple[AdmissionGate, FakeClock]:
+    """A decode estimate of mean 10 ms, deviation 3 ms (alpha 0.5, samples 10, 14, 8: see the EMA test)."""
+    gate, clock = make_gate(alpha=0.5, warmup=1, **settings)
+    for cost in (10.0, 14.0, 8.0):
+        run_block(gate, clock, cost)
+    return gate, clock
+
+
+def test_admits_a_block_predicted_to_finish_by_the_deadline():
+    gate, clock = make_gate(warmup=1, k=2.0)
+    run_block(gate, clock, 10.0)  # mean 10 ms, deviation 0
+    decision = gate.admit(DECODE, clock.after(10.0))  # now + 10 ms <= deadline, exactly
+    assert decision and decision.verdict is Verdict.ADMITTED
+    assert decision.predicted_ns == 10 * NS_PER_MS
+    clock.advance(10.0)
+    assert gate.record(decision) is False  # finishing at the deadline is in time
+    stats = gate.snapshot().kinds["decode"]
+    assert (stats.warmup, stats.admitted, stats.refused, stats.missed, stats.completed) == (1, 1, 0, 0, 2)
+
+
+def test_refuses_a_block_predicted_to_overrun_and_learns_nothing_from_it():
+    gate, clock = make_gate(warmup=1)
+    run_block(gate, clock, 10.0)
+    decision = gate.admit(DECODE, clock.after(9.999))
+    assert not decision and decision.verdict is Verdict.REFUSED
+    with pytest.raises(ValueError, match="refused, never started"):
+        gate.record(decision)
+    stats = gate.snapshot()
+    assert (stats.kinds["decode"].refused, stats.refused, stats.missed, stats.kinds["decode"].completed) == (1, 1, 0, 1)
+
+
+def test_an_admitted_block_that_overruns_is_a_miss_not_a_refusal():
+    gate, clock = make_gate(warmup=1, k=0.0)
+    run_block(gate, clock, 10.0)
+    decision = gate.admit(DECODE, clock.after(12.0))
+    assert decision.verdict is Verdict.ADMITTED
+    clock.advance(15.0)
+    assert gate.record(decision) is True
+    stats = gate.snapshot()
+    decode = stats.kinds["decode"]
+    assert (decode.admitted, decode.missed, decode.warmup_missed, decode.refused) == (1, 1, 0, 0)
+    assert stats.missed == 1 and stats.refused == 0
+
+
+def test_a_frame_past_its_deadline_is_skipped_as_stale():
+    gate, clock = make_gate(deadline_ms=33.0)
+    decision = gate.start_cycle(clock.after(-33.001))
+    assert not decision and decision.verdict is Verdict.STALE
+    assert decision.deadline_ns == clock.ns - NS_PER_MS // 1000
+    on_time = gate.start_cycle(clock.after(-33.0))  # exactly at its deadline: not stale yet
+    assert on_time.verdict is Verdict.WARMUP
+    stats = gate.snapshot()
+    assert stats.stale == 1
+    assert (stats.kinds["cycle"].refused, stats.kinds["cycle"].warmup, stats.missed) == (0, 1, 0)
+
+
+def test_cold_start_admits_warmup_blocks_without_an_estimate_and_counts_them_apart():
+    gate, clock = make_gate(warmup=2, k=0.0)
+    for _ in range(2):  # no trusted estimate yet: started even though each costs more than the slack
+        decision = gate.admit(DECODE, clock.after(1.0))
+        assert decision.verdict is Verdict.WARMUP and decision.predicted_ns is None
+        clock.advance(5.0)
+        assert gate.record(decision) is True
+    after_warmup = gate.admit(DECODE, clock.after(1.0))  # now the 5 ms estimate refuses it
+    assert after_warmup.verdict is Verdict.REFUSED and after_warmup.predicted_ns == 5 * NS_PER_MS
+    # even in warm-up, a block whose deadline has already passed would be a certain miss
+    assert gate.admit(BlockKind.ENCODE_PREFILL, clock.after(-0.001)).verdict is Verdict.REFUSED
+    decode = gate.snapshot().kinds["decode"]
+    assert (decode.warmup, decode.admitted, decode.refused, decode.missed, decode.warmup_missed) == (2, 0, 1, 2, 2)
+    assert gate.snapshot().kinds["encode_prefill"].mean_ms is None
+
+
+def test_ema_and_deviation_after_a_known_sequence():
+    gate, clock = trained(k=2.0)
+    # alpha 0.5; deviation is updated against the estimate before the sample is absorbed:
+    #   10 -> mean 10, dev 0
+    #   14 -> dev 0.5*0 + 0.5*|14-10| = 2,  mean 0.5*10 + 0.5*14 = 12
+    #    8 -> dev 0.5*2 + 0.5*|8-12|  = 3,  mean 0.5*12 + 0.5*8  = 10
+    decode = gate.snapshot().kinds["decode"]
+    assert decode.mean_ms == pytest.approx(10.0)
+    assert decode.deviation_ms == pytest.approx(3.0)
+    assert decode.predicted_ms == pytest.approx(16.0)  # 10 + 2 * 3
+    assert gate.admit(DECODE, clock.after(100.0)).predicted_ns == pytest.approx(16 * NS_PER_MS)
+
+    # a cycle's cost is cycle start -> action ready; its latency is frame receive -> action ready
+    cycle = gate.start_cycle(clock.after(-5.0))
+    clock.advance(10.0)
+    gate.record(cycle)
+    stats = gate.snapshot()
+    assert stats.kinds["cycle"].mean_ms == pytest.approx(10.0)
+    assert stats.latency.max_ms == pytest.approx(15.0)
+
+
+def test_margin_k_zero_admits_what_k_one_refuses():
+    for k, expected in ((0.0, Verdict.ADMITTED), (1.0, Verdict.REFUSED)):
+        gate, clock = trained(k=k)  # mean 10, deviation 3
+        assert gate.admit(DECODE, clock.after(12.0)).verdict is expected  # 10 <= 12 but 10 + 3 > 12
+
+
+def test_live_reconfiguration_applies_to_the_next_decision():
+    gate, clock = trained(k=0.0, deadline_ms=33.0)
+    assert gate.admit(DECODE, clock.after(12.0)).verdict is Verdict.ADMITTED
+    gate.configure(k=1.0)
+    assert gate.admit(DECODE, clock.after(12.0)).verdict is Verdict.REFUSED
+
+    gate.configure(alpha=1.0)  # the next measurement replaces the mean outright
+    run_block(gate, clock, 20.0)
+    decode = gate.snapshot().kinds["decode"]
+    assert (decode.mean_ms, decode.deviation_ms) == (pytest.approx(20.0), pytest.approx(10.0))  # |20 - 10|
+
+    started = gate.start_cycle(clock.after(-6.0))
+    assert started.deadline_ns == clock.after(27.0)
+    gate.configure(deadline_ms=5.0)
+    assert gate.start_cycle(clock.after(-6.0)).verdict is Verdict.STALE
+    assert started.deadline_ns == clock.after(27.0)  # a started cycle keeps its deadline
+    stats = gate.snapshot()
+    assert (stats.alpha, stats.k, stats.deadline_ms) == (1.0, 1.0, 5.0)
+
+
+@pytest.mark.parametrize("settings, reason", [
+    ({"alpha": 0.0}, r"alpha=0.0 must be in \(0, 1\]"),
+    ({"alpha": 1.5}, r"alpha=1.5 must be in \(0, 1\]"),
+    ({"alpha": float("nan")}, "alpha must be a finite number"),
+    ({"alpha": "0.5"}, "alpha must be a finite number"),
+    ({"k": -0.5}, "k=-0.5 must be >= 0"),
+    ({"k": float("inf")}, "k must be a finite number"),
+    ({"deadline_ms": 0.0}, "deadline_ms=0.0 must be > 0"),
+    ({"deadline_ms": True}, "deadline_ms must be a finite number"),
+    ({"warmup": 0}, "warmup must be an integer >= 1"),
+    ({"warmup": 2.5}, "warmup must be an integer >= 1"),
+])
+def test_bad_values_are_rejected_with_a_reason_and_change_nothing(settings, reason):
+    with pytest.raises(ValueError, match=reason):
+        make_gate(**settings)
+    gate, _ = make_gate(alpha=0.2, k=1.0, deadline_ms=20.0, warmup=2)
+    with pytest.raises(ValueError, match=reason):
+        gate.configure(**{"alpha": 0.9, **settings})  # a valid value given alongside is not applied either
+    stats = gate.snapshot()
+    assert (stats.alpha, stats.k, stats.deadline_ms, stats.warmup) == (0.2, 1.0, 20.0, 2)
+
+
+def test_bad_histogram_edges_and_clock_are_rejected():
+    with pytest.raises(ValueError, match="strictly increasing"):
+        LatencyHistogram((1.0, 3.0, 2.0))
+    with pytest.raises(ValueError, match="clock must be a callable"):
+        AdmissionGate(clock=123)
+
+
+def test_latency_percentiles_on_a_known_sample():
+    gate, clock = make_gate(bucket_edges_ms=(1.0, 2.0, 3.0, 4.0, 5.0, 10.0), deadline_ms=1000.0, k=0.0)
+    sample = [0.5] * 50 + [1.5] * 40 + [4.5] * 9 + [30.0]  # the last one lands in the overflow bucket
+    for latency in sample:
+        cycle = gate.start_cycle(clock.ns)
+        clock.advance(latency)
+        gate.record(cycle)
+    latency = gate.snapshot().latency
+    # nearest rank: p50 is the 50th smallest, in (0, 1] -> 1.0; p99 is the 99th, in (4, 5] -> 5.0
+    assert (latency.count, latency.p50_ms, latency.p99_ms, latency.max_ms) == (100, 1.0, 5.0, 30.0)
+
+    hist = LatencyHistogram((1.0, 2.0))
+    assert hist.percentile_ms(50) is None
+    hist.add(round(0.3 * NS_PER_MS))
+    assert hist.percentile_ms(50) == 0.3  # its bucket's edge, 1.0, capped at the maximum seen
+    hist.add(2 * NS_PER_MS)  # a value on an edge belongs to the bucket that edge closes
+    assert hist.counts == [1, 1, 0] and hist.percentile_ms(50) == 1.0
+    hist.add(7 * NS_PER_MS)
+    assert (hist.percentile_ms(50), hist.percentile_ms(100)) == (2.0, 7.0)  # overflow: the maximum
+
+
+def test_memory_stays_constant_over_a_long_run():
+    gate, clock = make_gate(warmup=1, k=0.0, deadline_ms=1000.0)
+    costs = (0.3, 1.7, 12.0, 0.9, 25.0, 4.0, 60.0)
+
+    def sizes() -> dict[str, tuple[int, int]]:
+        """Length and size of every container the gate and its histogram hold."""
+        return {f"{type(owner).__name__}.{name}": (len(value), sys.getsizeof(value))
+                for owner in (gate, gate._latency) for name, value in vars(owner).items()
+                if isinstance(value, (list, dict, tuple))}
+
+    def run(recordings: int) -> None:
+        for i in range(recordings // 2):
+            cycle = gate.start_cycle(clock.ns)
+            step = gate.admit(DECODE, cycle.deadline_ns)
+            clock.advance(costs[i % len(costs)])
+            gate.record(step, clock.ns)
+            gate.record(cycle, clock.ns)
+
+    run(1_000)
+    before = sizes()
+    run(100_000)
+    assert sizes() == before
+    assert gate.snapshot().latency.count == gate._latency.total

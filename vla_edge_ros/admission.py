@@ -1,0 +1,354 @@
+"""Deadline-aware admission: start a reasoning block only when it is predicted to finish in time.
+
+A refused block is cheap (the action publisher keeps serving the last action); a started block that
+overruns the control deadline is a *miss*, and misses are what this gate exists to drive to zero.
+Costs are learned online per block kind. No ROS here, so the reasoning node, offline replay and
+benchmarks run the same gate. One frame's cycle, as the reasoning loop drives it::
+
+    cycle = gate.start_cycle(frame.received_ns)  # stale, or the whole cycle would not fit: skip frame
+    if not cycle:
+        continue
+    block = gate.admit(BlockKind.ENCODE_PREFILL, cycle.deadline_ns)
+    if not block:
+        continue
+    encode_and_prefill(frame)
+    gate.record(block)
+    for _ in range(action_tokens):
+        step = gate.admit(BlockKind.DECODE, cycle.deadline_ns)
+        if not step:
+            break
+        decode_step()
+        gate.record(step)
+    else:
+        gate.record(cycle)  # action ready: cycle cost, and frame -> action latency into the histogram
+
+A cycle cut short by a refusal is not recorded, so ``warmup + admitted - completed`` of kind ``cycle``
+counts cycles that were started but produced no action.
+
+Cost estimate (per kind, the Jacobson/Karels estimator TCP uses for its retransmit timer): an EMA of
+measured durations and an EMA of their absolute deviation from the estimate; predicted cost =
+``mean + k * deviation``. A block is admitted when ``now + predicted <= deadline``. For ``cycle`` the
+measured cost is cycle start -> action ready (what starting a cycle now would still cost); the
+histogram holds frame receive -> action ready (what the robot experiences).
+
+Cold start: a kind with fewer than ``warmup`` measurements has no trusted estimate (a first sample
+gives a mean but no spread). Its blocks are admitted without a prediction unless the deadline has
+already passed (then any work is a certain miss), and are counted as ``warmup``, not ``admitted``.
+Their overruns count as misses like any other (the robot saw them) and also as ``warmup_missed``, so
+a summary separates the price of learning from the gate's own mistakes. A configured prior cost was
+not chosen: a prior measured on other hardware silently refuses or overcommits; warm-up is visible.
+
+Percentiles come from a fixed-edge histogram, not a ring of recent samples: memory is constant, it
+covers the whole never-ending run (a ring's p99 would describe only its last window), and a query
+costs one pass over the buckets. The price is resolution: a percentile is reported as the upper edge
+of the bucket holding it, capped at the exact maximum, i.e. a conservative bound at most one bucket
+above the truth. Default edges are geometric, 5 % apart, from 0.05 ms to about 2 s.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from bisect import bisect_left
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+NS_PER_MS = 1_000_000
+
+
+class BlockKind(str, Enum):
+    """What a gate decision is about; a str, so ``stats.kinds["decode"]`` works."""
+
+    ENCODE_PREFILL = "encode_prefill"  # encode one frame and prefill its tokens
+    DECODE = "decode"  # one decode step of the action
+    CYCLE = "cycle"  # the whole cycle, decided once per frame by start_cycle
+
+
+class Verdict(str, Enum):
+    """Why a block may or may not start; the reason shows in logs and counters."""
+
+    ADMITTED = "admitted"  # predicted to finish by the deadline
+    WARMUP = "warmup"  # started without a trusted estimate (cold start)
+    REFUSED = "refused"  # predicted to overrun, so not started
+    STALE = "stale"  # the frame was already past its deadline: its cycle is skipped
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One answer of the gate; truthy when the block may start. Pass it back to ``record``."""
+
+    kind: BlockKind
+    verdict: Verdict
+    started_ns: int  # clock at the decision; a recorded block's duration is measured from here
+    deadline_ns: int
+    predicted_ns: float | None  # the cost the decision relied on; None in warm-up and when stale
+    received_ns: int | None = None  # cycles only: the frame's receive time, for its latency
+
+    def __bool__(self) -> bool:
+        return self.verdict in (Verdict.ADMITTED, Verdict.WARMUP)
+
+
+def geometric_edges_ms(first: float = 0.05, last: float = 2000.0, ratio: float = 1.05) -> tuple[float, ...]:
+    """Bucket edges with constant relative resolution, so sub-ms decode steps and 30 ms cycles both resolve."""
+    count = math.ceil(math.log(last / first) / math.log(ratio)) + 1
+    return tuple(round(first * ratio**i, 6) for i in range(count))
+
+
+DEFAULT_EDGES_MS = geometric_edges_ms()
+
+
+class LatencyHistogram:
+    """Counts per fixed bucket ``(edge[i-1], edge[i]]`` plus one overflow bucket: constant memory forever."""
+
+    def __init__(self, edges_ms: Sequence[float] = DEFAULT_EDGES_MS) -> None:
+        edges = [_finite("bucket edge", e) for e in edges_ms]
+        if not edges or edges[0] <= 0 or any(b <= a for a, b in zip(edges, edges[1:])):
+            raise ValueError(f"bucket edges must be positive and strictly increasing, got {list(edges_ms)!r}")
+        self.edges_ms = tuple(edges)
+        self._edges_ns = [round(e * NS_PER_MS) for e in edges]
+        self.counts = [0] * (len(edges) + 1)
+        self.total = 0
+        self.max_ns = 0
+
+    def add(self, duration_ns: int) -> None:
+        self.counts[bisect_left(self._edges_ns, duration_ns)] += 1
+        self.total += 1
+        self.max_ns = max(self.max_ns, duration_ns)
+
+    def percentile_ms(self, q: float) -> float | None:
+        """Nearest-rank percentile as its bucket's upper edge (capped at the maximum); None when empty."""
+        if not 0 < q <= 100:
+            raise ValueError(f"percentile must be in (0, 100], got {q!r}")
+        if self.total == 0:
+            return None
+        rank = max(1, math.ceil(q * self.total / 100))
+        max_ms = self.max_ns / NS_PER_MS
+        seen = 0
+        for edge, count in zip(self.edges_ms, self.counts):
+            seen += count
+            if seen >= rank:
+                return min(edge, max_ms)
+        return max_ms  # the rank lies in the overflow bucket, whose only known bound is the maximum
+
+
+class CostEstimate:
+    """EMA of one kind's durations and of their absolute deviation from the estimate, in ns."""
+
+    __slots__ = ("mean_ns", "deviation_ns", "count")
+
+    def __init__(self) -> None:
+        self.mean_ns = 0.0
+        self.deviation_ns = 0.0
+        self.count = 0
+
+    def update(self, duration_ns: int, alpha: float) -> None:
+        if self.count == 0:
+            self.mean_ns = float(duration_ns)
+        else:
+            # deviation first, against the estimate the gate actually used for this block
+            self.deviation_ns += alpha * (abs(duration_ns - self.mean_ns) - self.deviation_ns)
+            self.mean_ns += alpha * (duration_ns - self.mean_ns)
+        self.count += 1
+
+    def predict_ns(self, k: float) -> float:
+        return self.mean_ns + k * self.deviation_ns
+
+
+@dataclass
+class _Counts:
+    admitted: int = 0
+    warmup: int = 0
+    refused: int = 0
+    missed: int = 0
+    warmup_missed: int = 0
+
+
+@dataclass(frozen=True)
+class KindStats:
+    admitted: int  # started on an estimate
+    warmup: int  # started during warm-up, without one
+    refused: int  # not started: predicted to overrun
+    missed: int  # started (either way) and finished after the deadline
+    warmup_missed: int  # the part of ``missed`` that were warm-up blocks
+    completed: int  # recorded measurements
+    mean_ms: float | None
+    deviation_ms: float | None
+    predicted_ms: float | None  # what the next decision would use (None before any measurement)
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """Frame receive -> action ready, over every completed cycle of the run."""
+
+    count: int
+    p50_ms: float | None
+    p99_ms: float | None
+    max_ms: float | None
+
+
+@dataclass(frozen=True)
+class AdmissionStats:
+    """A consistent copy of the gate's counters and settings, for diagnostics and the run summary."""
+
+    deadline_ms: float
+    alpha: float
+    k: float
+    warmup: int
+    stale: int
+    kinds: dict[str, KindStats]
+    latency: LatencyStats
+
+    @property
+    def missed(self) -> int:
+        return sum(s.missed for s in self.kinds.values())
+
+    @property
+    def refused(self) -> int:
+        return sum(s.refused for s in self.kinds.values())
+
+
+def _finite(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _check_alpha(value: object) -> float:
+    alpha = _finite("alpha", value)
+    if not 0 < alpha <= 1:
+        raise ValueError(f"alpha={alpha} must be in (0, 1]: it is the weight of the newest measurement")
+    return alpha
+
+
+def _check_k(value: object) -> float:
+    k = _finite("k", value)
+    if k < 0:
+        raise ValueError(f"k={k} must be >= 0: a negative margin would admit blocks predicted to overrun")
+    return k
+
+
+def _check_deadline_ms(value: object) -> float:
+    deadline_ms = _finite("deadline_ms", value)
+    if deadline_ms <= 0:
+        raise ValueError(f"deadline_ms={deadline_ms} must be > 0: no block could ever be admitted")
+    return deadline_ms
+
+
+def _check_warmup(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"warmup must be an integer >= 1 (a kind has no estimate before its first "
+                         f"measurement), got {value!r}")
+    return value
+
+
+class AdmissionGate:
+    """Admits blocks predicted to meet their cycle's deadline and accounts for every outcome.
+
+    Thread-safe: the reasoning thread decides and records while diagnostics read ``snapshot`` and a
+    parameter callback calls ``configure``; new settings apply from the next decision on.
+    """
+
+    def __init__(self, *, alpha: float = 0.1, k: float = 3.0, deadline_ms: float = 33.0, warmup: int = 3,
+                 bucket_edges_ms: Sequence[float] = DEFAULT_EDGES_MS,
+                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+        if not callable(clock):
+            raise ValueError(f"clock must be a callable returning monotonic ns, got {clock!r}")
+        self._clock = clock
+        self._alpha = _check_alpha(alpha)
+        self._k = _check_k(k)
+        self._deadline_ms = _check_deadline_ms(deadline_ms)
+        self._warmup = _check_warmup(warmup)
+        self._estimates = {kind: CostEstimate() for kind in BlockKind}
+        self._counts = {kind: _Counts() for kind in BlockKind}
+        self._latency = LatencyHistogram(bucket_edges_ms)
+        self._stale = 0
+        self._lock = threading.Lock()
+
+    def configure(self, *, alpha: float | None = None, k: float | None = None, deadline_ms: float | None = None,
+                  warmup: int | None = None) -> None:
+        """Change settings live; all given values are checked before any is applied (ValueError says why).
+
+        ``deadline_ms`` applies to cycles started afterwards: a started cycle keeps the deadline it began with.
+        """
+        new_alpha = self._alpha if alpha is None else _check_alpha(alpha)
+        new_k = self._k if k is None else _check_k(k)
+        new_deadline = self._deadline_ms if deadline_ms is None else _check_deadline_ms(deadline_ms)
+        new_warmup = self._warmup if warmup is None else _check_warmup(warmup)
+        with self._lock:
+            self._alpha, self._k, self._deadline_ms, self._warmup = new_alpha, new_k, new_deadline, new_warmup
+
+    def start_cycle(self, received_ns: int) -> Decision:
+        """Decide whether to work on a frame received at ``received_ns``; its deadline rides in the Decision."""
+        with self._lock:
+            now = self._clock()
+            deadline = received_ns + round(self._deadline_ms * NS_PER_MS)
+            if now > deadline:
+                self._stale += 1
+                return Decision(BlockKind.CYCLE, Verdict.STALE, now, deadline, None, received_ns)
+            return self._decide(BlockKind.CYCLE, now, deadline, received_ns)
+
+    def admit(self, kind: BlockKind | str, deadline_ns: int) -> Decision:
+        """Decide whether an ``encode_prefill`` or ``decode`` block may start now."""
+        kind = BlockKind(kind)
+        if kind is BlockKind.CYCLE:
+            raise ValueError("a cycle starts through start_cycle(received_ns), which also detects stale frames")
+        with self._lock:
+            return self._decide(kind, self._clock(), deadline_ns, None)
+
+    def _decide(self, kind: BlockKind, now: int, deadline: int, received_ns: int | None) -> Decision:
+        estimate, counts = self._estimates[kind], self._counts[kind]
+        if estimate.count < self._warmup:
+            if now <= deadline:
+                counts.warmup += 1
+                return Decision(kind, Verdict.WARMUP, now, deadline, None, received_ns)
+            counts.refused += 1
+            return Decision(kind, Verdict.REFUSED, now, deadline, None, received_ns)
+        predicted = estimate.predict_ns(self._k)
+        verdict = Verdict.ADMITTED if now + predicted <= deadline else Verdict.REFUSED
+        if verdict is Verdict.ADMITTED:
+            counts.admitted += 1
+        else:
+            counts.refused += 1
+        return Decision(kind, verdict, now, deadline, predicted, received_ns)
+
+    def record(self, decision: Decision, finished_ns: int | None = None) -> bool:
+        """Account a started block that has finished (default: now); return whether it missed its deadline."""
+        if not decision:
+            raise ValueError(f"{decision.kind.value} block was {decision.verdict.value}, never started: "
+                             "nothing to record")
+        with self._lock:
+            finished = self._clock() if finished_ns is None else finished_ns
+            if finished < decision.started_ns:
+                raise ValueError(f"finished at {finished} ns before it started at {decision.started_ns} ns; "
+                                 "the clock must be monotonic")
+            self._estimates[decision.kind].update(finished - decision.started_ns, self._alpha)
+            missed = finished > decision.deadline_ns
+            counts = self._counts[decision.kind]
+            if missed:
+                counts.missed += 1
+                if decision.verdict is Verdict.WARMUP:
+                    counts.warmup_missed += 1
+            if decision.received_ns is not None:
+                self._latency.add(finished - decision.received_ns)
+            return missed
+
+    def snapshot(self) -> AdmissionStats:
+        """Copy counters, estimates and latency percentiles (one histogram pass) under the lock."""
+        with self._lock:
+            kinds = {kind.value: self._kind_stats(kind) for kind in BlockKind}
+            hist = self._latency
+            latency = LatencyStats(hist.total, hist.percentile_ms(50), hist.percentile_ms(99),
+                                   hist.max_ns / NS_PER_MS if hist.total else None)
+            return AdmissionStats(self._deadline_ms, self._alpha, self._k, self._warmup, self._stale, kinds, latency)
+
+    def _kind_stats(self, kind: BlockKind) -> KindStats:
+        estimate, c = self._estimates[kind], self._counts[kind]
+        measured = estimate.count > 0
+        return KindStats(
+            c.admitted, c.warmup, c.refused, c.missed, c.warmup_missed, estimate.count,
+            estimate.mean_ns / NS_PER_MS if measured else None,
+            estimate.deviation_ns / NS_PER_MS if measured else None,
+            estimate.predict_ns(self._k) / NS_PER_MS if measured else None,
+        )
