@@ -25,8 +25,9 @@ def test_every_param_has_a_description_and_numbers_have_ranges():
     ({"kv_capacity_tokens": "big"}, "must be of type int"),
     ({"kv_capacity_tokens": True}, "must be of type int"),
     ({"backend": "tpu"}, "must be one of"),
-    ({"prompt_token_ids": [1, -2]}, "outside"),
-    ({"prompt_token_ids": "1,2"}, "list of integers"),
+    ({"prompt_token_ids": [1, -2]}, r"prompt_token_ids\[1\]=-2 is below the minimum"),
+    ({"prompt_token_ids": "1,2"}, "must be a list of int"),
+    ({"prompt_token_ids": [1, 2.5]}, r"prompt_token_ids\[1\] must be of type int"),
     ({"no_such_key": 1}, "unknown key reasoning.no_such_key"),
 ])
 def test_bad_values_name_the_key_and_file(params, message):

@@ -30,6 +30,7 @@ class Param:
     maximum: float | None = None
     choices: tuple[str, ...] = ()
     read_only: bool = True
+    item: type | None = None  # element type of a list parameter: int, float or str
 
     @property
     def kind(self) -> type:
@@ -37,25 +38,23 @@ class Param:
 
     def check(self, value: Any, where: str) -> Any:
         """Return ``value`` coerced to this parameter's type, or raise ConfigError saying why."""
-        kind = self.kind
+        if self.kind is list:
+            if not isinstance(value, (list, tuple)):
+                raise ConfigError(f"{where}: {self.name} must be a list of {self.item.__name__}, got {value!r}")
+            return [self._check_one(v, self.item, where, f"{self.name}[{i}]") for i, v in enumerate(value)]
+        return self._check_one(value, self.kind, where, self.name)
+
+    def _check_one(self, value: Any, kind: type, where: str, label: str) -> Any:
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)  # `deadline_ms: 33` means 33.0
-        if kind is list:
-            if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-                raise ConfigError(f"{where}: {self.name} must be a list of integers, got {value!r}")
-            bad = [v for v in value if (self.minimum is not None and v < self.minimum)
-                   or (self.maximum is not None and v > self.maximum)]
-            if bad:
-                raise ConfigError(f"{where}: {self.name} has entries {bad} outside [{self.minimum:g}, {self.maximum:g}]")
-            return list(value)
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise ConfigError(f"{where}: {self.name} must be of type {kind.__name__}, got {type(value).__name__} {value!r}")
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            raise ConfigError(f"{where}: {label} must be of type {kind.__name__}, got {type(value).__name__} {value!r}")
         if self.choices and value not in self.choices:
-            raise ConfigError(f"{where}: {self.name} must be one of {list(self.choices)}, got {value!r}")
+            raise ConfigError(f"{where}: {label} must be one of {list(self.choices)}, got {value!r}")
         if self.minimum is not None and value < self.minimum:
-            raise ConfigError(f"{where}: {self.name}={value} is below the minimum {self.minimum:g}")
+            raise ConfigError(f"{where}: {label}={value} is below the minimum {self.minimum:g}")
         if self.maximum is not None and value > self.maximum:
-            raise ConfigError(f"{where}: {self.name}={value} is above the maximum {self.maximum:g}")
+            raise ConfigError(f"{where}: {label}={value} is above the maximum {self.maximum:g}")
         return value
 
 
@@ -70,7 +69,7 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
         Param("budget_bytes", 5_000_000_000, "Memory budget for weights + KV arena + workspace; a plan over "
               "it is refused before anything loads.", minimum=1 << 20, maximum=1 << 42),
         Param("prompt_token_ids", [1, 2, 3, 4], "Instruction token ids, prefilled once and pinned in the cache.",
-              minimum=0, maximum=(1 << 31) - 1),
+              minimum=0, maximum=(1 << 31) - 1, item=int),
     ),
 }
 
