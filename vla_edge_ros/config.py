@@ -70,6 +70,14 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               "it is refused before anything loads.", minimum=1 << 20, maximum=1 << 42),
         Param("prompt_token_ids", [1, 2, 3, 4], "Instruction token ids, prefilled once and pinned in the cache.",
               minimum=0, maximum=(1 << 31) - 1, item=int),
+        Param("deadline_ms", 33.0, "Control deadline: a cycle must produce its action within this long of its "
+              "frame's arrival, or it is not started.", minimum=1.0, maximum=1000.0, read_only=False),
+        Param("ema_alpha", 0.1, "Weight of the newest measurement in the per-block cost estimate.",
+              minimum=0.001, maximum=1.0, read_only=False),
+        Param("margin_k", 3.0, "Safety margin: predicted cost = mean + margin_k x mean absolute deviation.",
+              minimum=0.0, maximum=20.0, read_only=False),
+        Param("warmup_cycles", 3, "Blocks of each kind admitted unconditionally while their cost is learned.",
+              minimum=1, maximum=1000, read_only=False),
     ),
 }
 
