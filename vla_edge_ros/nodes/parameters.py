@@ -1,0 +1,100 @@
+"""Declare a node's ROS parameters from the config schema, and hold every change to it.
+
+Each schema entry becomes a declared parameter with its description, read-only flag and range, so
+`ros2 param describe` shows what `config.py` enforces. A `ros2 param set` is validated by the same
+`Param.check` as the YAML file: bad values are rejected with the schema's reason and change nothing.
+Where rclpy offers a pre-set hook (Iron and later), an integer given for a floating-point parameter
+(`ros2 param set /reasoning deadline_ms 25`) is accepted as 25.0 instead of failing on its type;
+on Humble rclpy answers with its own "Wrong parameter type" reason.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType, SetParametersResult
+from rclpy.node import Node
+from rclpy.parameter import Parameter
+
+from ..config import SCHEMA, ConfigError, Param
+
+_SCALAR_TYPES = {bool: ParameterType.PARAMETER_BOOL, int: ParameterType.PARAMETER_INTEGER,
+                 float: ParameterType.PARAMETER_DOUBLE, str: ParameterType.PARAMETER_STRING}
+_ARRAY_TYPES = {int: ParameterType.PARAMETER_INTEGER_ARRAY, float: ParameterType.PARAMETER_DOUBLE_ARRAY,
+                str: ParameterType.PARAMETER_STRING_ARRAY}
+
+
+def describe(param: Param) -> ParameterDescriptor:
+    """The ROS descriptor of a schema entry (ranges only exist for scalar numbers in ROS)."""
+    is_list = param.kind is list
+    descriptor = ParameterDescriptor(
+        name=param.name,
+        type=_ARRAY_TYPES[param.item] if is_list else _SCALAR_TYPES[param.kind],
+        description=param.description,
+        read_only=param.read_only,
+    )
+    constraints = []
+    if param.choices:
+        constraints.append(f"one of {', '.join(param.choices)}")
+    if param.minimum is not None and (is_list or param.kind not in (int, float)):
+        constraints.append(f"each in [{param.minimum:g}, {param.maximum:g}]")
+    elif param.kind is int:
+        descriptor.integer_range = [IntegerRange(from_value=int(param.minimum), to_value=int(param.maximum), step=0)]
+    elif param.kind is float:
+        descriptor.floating_point_range = [FloatingPointRange(from_value=float(param.minimum),
+                                                              to_value=float(param.maximum), step=0.0)]
+    descriptor.additional_constraints = "; ".join(constraints)
+    return descriptor
+
+
+class NodeParameters:
+    """A node's validated parameter values, declared from SCHEMA[section] and kept in step with ROS."""
+
+    def __init__(self, node: Node, section: str, initial: dict[str, Any]) -> None:
+        self._node = node
+        self._specs = {param.name: param for param in SCHEMA[section]}
+        self._lock = threading.Lock()
+        self._listeners: list[Callable[[dict[str, Any]], None]] = []
+        self.values: dict[str, Any] = {}
+        for name, spec in self._specs.items():
+            value = spec.check(initial.get(name, spec.default), f"/{node.get_name()}")
+            self.values[name] = node.declare_parameter(name, value, describe(spec)).value
+        if hasattr(node, "add_pre_set_parameters_callback"):  # Iron+, not Humble
+            node.add_pre_set_parameters_callback(self._widen_integers)
+        node.add_on_set_parameters_callback(self._on_set)
+
+    def __getitem__(self, name: str) -> Any:
+        with self._lock:
+            return self.values[name]
+
+    def on_change(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        """Call ``listener`` with {name: value} of every accepted change (from the ROS executor thread)."""
+        self._listeners.append(listener)
+
+    def _widen_integers(self, parameters: list[Parameter]) -> list[Parameter]:
+        widened = []
+        for parameter in parameters:
+            spec = self._specs.get(parameter.name)
+            if spec is not None and spec.kind is float and parameter.type_ == Parameter.Type.INTEGER:
+                parameter = Parameter(parameter.name, Parameter.Type.DOUBLE, float(parameter.value))
+            widened.append(parameter)
+        return widened
+
+    def _on_set(self, parameters: list[Parameter]) -> SetParametersResult:
+        where = f"/{self._node.get_name()}"
+        accepted = {}
+        for parameter in parameters:
+            spec = self._specs.get(parameter.name)
+            if spec is None:
+                return SetParametersResult(successful=False, reason=f"{where}: unknown parameter {parameter.name}")
+            try:
+                accepted[spec.name] = spec.check(parameter.value, where)
+            except ConfigError as exc:
+                return SetParametersResult(successful=False, reason=str(exc))
+        with self._lock:
+            self.values.update(accepted)
+        for listener in self._listeners:
+            listener(accepted)
+        return SetParametersResult(successful=True)
