@@ -59,6 +59,34 @@ class Param:
 
 
 SCHEMA: dict[str, tuple[Param, ...]] = {
+    "camera_subscriber": (
+        Param("image_topic", "/camera/image_raw", "sensor_msgs/Image topic; sensor_msgs/CompressedImage is read "
+              "from the same name + '/compressed' (image_transport convention)."),
+        Param("qos", "sensor_data", "Subscription QoS: sensor_data (best effort, depth 1) or reliable (depth 1).",
+              choices=("sensor_data", "reliable")),
+        Param("frame_height", 480, "Height of the frame buffer; other frame sizes are resized to it.",
+              minimum=8, maximum=8192),
+        Param("frame_width", 640, "Width of the frame buffer; other frame sizes are resized to it.",
+              minimum=8, maximum=8192),
+    ),
+    "action_publisher": (
+        Param("command_topic", "/vla/command", "Topic the commands are published on."),
+        Param("command_type", "float32_multi_array", "Message type of the commands.",
+              choices=("twist", "float32_multi_array", "joint_trajectory")),
+        Param("control_rate_hz", 30.0, "How often the current command is published.",
+              minimum=1.0, maximum=1000.0, read_only=False),
+        Param("action_timeout_ms", 200.0, "An action older than this is stale: a safe stop is published instead "
+              "(zero twist, zero array, or hold position) and diagnostics turn ERROR.",
+              minimum=1.0, maximum=60000.0, read_only=False),
+        Param("action_min", [-1.0], "Lower clip limit per action dimension (one value applies to all).",
+              minimum=-1e6, maximum=1e6, read_only=False, item=float),
+        Param("action_max", [1.0], "Upper clip limit per action dimension (one value applies to all).",
+              minimum=-1e6, maximum=1e6, read_only=False, item=float),
+        Param("twist_dims", [0, 1, 2, 3, 4, 5], "For twist: the action dimension feeding linear.x, linear.y, "
+              "linear.z, angular.x, angular.y, angular.z (-1: always zero).", minimum=-1, maximum=4095, item=int),
+        Param("joint_names", ["joint_1", "joint_2", "joint_3", "joint_4", "joint_5", "joint_6", "gripper"],
+              "For joint_trajectory: joint name of each action dimension, in order.", item=str),
+    ),
     "reasoning": (
         Param("model_dir", "models/tiny", "Local HuggingFace Qwen2 directory (config.json + safetensors); "
               "relative paths are resolved against the working directory."),
