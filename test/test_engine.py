@@ -178,3 +178,12 @@ def test_cuda_backend_engine_decodes_the_same_action_as_numpy(tmp_path):
         results[backend] = engine.step(frame)
     assert results["cuda"].tokens == results["numpy"].tokens
     np.testing.assert_array_equal(results["cuda"].action, results["numpy"].action)
+
+
+def test_a_refused_decode_step_abandons_the_action_but_keeps_the_frame(engine):
+    answers = iter([True, False])
+    done = []
+    prefill = engine.add_frame(SyntheticCamera(height=48, width=64, seed=8).frame())
+    assert engine.decode_action(prefill, admit=lambda: next(answers), done=done.append) is None
+    assert done == [True]  # the one admitted step was reported, the refused one was not run
+    assert engine.arena.used == len(PROMPT) + engine.tokens_per_frame and len(engine.frames) == 1

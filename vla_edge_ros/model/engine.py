@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -68,6 +69,17 @@ def make_backend(name: str, checkpoint: Checkpoint, arena: KVArena) -> Backend:
     from .numpy_backend import NumpyBackend
 
     return NumpyBackend(checkpoint, arena)
+
+
+@dataclass
+class FramePrefill:
+    """A frame now in memory: the last hidden state to decode the action from, and where it ends."""
+
+    hidden: np.ndarray
+    next_position: int
+    evicted_frames: int
+    encode_ms: float
+    prefill_ms: float
 
 
 @dataclass
@@ -155,8 +167,8 @@ class VlaEngine:
             self.backend.rotate_keys(slots[moving], shifts[moving])
             self.arena.positions[slots] = targets
 
-    def step(self, image: np.ndarray) -> StepResult:
-        """Encode one frame, add it to the memory, and decode the action."""
+    def add_frame(self, image: np.ndarray) -> FramePrefill:
+        """Encode one frame and prefill its tokens into the memory (evicting the oldest frame if full)."""
         t0 = time.perf_counter()
         embeddings = self.encoder.encode(image)
         t1 = time.perf_counter()
@@ -167,22 +179,38 @@ class VlaEngine:
         hidden = self.backend.forward(positions, slots, embeddings=embeddings).hidden[-1]
         self.frames.append(slots)
         t2 = time.perf_counter()
-        if self.config.action.head == "linear":
-            action, tokens = self.head.from_hidden(hidden), []
-        else:
-            action, tokens = self._decode_bins(hidden, int(positions[-1]) + 1)
-        t3 = time.perf_counter()
-        return StepResult(action, tokens, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, evicted)
+        return FramePrefill(hidden, int(positions[-1]) + 1, evicted, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
 
-    def _decode_bins(self, hidden: np.ndarray, position: int) -> tuple[np.ndarray, list[int]]:
+    def decode_action(self, prefill: FramePrefill, admit: Callable[[], object] = lambda: True,
+                      done: Callable[[object], None] = lambda ticket: None) -> tuple[np.ndarray, list[int]] | None:
+        """The action for a prefilled frame, or None if ``admit`` refused a decode step.
+
+        ``admit`` is asked before each decode step (a falsy answer abandons the action, leaving the
+        frame in memory) and ``done`` is given its answer after the step: the admission gate's hooks.
+        """
+        if self.config.action.head == "linear":
+            return self.head.from_hidden(prefill.hidden), []
         head, dof = self.head, self.config.action.dof
-        bins = [self.backend.greedy(hidden, head.bin_rows)]
+        bins = [self.backend.greedy(prefill.hidden, head.bin_rows)]
         scratch = self.arena.allocate(dof - 1)
         try:
             for i in range(dof - 1):
+                ticket = admit()
+                if not ticket:
+                    return None
                 token = np.array([head.first_bin_token + bins[-1]], dtype=np.int32)
-                out = self.backend.forward(np.array([position + i], dtype=np.int32), scratch[i:i + 1], token_ids=token)
+                position = np.array([prefill.next_position + i], dtype=np.int32)
+                out = self.backend.forward(position, scratch[i:i + 1], token_ids=token)
                 bins.append(self.backend.greedy(out.hidden[-1], head.bin_rows))
+                done(ticket)
         finally:
             self.arena.release(scratch)
         return head.from_bins(bins), [head.first_bin_token + b for b in bins]
+
+    def step(self, image: np.ndarray) -> StepResult:
+        """Encode one frame, add it to the memory, and decode the action (no admission control)."""
+        prefill = self.add_frame(image)
+        t0 = time.perf_counter()
+        action, tokens = self.decode_action(prefill)
+        decode_ms = (time.perf_counter() - t0) * 1e3
+        return StepResult(action, tokens, prefill.encode_ms, prefill.prefill_ms, decode_ms, prefill.evicted_frames)
