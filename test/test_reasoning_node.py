@@ -1,0 +1,67 @@
+"""The reasoning node on a real engine: frames in the buffer become actions in the slot, under the gate."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+rclpy = pytest.importorskip("rclpy")
+
+from rclpy.parameter import Parameter  # noqa: E402
+
+from ros_graph import private_graph  # noqa: E402
+from vla_edge_ros.action_slot import ActionSlot  # noqa: E402
+from vla_edge_ros.config import parse_settings  # noqa: E402
+from vla_edge_ros.frame_buffer import FrameBuffer  # noqa: E402
+from vla_edge_ros.nodes.reasoning import ReasoningNode  # noqa: E402
+from vla_edge_ros.runtime import load_engine  # noqa: E402
+from vla_edge_ros.synthetic import SyntheticCamera  # noqa: E402
+
+
+@pytest.fixture
+def reasoning(tiny_model):
+    settings = parse_settings({"reasoning": {"ros__parameters": {
+        "model_dir": str(tiny_model), "backend": "numpy", "kv_capacity_tokens": 256}}}, "test.yaml")
+    engine, _ = load_engine(settings)
+    buffer, slot = FrameBuffer(48, 64), ActionSlot()
+    with private_graph() as (context, executor):
+        node = ReasoningNode(engine, buffer, slot, settings["reasoning"], context=context)
+        executor.add_node(node)
+        node.start()
+        yield node, buffer, slot
+        node.stop()
+        node.destroy_node()
+
+
+def _feed(buffer: FrameBuffer, frames: int, rate_hz: float = 30.0) -> None:
+    camera = SyntheticCamera(height=48, width=64, seed=9)
+    for index in range(frames):
+        buffer.write(camera.frame(), stamp_ns=index, receive_ns=time.monotonic_ns())
+        time.sleep(1.0 / rate_hz)
+
+
+def test_frames_become_actions_within_the_deadline(reasoning):
+    node, buffer, slot = reasoning
+    _feed(buffer, 30)
+    time.sleep(0.2)
+    action = slot.latest()
+    assert action is not None and action.values.shape == (7,)
+    assert action.frame_stamp_ns == 29  # the newest frame was answered
+    stats = node.gate.snapshot()
+    assert node.actions >= 20 and stats.missed == 0
+    assert stats.latency.p99_ms < 33.0
+
+
+def test_an_impossible_deadline_turns_into_refusals_not_misses(reasoning):
+    node, buffer, slot = reasoning
+    _feed(buffer, 10)  # learn the costs first
+    assert node.set_parameters([Parameter("deadline_ms", Parameter.Type.DOUBLE, 1.0)])[0].successful
+    assert node.gate.snapshot().deadline_ms == 1.0
+    before_missed, before_actions = node.gate.snapshot().missed, node.actions
+    _feed(buffer, 20)
+    time.sleep(0.1)
+    after = node.gate.snapshot()
+    assert node.actions == before_actions  # nothing fits in 1 ms on this machine ...
+    assert after.missed == before_missed  # ... and nothing was started that could not finish
+    assert after.refused + after.stale >= 15

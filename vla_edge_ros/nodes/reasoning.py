@@ -1,0 +1,103 @@
+"""The reasoning node: newest frame -> admission gate -> encode + prefill -> decode -> action.
+
+Runs on its own thread, never on the executor: a cycle takes milliseconds and must not delay the
+camera callback or the publisher timer. It always takes the newest frame from the buffer (no
+backlog), asks the gate before every block, and on a refusal simply goes back to the buffer: the
+action publisher keeps serving the last action until it goes stale.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from rclpy.node import Node
+
+from ..action_slot import ActionSlot
+from ..admission import AdmissionGate, BlockKind
+from ..frame_buffer import Frame, FrameBuffer
+from ..model.engine import VlaEngine
+from .diagnostics import ERROR, OK, WARN, DiagnosticsTimer, status
+from .parameters import NodeParameters
+
+_IDLE_S = 0.0005  # how long the loop sleeps when no new frame has arrived
+_GATE_KNOBS = {"ema_alpha": "alpha", "margin_k": "k", "deadline_ms": "deadline_ms", "warmup_cycles": "warmup"}
+
+
+class ReasoningNode(Node):
+    def __init__(self, engine: VlaEngine, buffer: FrameBuffer, slot: ActionSlot, settings: dict[str, Any],
+                 **node_kwargs: Any) -> None:
+        super().__init__("reasoning", **node_kwargs)
+        self.engine = engine
+        self.buffer = buffer
+        self.slot = slot
+        self.params = NodeParameters(self, "reasoning", settings)
+        self.gate = AdmissionGate(**{knob: self.params[name] for name, knob in _GATE_KNOBS.items()})
+        self.params.on_change(self._reconfigure)
+        self.cycles = 0
+        self.actions = 0
+        self.engine_errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="reasoning", daemon=True)
+        self._diagnostics = DiagnosticsTimer(self, self.report)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5.0)
+
+    def _reconfigure(self, changed: dict[str, Any]) -> None:
+        knobs = {_GATE_KNOBS[name]: value for name, value in changed.items() if name in _GATE_KNOBS}
+        if knobs:
+            self.gate.configure(**knobs)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            frame = self.buffer.read_latest()
+            if frame is None:
+                time.sleep(_IDLE_S)
+                continue
+            try:
+                self._cycle(frame)
+            except Exception as exc:  # one bad cycle must not stop the robot's reasoning
+                self.engine_errors += 1
+                self.get_logger().error(f"reasoning cycle failed, frame skipped: {exc!r}", throttle_duration_sec=5.0)
+
+    def _cycle(self, frame: Frame) -> None:
+        self.cycles += 1
+        cycle = self.gate.start_cycle(frame.receive_ns)
+        if not cycle:
+            return
+        block = self.gate.admit(BlockKind.ENCODE_PREFILL, cycle.deadline_ns)
+        if not block:
+            return
+        prefill = self.engine.add_frame(frame.image)
+        self.gate.record(block)
+        decoded = self.engine.decode_action(
+            prefill, admit=lambda: self.gate.admit(BlockKind.DECODE, cycle.deadline_ns), done=self.gate.record)
+        if decoded is None:
+            return
+        self.slot.put(decoded[0], time.monotonic_ns(), frame.stamp_ns)
+        self.gate.record(cycle)
+        self.actions += 1
+
+    def report(self):
+        stats = self.gate.snapshot()
+        latency = stats.latency
+        level, message = OK, "acting within the deadline"
+        if stats.missed:
+            level, message = WARN, f"{stats.missed} deadline misses"
+        if self.engine_errors:
+            level, message = ERROR, f"{self.engine_errors} failed cycles"
+        arena = self.engine.arena
+        return status(self, level, message, {
+            "cycles": self.cycles, "actions": self.actions, "refused": stats.refused, "stale": stats.stale,
+            "missed": stats.missed, "engine_errors": self.engine_errors,
+            "latency_p50_ms": latency.p50_ms, "latency_p99_ms": latency.p99_ms,
+            "kv_tokens": arena.used, "kv_capacity_tokens": arena.capacity,
+            "kv_bytes": self.engine.backend.state_bytes()[1], "kv_policy": "sliding window (oldest frame)",
+        })
