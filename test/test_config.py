@@ -52,3 +52,15 @@ def test_bad_yaml_and_missing_file(tmp_path):
         load_settings(bad)
     with pytest.raises(ConfigError, match="cannot read config"):
         load_settings(tmp_path / "missing.yaml")
+
+
+def test_array_parameters_from_ros_arrive_as_array_array():
+    """The set_parameters service hands double arrays over as array.array, not list."""
+    import array
+
+    from vla_edge_ros.config import SCHEMA
+
+    action_max = next(p for p in SCHEMA["action_publisher"] if p.name == "action_max")
+    assert action_max.check(array.array("d", [0.5, 2.0]), "x") == [0.5, 2.0]
+    with pytest.raises(ConfigError, match="must be a list of float"):
+        action_max.check("0.5", "x")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -39,7 +40,8 @@ class Param:
     def check(self, value: Any, where: str) -> Any:
         """Return ``value`` coerced to this parameter's type, or raise ConfigError saying why."""
         if self.kind is list:
-            if not isinstance(value, (list, tuple)):
+            # ROS hands array parameters over as array.array, YAML as list: any non-text sequence will do
+            if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
                 raise ConfigError(f"{where}: {self.name} must be a list of {self.item.__name__}, got {value!r}")
             return [self._check_one(v, self.item, where, f"{self.name}[{i}]") for i, v in enumerate(value)]
         return self._check_one(value, self.kind, where, self.name)

@@ -1,0 +1,343 @@
+"""The action publisher: the tick decision without ROS, then the node on a private DDS graph.
+
+The decision tests are exact: a safe stop that is almost zero, or a clip that is almost the limit,
+is a bug. The graph tests check what a robot would see on the wire, through the real services.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from vla_edge_ros.action_output import (ActionOutput, Outcome, age_outcome, clip, joint_positions,
+                                        twist_components)
+from vla_edge_ros.action_slot import ActionSlot, TimedAction
+from vla_edge_ros.config import ConfigError, defaults
+
+try:
+    import rclpy
+except ImportError:  # the decision tests above the graph still run
+    rclpy = None
+
+needs_ros = pytest.mark.skipif(rclpy is None, reason="rclpy is not installed")
+MS = 1_000_000
+NOW = 10_000 * MS
+
+
+def _action(values, age_ms: float = 0.0) -> TimedAction:
+    return TimedAction(np.array(values, dtype=np.float32), NOW - int(age_ms * MS), 0)
+
+
+# --- the decision, without ROS -------------------------------------------------------------------
+
+
+def test_age_decides_fresh_stale_or_none_and_the_timeout_itself_is_still_fresh():
+    assert age_outcome(None, NOW, 200.0) == (Outcome.NONE, None)
+    assert age_outcome(_action([0.0], age_ms=200.0), NOW, 200.0) == (Outcome.FRESH, 200.0)
+    stale = TimedAction(np.zeros(1, np.float32), NOW - 200 * MS - 1, 0)
+    assert age_outcome(stale, NOW, 200.0) == (Outcome.STALE, 200.000001)
+
+
+def test_one_limit_applies_to_every_dimension_and_a_list_applies_per_dimension():
+    values = np.array([-3.0, -0.5, 0.25, 2.0])
+    assert clip(values, [-1.0], [1.0]).tolist() == [-1.0, -0.5, 0.25, 1.0]
+    assert clip(values, [-4.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.5]).tolist() == [-3.0, 0.0, 0.0, 1.5]
+
+
+@pytest.mark.parametrize("low, high, message", [
+    ([-1.0, -1.0], [1.0], "action_min has 2 values but the action has 3 dimensions"),
+    ([-1.0], [1.0, 1.0, 1.0, 1.0], "action_max has 4 values but the action has 3 dimensions"),
+    ([], [1.0], "action_min has 0 values"),
+    ([0.5, -1.0, -1.0], [0.0], "action_min is above action_max in dimension 0 (0.5 > 0)"),
+])
+def test_limits_that_do_not_fit_the_action_are_configuration_errors(low, high, message):
+    with pytest.raises(ConfigError) as error:
+        clip(np.zeros(3), low, high)
+    assert message in str(error.value)
+
+
+def test_twist_takes_the_named_dimensions_and_minus_one_is_zero():
+    values = np.array([0.1, 0.2, 0.3])
+    assert twist_components(values, [2, -1, 0, -1, 1, -1]) == (0.3, 0.0, 0.1, 0.0, 0.2, 0.0)
+    with pytest.raises(ConfigError, match="maps angular.x to action dimension 3, but the action has only 3"):
+        twist_components(values, [0, 1, 2, 3, -1, -1])
+
+
+def test_joint_positions_need_exactly_one_name_per_dimension():
+    assert joint_positions(np.array([0.5, -0.5]), ["a", "b"]) == (0.5, -0.5)
+    with pytest.raises(ConfigError, match="joint_names has 3 names but the action has 2 dimensions"):
+        joint_positions(np.array([0.5, -0.5]), ["a", "b", "c"])
+
+
+def test_float_array_fresh_is_clipped_and_every_safe_stop_is_zeros_of_the_action_size():
+    output = ActionOutput("float32_multi_array", [], [])
+    fresh = output.decide(_action([0.5, 2.0, -3.0], age_ms=10.0), NOW, 200.0, [-1.0], [1.0])
+    assert (fresh.outcome, fresh.values, fresh.age_ms) == (Outcome.FRESH, (0.5, 1.0, -1.0), 10.0)
+    assert not fresh.safe_stop
+    stale = output.decide(_action([0.5, 2.0, -3.0], age_ms=250.0), NOW, 200.0, [-1.0], [1.0])
+    assert (stale.outcome, stale.values, stale.age_ms) == (Outcome.STALE, (0.0, 0.0, 0.0), 250.0)
+    assert stale.safe_stop
+    none = output.decide(None, NOW, 200.0, [-1.0], [1.0])
+    assert (none.outcome, none.values, none.age_ms) == (Outcome.NONE, (), None)
+    wrong = output.decide(_action([0.5, 2.0, -3.0]), NOW, 200.0, [-1.0, -1.0], [1.0])
+    assert (wrong.outcome, wrong.values) == (Outcome.CONFIG_ERROR, (0.0, 0.0, 0.0))
+    assert wrong.error == ("action_min has 2 values but the action has 3 dimensions "
+                           "(give one value for all, or one per dimension)")
+
+
+def test_twist_fresh_is_mapped_after_clipping_and_every_safe_stop_is_a_zero_twist():
+    output = ActionOutput("twist", [2, -1, 0, -1, -1, 1], [])
+    fresh = output.decide(_action([0.25, 3.0, -0.5]), NOW, 200.0, [-1.0], [0.75])
+    assert fresh.values == (-0.5, 0.0, 0.25, 0.0, 0.0, 0.75)
+    for action in (None, _action([0.25, 3.0, -0.5], age_ms=201.0)):
+        assert output.decide(action, NOW, 200.0, [-1.0], [1.0]).values == (0.0,) * 6
+    beyond = ActionOutput("twist", [0, 1, 2, 3, 4, 5], []).decide(_action([0.1, 0.2]), NOW, 200.0, [-1.0], [1.0])
+    assert (beyond.outcome, beyond.values) == (Outcome.CONFIG_ERROR, (0.0,) * 6)
+    assert beyond.error == "twist_dims maps linear.z to action dimension 2, but the action has only 2 dimensions"
+
+
+def test_joint_trajectory_holds_the_last_commanded_positions_and_publishes_nothing_before_any():
+    output = ActionOutput("joint_trajectory", [], ["a", "b"])
+    assert output.decide(None, NOW, 200.0, [-1.0], [1.0]).values is None
+    mismatch = output.decide(_action([0.1, 0.2, 0.3]), NOW, 200.0, [-1.0], [1.0])
+    assert (mismatch.outcome, mismatch.values) == (Outcome.CONFIG_ERROR, None)
+    assert output.decide(_action([0.5, 1.5]), NOW, 200.0, [-1.0], [1.0]).values == (0.5, 1.0)
+    stale = output.decide(_action([0.25, 0.25], age_ms=500.0), NOW, 200.0, [-1.0], [1.0])
+    assert (stale.outcome, stale.values) == (Outcome.STALE, (0.5, 1.0))
+    held = output.decide(_action([0.25, 0.25]), NOW, 200.0, [-1.0, -1.0, -1.0], [1.0])
+    assert (held.outcome, held.values) == (Outcome.CONFIG_ERROR, (0.5, 1.0))
+    assert output.decide(_action([0.25, -0.75]), NOW, 200.0, [-1.0], [1.0]).values == (0.25, -0.75)
+
+
+def test_an_action_with_nan_or_infinity_is_a_safe_stop_not_a_clip():
+    output = ActionOutput("float32_multi_array", [], [])
+    for bad in (math.nan, math.inf):
+        command = output.decide(_action([0.5, bad]), NOW, 200.0, [-1.0], [1.0])
+        assert (command.outcome, command.values) == (Outcome.INVALID, (0.0, 0.0))
+        assert "non-finite" in command.error
+
+
+@pytest.mark.parametrize("command_type, twist_dims, joint_names, message", [
+    ("twist", [0, 1, 2], [], "twist_dims must have 6 entries"),
+    ("joint_trajectory", [], ["a", "b", "a"], "joint_names must be unique"),
+    ("joint_trajectory", [], [], "joint_names must name at least one joint"),
+    ("pose", [], [], "command_type must be one of"),
+])
+def test_what_needs_no_action_to_check_is_refused_at_construction(command_type, twist_dims, joint_names, message):
+    with pytest.raises(ConfigError, match=message):
+        ActionOutput(command_type, twist_dims, joint_names)
+
+
+# --- the node, on a private DDS graph ------------------------------------------------------------
+
+if rclpy is not None:
+    from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
+    from geometry_msgs.msg import Twist
+    from rcl_interfaces.msg import Log, ParameterType, ParameterValue
+    from rcl_interfaces.msg import Parameter as ParameterMsg
+    from rcl_interfaces.srv import SetParameters
+    from rclpy.node import Node
+    from rclpy.parameter import Parameter
+    from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+    from std_msgs.msg import Float32MultiArray
+    from trajectory_msgs.msg import JointTrajectory
+
+    from ros_graph import call, private_graph
+    from vla_edge_ros.nodes.action_publisher import ActionPublisher
+
+
+class Graph:
+    """An action publisher under test, a probe node listening to it, and a way to spin both."""
+
+    def __init__(self, context, executor) -> None:
+        self.context, self.executor = context, executor
+        self.probe = Node("probe", context=context)
+        executor.add_node(self.probe)
+        self.nodes = [self.probe]
+
+    def start(self, slot: ActionSlot, **overrides) -> ActionPublisher:
+        node = ActionPublisher(slot, dict(defaults()["action_publisher"], **overrides), context=self.context)
+        self.executor.add_node(node)
+        self.nodes.append(node)
+        return node
+
+    def listen(self, msg_type, topic: str, qos=10) -> list[tuple[int, object]]:
+        """Every message on ``topic`` with its monotonic arrival time."""
+        heard: list[tuple[int, object]] = []
+        self.probe.create_subscription(msg_type, topic, lambda msg: heard.append((time.monotonic_ns(), msg)), qos)
+        return heard
+
+    def spin_until(self, done: Callable[[], bool], timeout_s: float = 3.0) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            if time.monotonic() > deadline:
+                return False
+            self.executor.spin_once(timeout_sec=0.01)
+        return True
+
+    def spin_for(self, seconds: float) -> None:
+        self.spin_until(lambda: False, seconds)
+
+    def set_param(self, name: str, value: float | list[float]):
+        """What `ros2 param set /action_publisher NAME VALUE` does."""
+        if isinstance(value, list):
+            parameter = ParameterValue(type=ParameterType.PARAMETER_DOUBLE_ARRAY, double_array_value=value)
+        else:
+            parameter = ParameterValue(type=ParameterType.PARAMETER_DOUBLE, double_value=value)
+        client = self.probe.create_client(SetParameters, "/action_publisher/set_parameters")
+        request = SetParameters.Request(parameters=[ParameterMsg(name=name, value=parameter)])
+        result = call(self.executor, client, request).results[0]
+        assert result.successful, result.reason
+
+
+@pytest.fixture
+def graph():
+    with private_graph() as (context, executor):
+        graph = Graph(context, executor)
+        yield graph
+        for node in graph.nodes:
+            node.destroy_node()
+
+
+def _now_slot(values) -> ActionSlot:
+    slot = ActionSlot()
+    slot.put(np.array(values), time.monotonic_ns(), 0)
+    return slot
+
+
+@needs_ros
+def test_a_fresh_action_is_published_clipped_as_a_float_array(graph):
+    heard = graph.listen(Float32MultiArray, "/vla/command")
+    graph.start(_now_slot([0.5, 2.0, -3.0]), control_rate_hz=50.0, action_timeout_ms=60000.0)
+    assert graph.spin_until(lambda: heard)
+    msg = heard[0][1]
+    assert list(msg.data) == [0.5, 1.0, -1.0]
+    assert (msg.layout.dim[0].label, msg.layout.dim[0].size) == ("action", 3)
+
+
+@needs_ros
+def test_twist_fields_come_from_twist_dims(graph):
+    heard = graph.listen(Twist, "/cmd_vel")
+    graph.start(_now_slot([0.25, 3.0, -0.5]), command_topic="/cmd_vel", command_type="twist",
+                twist_dims=[2, -1, 0, -1, -1, 1], action_max=[0.75], control_rate_hz=50.0,
+                action_timeout_ms=60000.0)
+    assert graph.spin_until(lambda: heard)
+    msg = heard[0][1]
+    assert (msg.linear.x, msg.linear.y, msg.linear.z) == (-0.5, 0.0, 0.25)
+    assert (msg.angular.x, msg.angular.y, msg.angular.z) == (0.0, 0.0, 0.75)
+
+
+@needs_ros
+def test_joint_trajectory_names_positions_stamp_and_one_period_ahead(graph):
+    heard = graph.listen(JointTrajectory, "/arm/joint_trajectory")
+    graph.start(_now_slot([0.5, -2.0, 0.125]), command_topic="/arm/joint_trajectory",
+                command_type="joint_trajectory", joint_names=["shoulder", "elbow", "wrist"],
+                control_rate_hz=20.0, action_timeout_ms=60000.0)
+    assert graph.spin_until(lambda: heard)
+    msg = heard[0][1]
+    assert list(msg.joint_names) == ["shoulder", "elbow", "wrist"]
+    assert len(msg.points) == 1 and list(msg.points[0].positions) == [0.5, -1.0, 0.125]
+    assert (msg.points[0].time_from_start.sec, msg.points[0].time_from_start.nanosec) == (0, 50_000_000)
+    assert msg.header.stamp.sec > 0
+
+
+@needs_ros
+def test_a_stale_action_turns_into_a_zero_array_within_one_timeout_and_one_period(graph):
+    heard = graph.listen(Float32MultiArray, "/vla/command")
+    slot = ActionSlot()
+    graph.start(slot, control_rate_hz=50.0, action_timeout_ms=300.0)
+    ready_ns = time.monotonic_ns()
+    slot.put(np.array([0.5, -0.5]), ready_ns, 0)
+    assert graph.spin_until(lambda: any(list(m.data) == [0.0, 0.0] for t, m in heard if t > ready_ns))
+    after = [(t, list(m.data)) for t, m in heard if t > ready_ns]
+    first_stop = next(t for t, data in after if data == [0.0, 0.0])
+    assert [0.5, -0.5] in [data for t, data in after if t < first_stop]
+    assert 300 * MS < first_stop - ready_ns < (300 + 20 + 150) * MS  # timeout + period + delivery slack
+
+
+@needs_ros
+def test_a_live_action_timeout_through_the_parameter_service_applies_on_the_next_tick(graph):
+    heard = graph.listen(Float32MultiArray, "/vla/command")
+    slot = ActionSlot()
+    slot.put(np.array([0.5]), time.monotonic_ns() - 1000 * MS, 0)  # a second old
+    graph.start(slot, control_rate_hz=50.0, action_timeout_ms=60000.0)
+    assert graph.spin_until(lambda: heard) and list(heard[-1][1].data) == [0.5]
+    graph.set_param("action_timeout_ms", 500.0)
+    heard.clear()
+    assert graph.spin_until(lambda: len(heard) >= 3)
+    assert [list(m.data) for _, m in heard[1:3]] == [[0.0], [0.0]]
+    graph.set_param("action_timeout_ms", 5000.0)
+    heard.clear()
+    assert graph.spin_until(lambda: len(heard) >= 3)
+    assert [list(m.data) for _, m in heard[1:3]] == [[0.5], [0.5]]
+
+
+@needs_ros
+def test_a_live_control_rate_through_the_parameter_service_recreates_the_timer(graph):
+    heard = graph.listen(JointTrajectory, "/vla/command")
+    graph.start(_now_slot([0.0] * 7), command_type="joint_trajectory", control_rate_hz=2.0,
+                action_timeout_ms=60000.0)
+    assert graph.spin_until(lambda: heard)
+    assert heard[0][1].points[0].time_from_start.nanosec == 500_000_000
+    graph.set_param("control_rate_hz", 100.0)
+    heard.clear()
+    graph.spin_for(0.5)
+    assert len(heard) >= 20  # 50 expected; 2 Hz would give at most 2
+    assert {m.points[0].time_from_start.nanosec for _, m in heard} == {10_000_000}
+
+
+@needs_ros
+def test_diagnostics_report_error_during_a_safe_stop_and_ok_once_fresh(graph):
+    diagnostics = graph.listen(DiagnosticArray, "/diagnostics")
+    slot = ActionSlot()
+    graph.start(slot, control_rate_hz=50.0, action_timeout_ms=60000.0)
+    assert graph.spin_until(lambda: diagnostics)
+    status = diagnostics[-1][1].status[0]
+    values = {kv.key: kv.value for kv in status.values}
+    assert status.name == "vla_edge_ros: action_publisher"
+    assert (status.level, status.message) == (DiagnosticStatus.ERROR, "safe stop: no action yet")
+    assert int(values["safe_stops"]) == int(values["no_action"]) >= 10 and values["fresh"] == "0"
+    assert values["last_action_age_ms"] == "none"
+    slot.put(np.array([0.5]), time.monotonic_ns(), 0)
+    assert graph.spin_until(lambda: diagnostics[-1][1].status[0].level == DiagnosticStatus.OK)
+    values = {kv.key: kv.value for kv in diagnostics[-1][1].status[0].values}
+    assert int(values["fresh"]) > 0 and float(values["last_action_age_ms"]) < 1000.0
+
+
+@needs_ros
+def test_a_configuration_error_is_a_safe_stop_an_error_status_and_one_log_line(graph):
+    commands = graph.listen(Float32MultiArray, "/vla/command")
+    diagnostics = graph.listen(DiagnosticArray, "/diagnostics")
+    rosout = graph.listen(Log, "/rosout", QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE,
+                                                     durability=DurabilityPolicy.TRANSIENT_LOCAL))
+    node = graph.start(_now_slot([0.5, 2.0, -3.0]), action_min=[-1.0, -1.0], control_rate_hz=50.0,
+                       action_timeout_ms=60000.0)
+    assert graph.spin_until(lambda: diagnostics)  # a second of ticks, none of them raised
+    assert {tuple(m.data) for _, m in commands} == {(0.0, 0.0, 0.0)}
+    status = diagnostics[-1][1].status[0]
+    assert status.level == DiagnosticStatus.ERROR
+    assert status.message.startswith("safe stop: configuration error: action_min has 2 values")
+    assert int({kv.key: kv.value for kv in status.values}["config_errors"]) >= 10
+    lines = [m.msg for _, m in rosout if m.name == "action_publisher" and "configuration error" in m.msg]
+    assert len(lines) == 1
+
+    # Fixed live: the next tick commands the action.
+    fixed = node.set_parameters([Parameter("action_min", Parameter.Type.DOUBLE_ARRAY, [-1.0])])[0]
+    assert fixed.successful, fixed.reason
+    commands.clear()
+    assert graph.spin_until(lambda: len(commands) >= 2)
+    assert list(commands[-1][1].data) == [0.5, 1.0, -1.0]
+
+
+@needs_ros
+def test_live_clip_limits_through_the_parameter_service(graph):
+    commands = graph.listen(Float32MultiArray, "/vla/command")
+    graph.start(_now_slot([0.5, 2.0, -3.0]), control_rate_hz=50.0, action_timeout_ms=60000.0)
+    graph.set_param("action_max", [0.25])
+    commands.clear()
+    assert graph.spin_until(lambda: len(commands) >= 2)
+    assert list(commands[-1][1].data) == [0.25, 0.25, -1.0]

@@ -1,0 +1,134 @@
+"""The action publisher node: the robot's command at a fixed rate, fresh or a safe stop, never nothing.
+
+Reasoning hands its newest action over through an ActionSlot and may go quiet at any time (refused
+cycles, a slow model, a crash); this node keeps the command topic going at ``control_rate_hz``
+regardless, and ActionOutput decides each tick between the clipped action and a safe stop. The
+control timer runs on the steady clock, like the slot's timestamps: a paused or missing /clock under
+``use_sim_time`` must not stop the watchdog. Message stamps come from the node clock, so they follow
+sim time when it is used.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from diagnostic_msgs.msg import DiagnosticStatus
+from geometry_msgs.msg import Twist
+from rclpy.clock import Clock, ClockType
+from rclpy.duration import Duration
+from rclpy.node import Node
+from rclpy.timer import Timer
+from std_msgs.msg import Float32MultiArray, MultiArrayDimension
+from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+from ..action_output import ActionOutput, Command, Outcome
+from ..action_slot import ActionSlot
+from .diagnostics import ERROR, OK, DiagnosticsTimer, status
+from .parameters import NodeParameters
+
+MESSAGE_TYPES = {"twist": Twist, "float32_multi_array": Float32MultiArray, "joint_trajectory": JointTrajectory}
+
+
+class ActionPublisher(Node):
+    """Publishes the command of ``slot``'s newest action on ``command_topic``; see the module doc."""
+
+    def __init__(self, slot: ActionSlot, settings: dict[str, Any], **node_kwargs: Any) -> None:
+        super().__init__("action_publisher", **node_kwargs)
+        self._slot = slot
+        self._params = NodeParameters(self, "action_publisher", settings)
+        self._output = ActionOutput(self._params["command_type"], self._params["twist_dims"],
+                                    self._params["joint_names"])
+        self._publisher = self.create_publisher(MESSAGE_TYPES[self._output.command_type],
+                                                self._params["command_topic"], 10)
+        self._counts = {"published": 0, "fresh": 0, "safe_stops": 0, "stale": 0, "no_action": 0,
+                        "config_errors": 0, "invalid_actions": 0}
+        self._last: Command | None = None  # the previous tick's decision
+        self._last_timeout_ms = self._params["action_timeout_ms"]
+        self._diagnostics = DiagnosticsTimer(self, self._report)
+
+        self._steady = Clock(clock_type=ClockType.STEADY_TIME)
+        self._timer_lock = threading.Lock()
+        self._timer: Timer | None = None
+        self._start_timer()
+        self._params.on_change(self._on_change)
+
+    def _start_timer(self) -> None:
+        """(Re)create the control timer at the current control_rate_hz."""
+        with self._timer_lock:
+            if self._timer is not None:
+                self.destroy_timer(self._timer)
+            self._timer = self.create_timer(1.0 / self._params["control_rate_hz"], self._tick, clock=self._steady)
+
+    def _on_change(self, changed: dict[str, Any]) -> None:
+        # The other live parameters are read on every tick; only the rate lives in the timer.
+        if "control_rate_hz" in changed:
+            self._start_timer()
+            self.get_logger().info(f"control rate now {changed['control_rate_hz']:g} Hz")
+
+    def _tick(self) -> None:
+        timeout_ms = self._params["action_timeout_ms"]
+        command = self._output.decide(self._slot.latest(), time.monotonic_ns(), timeout_ms,
+                                      self._params["action_min"], self._params["action_max"])
+        if command.values is not None:
+            self._publisher.publish(self._message(command.values))
+            self._counts["published"] += 1
+        self._count(command)
+        self._log_change(command, timeout_ms)
+        self._last, self._last_timeout_ms = command, timeout_ms
+
+    def _message(self, values: tuple[float, ...]) -> Twist | Float32MultiArray | JointTrajectory:
+        kind = self._output.command_type
+        if kind == "twist":
+            msg = Twist()
+            (msg.linear.x, msg.linear.y, msg.linear.z, msg.angular.x, msg.angular.y, msg.angular.z) = values
+            return msg
+        if kind == "float32_multi_array":
+            msg = Float32MultiArray(data=list(values))
+            msg.layout.dim = [MultiArrayDimension(label="action", size=len(values), stride=len(values))]
+            return msg
+        msg = JointTrajectory(joint_names=list(self._params["joint_names"]))
+        msg.header.stamp = self.get_clock().now().to_msg()
+        period_ns = int(1e9 / self._params["control_rate_hz"])
+        msg.points = [JointTrajectoryPoint(positions=list(values),
+                                           time_from_start=Duration(nanoseconds=period_ns).to_msg())]
+        return msg
+
+    def _count(self, command: Command) -> None:
+        key = {Outcome.FRESH: "fresh", Outcome.STALE: "stale", Outcome.NONE: "no_action",
+               Outcome.CONFIG_ERROR: "config_errors", Outcome.INVALID: "invalid_actions"}[command.outcome]
+        self._counts[key] += 1
+        if command.safe_stop:
+            self._counts["safe_stops"] += 1
+
+    def _log_change(self, command: Command, timeout_ms: float) -> None:
+        """One log line when the kind of command changes, not one per tick."""
+        if self._last is not None and (command.outcome, command.error) == (self._last.outcome, self._last.error):
+            return
+        logger = self.get_logger()
+        if command.outcome is Outcome.FRESH:
+            logger.info("commanding fresh actions")
+        elif command.outcome is Outcome.CONFIG_ERROR:
+            logger.error(f"safe stop: {self._reason(command, timeout_ms)}")
+        else:
+            logger.warning(f"safe stop: {self._reason(command, timeout_ms)}")
+
+    @staticmethod
+    def _reason(command: Command, timeout_ms: float) -> str:
+        if command.outcome is Outcome.STALE:
+            return f"action is {command.age_ms:.1f} ms old (timeout {timeout_ms:g} ms)"
+        if command.outcome is Outcome.NONE:
+            return "no action yet"
+        if command.outcome is Outcome.CONFIG_ERROR:
+            return f"configuration error: {command.error}"
+        return command.error or command.outcome.value
+
+    def _report(self) -> DiagnosticStatus:
+        command = self._last or Command(Outcome.NONE, None, None)
+        values: dict[str, object] = dict(self._counts)
+        values["last_action_age_ms"] = "none" if command.age_ms is None else float(command.age_ms)
+        values["command_type"] = self._output.command_type
+        if command.safe_stop:
+            return status(self, ERROR, f"safe stop: {self._reason(command, self._last_timeout_ms)}", values)
+        return status(self, OK, "commanding fresh actions", values)
