@@ -1,0 +1,44 @@
+"""A camera driver without a camera: SyntheticCamera frames as sensor_msgs/Image over DDS.
+
+`vla-edge run` and the tests use it so that frames take the same path as on a robot (a publisher in
+the graph, sensor-data QoS, a stamped header, the camera subscriber decoding rgb8), with nothing
+attached. It is a tool rather than a configured node, so it takes constructor arguments instead of
+schema parameters.
+"""
+
+from __future__ import annotations
+
+import array
+from typing import Any
+
+from rclpy.node import Node
+from rclpy.qos import qos_profile_sensor_data
+from sensor_msgs.msg import Image
+from std_msgs.msg import Header
+
+from ..synthetic import SyntheticCamera
+
+
+class SyntheticCameraPublisher(Node):
+    """Publishes rgb8 frames of a deterministic synthetic scene at ``rate_hz``, stamped by the node clock."""
+
+    def __init__(self, topic: str = "/camera/image_raw", rate_hz: float = 30.0, height: int = 480,
+                 width: int = 640, seed: int = 0, frame_id: str = "camera", **node_kwargs: Any) -> None:
+        if not rate_hz > 0.0:
+            raise ValueError(f"rate_hz must be positive, got {rate_hz}")
+        self.camera = SyntheticCamera(height, width, seed)  # checks the size before a node exists
+        super().__init__("synthetic_camera", **node_kwargs)
+        self.frame_id = frame_id
+        self.published = 0
+        self._publisher = self.create_publisher(Image, topic, qos_profile_sensor_data)
+        self._timer = self.create_timer(1.0 / rate_hz, self._publish)
+
+    def _publish(self) -> None:
+        # Stamp first, like a driver stamping the exposure: the header says when the scene was seen.
+        header = Header(stamp=self.get_clock().now().to_msg(), frame_id=self.frame_id)
+        pixels = self.camera.frame()
+        data = array.array("B")
+        data.frombytes(pixels)  # one copy; assigning bytes would make rclpy check every byte in Python
+        self._publisher.publish(Image(header=header, height=self.camera.height, width=self.camera.width,
+                                      encoding="rgb8", is_bigendian=0, step=self.camera.width * 3, data=data))
+        self.published += 1
