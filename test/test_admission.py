@@ -242,3 +242,52 @@ def test_memory_stays_constant_over_a_long_run():
     run(100_000)
     assert sizes() == before
     assert gate.snapshot().latency.count == gate._latency.total
+
+
+def test_a_starved_estimate_is_re_measured_by_a_probe():
+    """Refusals alone never update an estimate; after probe_after of them a block that fits on its mean runs."""
+    clock = FakeClock()
+    gate = AdmissionGate(alpha=0.5, k=3.0, deadline_ms=33.0, warmup=1, probe_after=3, clock=clock)
+    for duration in (10.0, 30.0):  # mean 20 ms, deviation 10: predicted 50 ms with the margin
+        decision = gate.admit(DECODE, clock.after(1000.0))
+        clock.advance(duration)
+        gate.record(decision)
+    verdicts = [gate.admit(DECODE, clock.after(33.0)).verdict for _ in range(8)]
+    assert verdicts == [Verdict.REFUSED] * 3 + [Verdict.PROBE] + [Verdict.REFUSED] * 3 + [Verdict.PROBE]
+    assert gate.snapshot().kinds["decode"].probes == 2
+    # a block whose mean alone overruns is refused even when a probe is due
+    assert all(gate.admit(DECODE, clock.after(15.0)).verdict is Verdict.REFUSED for _ in range(6))
+    # probes that complete quickly pull the estimate back under the deadline
+    for _ in range(12):
+        decision = gate.admit(DECODE, clock.after(33.0))
+        if decision:
+            clock.advance(5.0)
+            gate.record(decision)
+    assert gate.admit(DECODE, clock.after(33.0)).verdict is Verdict.ADMITTED
+
+
+def test_a_starved_cycle_is_probed_too():
+    clock = FakeClock()
+    gate = AdmissionGate(alpha=0.5, k=3.0, deadline_ms=33.0, warmup=1, probe_after=2, clock=clock)
+    cycle = gate.start_cycle(clock())
+    clock.advance(20.0)
+    gate.record(cycle)
+    gate.record(gate.start_cycle(clock()), clock.after(4.0))  # mean 12, deviation 8: 36 ms with the margin
+    assert [gate.start_cycle(clock()).verdict for _ in range(3)] == [Verdict.REFUSED, Verdict.REFUSED, Verdict.PROBE]
+
+
+def test_probe_after_must_be_positive():
+    with pytest.raises(ValueError, match="probe_after"):
+        AdmissionGate(probe_after=0)
+
+
+def test_blocks_of_a_probe_cycle_are_judged_on_their_mean():
+    clock = FakeClock()
+    gate = AdmissionGate(alpha=0.5, k=3.0, warmup=1, clock=clock)
+    for duration in (10.0, 30.0):  # mean 20, deviation 10: with the margin, 50 ms
+        decision = gate.admit(DECODE, clock.after(1000.0))
+        clock.advance(duration)
+        gate.record(decision)
+    assert gate.admit(DECODE, clock.after(30.0)).verdict is Verdict.REFUSED
+    assert gate.admit(DECODE, clock.after(30.0), probing=True).verdict is Verdict.ADMITTED
+    assert gate.admit(DECODE, clock.after(15.0), probing=True).verdict is Verdict.REFUSED

@@ -31,6 +31,13 @@ measured durations and an EMA of their absolute deviation from the estimate; pre
 measured cost is cycle start -> action ready (what starting a cycle now would still cost); the
 histogram holds frame receive -> action ready (what the robot experiences).
 
+Probing: an estimate only moves when its kind is measured, so an estimate inflated by a slow spell
+(start-up, a busy machine) would refuse every later block and never learn that things got better.
+After ``probe_after`` refusals in a row, a block (or cycle) that fits on its *mean* cost, without the
+margin, starts anyway as a ``probe``; the blocks inside a probe cycle are judged the same way. A
+probe can only miss where an average block would, so misses stay rare while the estimate heals. A
+kind whose mean alone no longer fits the deadline stays refused: then the model is too slow.
+
 Cold start: a kind with fewer than ``warmup`` measurements has no trusted estimate (a first sample
 gives a mean but no spread). Its blocks are admitted without a prediction unless the deadline has
 already passed (then any work is a certain miss), and are counted as ``warmup``, not ``admitted``.
@@ -72,6 +79,7 @@ class Verdict(str, Enum):
     ADMITTED = "admitted"  # predicted to finish by the deadline
     WARMUP = "warmup"  # started without a trusted estimate (cold start)
     REFUSED = "refused"  # predicted to overrun, so not started
+    PROBE = "probe"  # started on its mean cost after a run of refusals, to re-measure (see module doc)
     STALE = "stale"  # the frame was already past its deadline: its cycle is skipped
 
 
@@ -87,7 +95,7 @@ class Decision:
     received_ns: int | None = None  # cycles only: the frame's receive time, for its latency
 
     def __bool__(self) -> bool:
-        return self.verdict in (Verdict.ADMITTED, Verdict.WARMUP)
+        return self.verdict in (Verdict.ADMITTED, Verdict.WARMUP, Verdict.PROBE)
 
 
 def geometric_edges_ms(first: float = 0.05, last: float = 2000.0, ratio: float = 1.05) -> tuple[float, ...]:
@@ -163,6 +171,8 @@ class _Counts:
     refused: int = 0
     missed: int = 0
     warmup_missed: int = 0
+    probes: int = 0
+    refused_in_a_row: int = 0
 
 
 @dataclass(frozen=True)
@@ -173,6 +183,7 @@ class KindStats:
     missed: int  # started (either way) and finished after the deadline
     warmup_missed: int  # the part of ``missed`` that were warm-up blocks
     completed: int  # recorded measurements
+    probes: int  # started on the mean cost after a run of refusals, to re-measure the estimate
     mean_ms: float | None
     deviation_ms: float | None
     predicted_ms: float | None  # what the next decision would use (None before any measurement)
@@ -251,7 +262,7 @@ class AdmissionGate:
     """
 
     def __init__(self, *, alpha: float = 0.1, k: float = 3.0, deadline_ms: float = 33.0, warmup: int = 3,
-                 bucket_edges_ms: Sequence[float] = DEFAULT_EDGES_MS,
+                 probe_after: int = 10, bucket_edges_ms: Sequence[float] = DEFAULT_EDGES_MS,
                  clock: Callable[[], int] = time.monotonic_ns) -> None:
         if not callable(clock):
             raise ValueError(f"clock must be a callable returning monotonic ns, got {clock!r}")
@@ -260,6 +271,9 @@ class AdmissionGate:
         self._k = _check_k(k)
         self._deadline_ms = _check_deadline_ms(deadline_ms)
         self._warmup = _check_warmup(warmup)
+        if not isinstance(probe_after, int) or probe_after < 1:
+            raise ValueError(f"probe_after={probe_after!r} must be an integer >= 1")
+        self._probe_after = probe_after
         self._estimates = {kind: CostEstimate() for kind in BlockKind}
         self._counts = {kind: _Counts() for kind in BlockKind}
         self._latency = LatencyHistogram(bucket_edges_ms)
@@ -289,15 +303,21 @@ class AdmissionGate:
                 return Decision(BlockKind.CYCLE, Verdict.STALE, now, deadline, None, received_ns)
             return self._decide(BlockKind.CYCLE, now, deadline, received_ns)
 
-    def admit(self, kind: BlockKind | str, deadline_ns: int) -> Decision:
-        """Decide whether an ``encode_prefill`` or ``decode`` block may start now."""
+    def admit(self, kind: BlockKind | str, deadline_ns: int, *, probing: bool = False) -> Decision:
+        """Decide whether an ``encode_prefill`` or ``decode`` block may start now.
+
+        Inside a probe cycle (``probing``) a block is judged on its mean cost without the margin, so
+        a block estimate inflated by a slow spell is re-measured too, while a block that would
+        overrun even on average is still refused.
+        """
         kind = BlockKind(kind)
         if kind is BlockKind.CYCLE:
             raise ValueError("a cycle starts through start_cycle(received_ns), which also detects stale frames")
         with self._lock:
-            return self._decide(kind, self._clock(), deadline_ns, None)
+            return self._decide(kind, self._clock(), deadline_ns, None, 0.0 if probing else self._k)
 
-    def _decide(self, kind: BlockKind, now: int, deadline: int, received_ns: int | None) -> Decision:
+    def _decide(self, kind: BlockKind, now: int, deadline: int, received_ns: int | None,
+                k: float | None = None) -> Decision:
         estimate, counts = self._estimates[kind], self._counts[kind]
         if estimate.count < self._warmup:
             if now <= deadline:
@@ -305,13 +325,18 @@ class AdmissionGate:
                 return Decision(kind, Verdict.WARMUP, now, deadline, None, received_ns)
             counts.refused += 1
             return Decision(kind, Verdict.REFUSED, now, deadline, None, received_ns)
-        predicted = estimate.predict_ns(self._k)
-        verdict = Verdict.ADMITTED if now + predicted <= deadline else Verdict.REFUSED
-        if verdict is Verdict.ADMITTED:
+        predicted = estimate.predict_ns(self._k if k is None else k)
+        if now + predicted <= deadline:
             counts.admitted += 1
-        else:
-            counts.refused += 1
-        return Decision(kind, verdict, now, deadline, predicted, received_ns)
+            counts.refused_in_a_row = 0
+            return Decision(kind, Verdict.ADMITTED, now, deadline, predicted, received_ns)
+        if counts.refused_in_a_row >= self._probe_after and now + estimate.predict_ns(0.0) <= deadline:
+            counts.refused_in_a_row = 0
+            counts.probes += 1
+            return Decision(kind, Verdict.PROBE, now, deadline, estimate.predict_ns(0.0), received_ns)
+        counts.refused_in_a_row += 1
+        counts.refused += 1
+        return Decision(kind, Verdict.REFUSED, now, deadline, predicted, received_ns)
 
     def record(self, decision: Decision, finished_ns: int | None = None) -> bool:
         """Account a started block that has finished (default: now); return whether it missed its deadline."""
@@ -347,7 +372,7 @@ class AdmissionGate:
         estimate, c = self._estimates[kind], self._counts[kind]
         measured = estimate.count > 0
         return KindStats(
-            c.admitted, c.warmup, c.refused, c.missed, c.warmup_missed, estimate.count,
+            c.admitted, c.warmup, c.refused, c.missed, c.warmup_missed, estimate.count, c.probes,
             estimate.mean_ns / NS_PER_MS if measured else None,
             estimate.deviation_ns / NS_PER_MS if measured else None,
             estimate.predict_ns(self._k) / NS_PER_MS if measured else None,

@@ -15,7 +15,7 @@ from typing import Any
 from rclpy.node import Node
 
 from ..action_slot import ActionSlot
-from ..admission import AdmissionGate, BlockKind
+from ..admission import AdmissionGate, BlockKind, Verdict
 from ..frame_buffer import Frame, FrameBuffer
 from ..model.engine import VlaEngine
 from .diagnostics import ERROR, OK, WARN, DiagnosticsTimer, status
@@ -43,7 +43,9 @@ class ReasoningNode(Node):
         self._diagnostics = DiagnosticsTimer(self, self.report)
 
     def start(self) -> None:
-        self._thread.start()
+        """Start the reasoning thread (again calling it is harmless)."""
+        if not self._thread.is_alive() and not self._stop.is_set():
+            self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -72,13 +74,15 @@ class ReasoningNode(Node):
         cycle = self.gate.start_cycle(frame.receive_ns)
         if not cycle:
             return
-        block = self.gate.admit(BlockKind.ENCODE_PREFILL, cycle.deadline_ns)
+        probing = cycle.verdict is Verdict.PROBE
+        block = self.gate.admit(BlockKind.ENCODE_PREFILL, cycle.deadline_ns, probing=probing)
         if not block:
             return
         prefill = self.engine.add_frame(frame.image)
         self.gate.record(block)
         decoded = self.engine.decode_action(
-            prefill, admit=lambda: self.gate.admit(BlockKind.DECODE, cycle.deadline_ns), done=self.gate.record)
+            prefill, admit=lambda: self.gate.admit(BlockKind.DECODE, cycle.deadline_ns, probing=probing),
+            done=self.gate.record)
         if decoded is None:
             return
         self.slot.put(decoded[0], time.monotonic_ns(), frame.stamp_ns)
@@ -96,6 +100,7 @@ class ReasoningNode(Node):
         arena = self.engine.arena
         return status(self, level, message, {
             "cycles": self.cycles, "actions": self.actions, "refused": stats.refused, "stale": stats.stale,
+            "probes": stats.kinds["cycle"].probes,
             "missed": stats.missed, "engine_errors": self.engine_errors,
             "latency_p50_ms": latency.p50_ms, "latency_p99_ms": latency.p99_ms,
             "kv_tokens": arena.used, "kv_capacity_tokens": arena.capacity,
