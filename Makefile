@@ -1,10 +1,11 @@
-# make run   : set up .venv, write the tiny default model, run the engine on the synthetic camera
+# make run   : set up .venv, write the tiny default model, run the three nodes on a synthetic camera (DURATION=10 s)
 # make test  : set up .venv, run the whole test suite (slow tests: make test-slow)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 MODEL  := models/tiny
+DURATION ?= 10
 
 .PHONY: setup run test test-slow bench clean
 
@@ -25,7 +26,7 @@ $(MODEL)/config.json: | $(STAMP)
 	$(VENV)/bin/vla-edge init-model --out $(MODEL) --preset tiny --seed 0
 
 run: $(STAMP) $(MODEL)/config.json
-	$(VENV)/bin/vla-edge run --config config/default.yaml
+	$(VENV)/bin/vla-edge run --config config/default.yaml --duration $(DURATION)
 
 test: $(STAMP)
 	$(PY) -m pytest -q test

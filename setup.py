@@ -15,7 +15,7 @@ PACKAGE = "vla_edge_ros"
 setup(
     name=PACKAGE,
     version="0.1.0",
-    packages=[PACKAGE, f"{PACKAGE}.model", f"{PACKAGE}.kernels"],
+    packages=[PACKAGE, f"{PACKAGE}.model", f"{PACKAGE}.kernels", f"{PACKAGE}.nodes"],
     data_files=[
         ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),
         (f"share/{PACKAGE}", ["package.xml"]),
@@ -29,5 +29,8 @@ setup(
     description="Vision-Language-Action transformer for ROS 2 under a hard control deadline.",
     license="Apache-2.0",
     python_requires=">=3.10",
-    entry_points={"console_scripts": ["vla-edge = vla_edge_ros.cli:main"]},
+    entry_points={"console_scripts": [
+        "vla-edge = vla_edge_ros.cli:main",
+        "bringup = vla_edge_ros.nodes.bringup:main",
+    ]},
 )

@@ -1,8 +1,7 @@
-"""ros2 launch vla_edge_ros vla_edge.launch.py [config:=FILE] [frames:=N]
+"""ros2 launch vla_edge_ros vla_edge.launch.py [config:=FILE] [namespace:=NS] [image_topic:=T] [use_sim_time:=true]
 
-Starts the package's engine process (`vla-edge run`) with a YAML config, on the synthetic camera.
-The ROS 2 nodes (camera subscriber, reasoning, action publisher) are not in the package yet; when
-they land, this file starts them instead.
+Starts the bringup process: camera subscriber, reasoning and action publisher nodes in one process
+(they share the frame buffer and the action slot in memory), configured by one YAML file.
 """
 
 import os
@@ -10,20 +9,28 @@ import os
 from ament_index_python.packages import get_package_share_directory
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument
-from launch.substitutions import LaunchConfiguration
+from launch.substitutions import LaunchConfiguration, PythonExpression
 from launch_ros.actions import Node
 
 
 def generate_launch_description() -> LaunchDescription:
     default_config = os.path.join(get_package_share_directory("vla_edge_ros"), "config", "default.yaml")
+    config = LaunchConfiguration("config")
+    image_topic = LaunchConfiguration("image_topic")
     return LaunchDescription([
         DeclareLaunchArgument("config", default_value=default_config, description="vla_edge_ros YAML config"),
-        DeclareLaunchArgument("frames", default_value="300", description="synthetic frames to run"),
+        DeclareLaunchArgument("namespace", default_value="", description="namespace of the three nodes"),
+        DeclareLaunchArgument("image_topic", default_value="/camera/image_raw",
+                              description="camera topic (sensor_msgs/Image; CompressedImage on <topic>/compressed)"),
+        DeclareLaunchArgument("use_sim_time", default_value="false", description="use /clock (bag replay, simulators)"),
         Node(
             package="vla_edge_ros",
-            executable="vla-edge",
-            name="vla_edge",
-            arguments=["run", "--config", LaunchConfiguration("config"), "--frames", LaunchConfiguration("frames")],
+            executable="bringup",
+            namespace=LaunchConfiguration("namespace"),
+            arguments=["--config", config],
+            parameters=[config, {"use_sim_time": PythonExpression(["'", LaunchConfiguration("use_sim_time"), "' == 'true'"])}],
+            remappings=[("/camera/image_raw", image_topic),
+                        ("/camera/image_raw/compressed", [image_topic, "/compressed"])],
             output="screen",
         ),
     ])

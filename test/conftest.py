@@ -22,11 +22,14 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_random_model(tmp_path_factory.mktemp("models") / "tiny", preset("tiny"), seed=0)
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _fast_simulated_threads():
+@pytest.fixture(autouse=True)
+def _fast_simulated_threads(request: pytest.FixtureRequest):
     """The CUDA simulator runs each GPU thread as a Python thread that meets the others at every
-    __syncthreads; a short GIL switch interval makes those barriers several times cheaper."""
+    __syncthreads; a short GIL switch interval makes those barriers several times cheaper. Only for
+    simulated-CUDA tests: it slows real multi-threaded code (the ROS nodes) down."""
+    simulated = "cuda" in request.node.nodeid or "kernels" in request.node.nodeid
     previous = sys.getswitchinterval()
-    sys.setswitchinterval(1e-3)
+    if simulated:
+        sys.setswitchinterval(1e-3)
     yield
     sys.setswitchinterval(previous)

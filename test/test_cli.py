@@ -21,7 +21,7 @@ def _config(tmp_path, model_dir, **params):
 def test_init_model_then_run(tmp_path, capsys):
     model = tmp_path / "m"
     assert main(["init-model", "--out", str(model), "--preset", "tiny", "--layers", "1", "--seed", "3"]) == 0
-    assert main(["run", "--config", str(_config(tmp_path, model)), "--frames", "12"]) == 0
+    assert main(["engine", "--config", str(_config(tmp_path, model)), "--frames", "12"]) == 0
     out = capsys.readouterr().out
     assert "12 frames: cycle p50" in out and "action [" in out
 
@@ -45,6 +45,7 @@ def test_parity_json_and_saved_logits(tmp_path, tiny_model, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["run", "--config", "/nonexistent.yaml"], "cannot read config"),
+    (["engine", "--config", "/nonexistent.yaml"], "cannot read config"),
     (["parity", "--model", "/nonexistent", "--token-ids", "1"], "does not exist"),
 ])
 def test_user_errors_exit_2_with_a_message(argv, message, capsys):

@@ -63,4 +63,7 @@ def test_launch_file_starts_an_executable_the_package_installs():
     setup = (ROOT / "setup.py").read_text()
     assert executables and all(f'"{exe} = vla_edge_ros.' in setup for exe in executables)
     assert '"config", "default.yaml"' in source and (ROOT / "config" / "default.yaml").is_file()
+    arguments = {n.args[0].value for n in ast.walk(tree) if isinstance(n, ast.Call)
+                 and getattr(n.func, "id", "") == "DeclareLaunchArgument"}
+    assert arguments == {"config", "namespace", "image_topic", "use_sim_time"}
     assert 'glob("launch/*.launch.py")' in setup

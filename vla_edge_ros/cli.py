@@ -72,7 +72,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
     return 0 if passed else 1
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def cmd_engine(args: argparse.Namespace) -> int:
     from .runtime import load_engine
     from .synthetic import SyntheticCamera
 
@@ -94,6 +94,53 @@ def cmd_run(args: argparse.Namespace) -> int:
     p50, p99 = np.percentile(totals, [50, 99])
     print(f"{args.frames} frames: cycle p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {max(totals):.2f} ms; "
           f"positions stay < {engine.arena.capacity} (next {engine.arena.next_position()})")
+    return 0
+
+
+def _values(status) -> dict[str, str]:
+    return {kv.key: kv.value for kv in status.values}
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import rclpy
+
+    from .nodes.bringup import Pipeline
+
+    settings = load_settings(args.config)
+    if args.image_topic:
+        settings["camera_subscriber"]["image_topic"] = args.image_topic
+    rclpy.init()
+    pipeline = None
+    try:
+        pipeline = Pipeline(settings, synthetic_camera=args.image_topic is None, camera_rate_hz=args.camera_rate_hz)
+        engine = pipeline.reasoning.engine
+        print(f"vla-edge run: {settings['reasoning']['model_dir']} on {pipeline.plan.backend}, camera "
+              f"{settings['camera_subscriber']['image_topic']}"
+              f"{' (synthetic, %.0f Hz)' % args.camera_rate_hz if args.image_topic is None else ''}, deadline "
+              f"{settings['reasoning']['deadline_ms']:.1f} ms, commands on {settings['action_publisher']['command_topic']}"
+              f" ({settings['action_publisher']['command_type']}), KV arena {engine.arena.capacity} tokens")
+
+        def status_line() -> None:
+            camera, reasoning = _values(pipeline.camera.report()), _values(pipeline.reasoning.report())
+            publisher = _values(pipeline.publisher.report())
+            print(f"in {camera['input_fps']} fps, dropped {camera['dropped']} (+{camera['buffer_overwritten_unread']} "
+                  f"unread) | actions {reasoning['actions']}, refused {reasoning['refused']}, stale {reasoning['stale']}, "
+                  f"missed {reasoning['missed']}, latency p50 {reasoning['latency_p50_ms']} p99 "
+                  f"{reasoning['latency_p99_ms']} ms | kv {reasoning['kv_tokens']} tokens, {reasoning['kv_bytes']} B | "
+                  f"published {publisher['published']}, safe stops {publisher['safe_stops']}", flush=True)
+
+        pipeline.run(args.duration, every_second=status_line)
+        summary = {node.get_name(): {"level": int.from_bytes(report.level, "little"), "message": report.message,
+                                     **_values(report)}
+                   for node, report in ((n, n.report()) for n in (pipeline.camera, pipeline.reasoning, pipeline.publisher))}
+        print("summary: " + json.dumps(summary, indent=2))
+        if args.summary_json:
+            args.summary_json.write_text(json.dumps(summary, indent=2) + "\n")
+    finally:
+        if pipeline is not None:
+            pipeline.shutdown()
+        if rclpy.ok():
+            rclpy.shutdown()
     return 0
 
 
@@ -122,11 +169,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_parity)
 
-    p = sub.add_parser("run", help="run the engine on the synthetic camera and print what it did")
+    p = sub.add_parser("run", help="start the three ROS 2 nodes (and a synthetic camera) in this process")
+    p.add_argument("--config", type=Path, help="YAML config (default: built-in defaults)")
+    p.add_argument("--duration", type=float, help="seconds to run (default: until Ctrl-C or SIGTERM)")
+    p.add_argument("--image-topic", help="listen to this camera topic instead of starting the synthetic camera")
+    p.add_argument("--camera-rate-hz", type=float, default=30.0, help="synthetic camera frame rate")
+    p.add_argument("--summary-json", type=Path, help="also write the final summary here")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("engine", help="run the engine alone (no ROS, no deadline) on synthetic frames; print timings")
     p.add_argument("--config", type=Path, help="YAML config (default: built-in defaults)")
     p.add_argument("--frames", type=int, default=300)
     p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=cmd_run)
+    p.set_defaults(func=cmd_engine)
     return parser
 
 

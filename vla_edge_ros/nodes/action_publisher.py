@@ -46,7 +46,7 @@ class ActionPublisher(Node):
                         "config_errors": 0, "invalid_actions": 0}
         self._last: Command | None = None  # the previous tick's decision
         self._last_timeout_ms = self._params["action_timeout_ms"]
-        self._diagnostics = DiagnosticsTimer(self, self._report)
+        self._diagnostics = DiagnosticsTimer(self, self.report)
 
         self._steady = Clock(clock_type=ClockType.STEADY_TIME)
         self._timer_lock = threading.Lock()
@@ -124,7 +124,7 @@ class ActionPublisher(Node):
             return f"configuration error: {command.error}"
         return command.error or command.outcome.value
 
-    def _report(self) -> DiagnosticStatus:
+    def report(self) -> DiagnosticStatus:
         command = self._last or Command(Outcome.NONE, None, None)
         values: dict[str, object] = dict(self._counts)
         values["last_action_age_ms"] = "none" if command.age_ms is None else float(command.age_ms)

@@ -1,0 +1,94 @@
+"""One process, three nodes: camera subscriber -> reasoning -> action publisher.
+
+rclpy has no intra-process transport, so the camera and reasoning nodes share the frame buffer (and
+reasoning and the publisher share the action slot) as plain objects in one process. The reasoning
+loop runs on its own thread; every ROS callback (image decode, publisher timer, diagnostics) runs on
+one SingleThreadedExecutor. Measured here, rclpy's MultiThreadedExecutor busy-waits while a
+mutually exclusive callback group is busy and holds the GIL while doing so: on a 2-core machine it
+starved the reasoning thread (about 1 run in 4 fell to ~2 actions per second). The callbacks take
+well under a millisecond each, so one executor thread is enough. Started by `ros2 run vla_edge_ros
+bringup --config FILE` (what the launch file does) or by `vla-edge run`, which can add a synthetic
+camera publishing over DDS like a real driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import rclpy
+from rclpy.context import Context
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+
+from ..action_slot import ActionSlot
+from ..config import Settings, load_settings
+from ..frame_buffer import FrameBuffer
+from ..runtime import load_engine
+from .action_publisher import ActionPublisher
+from .camera_subscriber import CameraSubscriber
+from .reasoning import ReasoningNode
+from .synthetic_camera import SyntheticCameraPublisher
+
+
+class Pipeline:
+    """The nodes of one process, the objects they share, and their executor."""
+
+    def __init__(self, settings: Settings, *, context: Context | None = None, synthetic_camera: bool = False,
+                 camera_rate_hz: float = 30.0) -> None:
+        engine, self.plan = load_engine(settings)  # refuses an over-budget config before any node exists
+        camera = settings["camera_subscriber"]
+        self.buffer = FrameBuffer(camera["frame_height"], camera["frame_width"])
+        self.slot = ActionSlot()
+        self.camera = CameraSubscriber(self.buffer, camera, context=context)
+        self.reasoning = ReasoningNode(engine, self.buffer, self.slot, settings["reasoning"], context=context)
+        self.publisher = ActionPublisher(self.slot, settings["action_publisher"], context=context)
+        self.nodes = [self.camera, self.reasoning, self.publisher]
+        if synthetic_camera:
+            self.nodes.append(SyntheticCameraPublisher(
+                topic=camera["image_topic"], rate_hz=camera_rate_hz, height=camera["frame_height"],
+                width=camera["frame_width"], context=context))
+        self.executor = SingleThreadedExecutor(context=context)
+        for node in self.nodes:
+            self.executor.add_node(node)
+
+    def run(self, duration_s: float | None = None, every_second: Callable[[], None] | None = None) -> None:
+        """Spin until ``duration_s`` has passed, Ctrl-C, SIGTERM or an external shutdown."""
+        self.reasoning.start()
+        start = last = time.monotonic()
+        try:
+            while self.executor.context.ok():
+                self.executor.spin_once(timeout_sec=0.05)
+                now = time.monotonic()
+                if every_second is not None and now - last >= 1.0:
+                    last = now
+                    every_second()
+                if duration_s is not None and now - start >= duration_s:
+                    break
+        except (KeyboardInterrupt, ExternalShutdownException):
+            pass
+
+    def shutdown(self) -> None:
+        self.reasoning.stop()
+        self.executor.shutdown()
+        for node in self.nodes:
+            node.destroy_node()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `ros2 run vla_edge_ros bringup --config FILE [--ros-args ...]`."""
+    args_with_ros = sys.argv if argv is None else argv
+    rclpy.init(args=args_with_ros)
+    parser = argparse.ArgumentParser(prog="bringup", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, help="vla_edge_ros YAML config (default: built-in defaults)")
+    args = parser.parse_args(rclpy.utilities.remove_ros_args(args_with_ros)[1:])
+    pipeline = Pipeline(load_settings(args.config))
+    try:
+        pipeline.run()
+    finally:
+        pipeline.shutdown()
+        if rclpy.ok():
+            rclpy.shutdown()
+    return 0
