@@ -49,3 +49,36 @@ def test_camera_to_commands_and_safe_stop_when_the_camera_stops(tiny_model):
             pipeline.executor.remove_node(listener)
             listener.destroy_node()
             pipeline.shutdown()
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_vla_edge_run_shuts_down_cleanly_on_a_signal(tiny_model, tmp_path, signal_name):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    config = tmp_path / "robot.yaml"
+    config.write_text(yaml.safe_dump({
+        "reasoning": {"ros__parameters": {"model_dir": str(tiny_model), "backend": "numpy", "kv_capacity_tokens": 256}},
+        "camera_subscriber": {"ros__parameters": {"frame_height": 120, "frame_width": 160}},
+    }))
+    summary = tmp_path / "summary.json"
+    process = subprocess.Popen([sys.executable, "-m", "vla_edge_ros", "run", "--config", str(config), "--duration",
+                                "60", "--summary-json", str(summary)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while not summary.exists() and time.monotonic() < deadline:
+            line = process.stdout.readline()
+            if line.startswith("in "):  # the first status line: the pipeline is up
+                break
+        process.send_signal(getattr(signal, signal_name))
+        out, err = process.communicate(timeout=20)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err[-2000:]
+    assert "summary:" in out and summary.is_file()
+    assert "Traceback" not in err and "terminate called" not in err
