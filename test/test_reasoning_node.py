@@ -65,3 +65,20 @@ def test_an_impossible_deadline_turns_into_refusals_not_misses(reasoning):
     assert node.actions == before_actions  # nothing fits in 1 ms on this machine ...
     assert after.missed == before_missed  # ... and nothing was started that could not finish
     assert after.refused + after.stale >= 15
+
+
+def test_a_failing_cycle_is_counted_reported_and_survived(reasoning, monkeypatch):
+    from vla_edge_ros.nodes.diagnostics import ERROR, OK
+
+    node, buffer, slot = reasoning
+    _feed(buffer, 5)
+    real = node.engine.add_frame
+    monkeypatch.setattr(node.engine, "add_frame", lambda image: (_ for _ in ()).throw(RuntimeError("boom")))
+    _feed(buffer, 5)
+    assert node.engine_errors >= 1 and node.report().level == ERROR
+    monkeypatch.setattr(node.engine, "add_frame", real)
+    actions = node.actions
+    _feed(buffer, 10)
+    assert node.actions > actions  # still reasoning
+    time.sleep(1.1)
+    assert node.report().level == OK  # the failure is no longer recent

@@ -70,6 +70,10 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               minimum=8, maximum=8192),
         Param("frame_width", 640, "Width of the frame buffer; other frame sizes are resized to it.",
               minimum=8, maximum=8192),
+        Param("stale_warn_ms", 1000.0, "Diagnostics turn WARN when no valid frame arrived for this long.",
+              minimum=10.0, maximum=600000.0, read_only=False),
+        Param("stale_error_ms", 5000.0, "Diagnostics turn ERROR when no valid frame arrived for this long.",
+              minimum=10.0, maximum=600000.0, read_only=False),
     ),
     "action_publisher": (
         Param("command_topic", "/vla/command", "Topic the commands are published on."),

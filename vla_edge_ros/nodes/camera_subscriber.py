@@ -18,8 +18,8 @@ are never read mid-update.
 
 Diagnostics, once a second (a "valid frame" is one that was decoded and written to the buffer):
 
-- ERROR: no valid frame for more than STALE_ERROR_S (counted from start until the first one).
-- WARN: no valid frame for more than STALE_WARN_S, or any message dropped in the last DROP_WARN_S.
+- ERROR: no valid frame for more than the stale_error_ms parameter (counted from start until the first).
+- WARN: no valid frame for more than stale_warn_ms, or any message dropped in the last DROP_WARN_S.
 - OK otherwise. Frames the reasoning thread never read (``buffer_overwritten_unread``) are reported
   but are not a fault: skipping them is what the buffer is for.
 """
@@ -53,8 +53,6 @@ INTERNAL_ERROR = "internal_error"
 DROP_REASONS: tuple[str, ...] = (*sorted(REASONS), INTERNAL_ERROR)
 """Every drop counter, declared up front so diagnostics always show the same keys."""
 
-STALE_WARN_S = 1.0
-STALE_ERROR_S = 5.0
 DROP_WARN_S = 1.0
 RATE_WINDOW_S = 1.0
 LOG_EVERY_S = 5.0
@@ -153,8 +151,8 @@ class CameraSubscriber(Node):
         now_ns = time.monotonic_ns() if now_ns is None else now_ns
         silent_s = (now_ns - (self._start_ns if self._last_frame_ns is None else self._last_frame_ns)) / _NS
         level, problems = OK, []
-        if silent_s > STALE_WARN_S:
-            level = ERROR if silent_s > STALE_ERROR_S else WARN
+        if silent_s * 1e3 > self.params["stale_warn_ms"]:
+            level = ERROR if silent_s * 1e3 > self.params["stale_error_ms"] else WARN
             when = f"since start ({silent_s:.1f} s)" if self._last_frame_ns is None else f"for {silent_s:.1f} s"
             problems.append(f"no valid frame on {self.topic} {when}")
         if self._last_drop_ns is not None and now_ns - self._last_drop_ns <= DROP_WARN_S * _NS:

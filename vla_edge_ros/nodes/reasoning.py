@@ -22,6 +22,7 @@ from .diagnostics import ERROR, OK, WARN, DiagnosticsTimer, status
 from .parameters import NodeParameters
 
 _IDLE_S = 0.0005  # how long the loop sleeps when no new frame has arrived
+_RECENT_NS = 1_000_000_000  # a miss or failure this recent sets the diagnostic level (WARN / ERROR)
 _GATE_KNOBS = {"ema_alpha": "alpha", "margin_k": "k", "deadline_ms": "deadline_ms", "warmup_cycles": "warmup"}
 
 
@@ -38,6 +39,8 @@ class ReasoningNode(Node):
         self.cycles = 0
         self.actions = 0
         self.engine_errors = 0
+        self._last_miss_ns: int | None = None
+        self._last_error_ns: int | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="reasoning", daemon=True)
         self._diagnostics = DiagnosticsTimer(self, self.report)
@@ -67,6 +70,7 @@ class ReasoningNode(Node):
                 self._cycle(frame)
             except Exception as exc:  # one bad cycle must not stop the robot's reasoning
                 self.engine_errors += 1
+                self._last_error_ns = time.monotonic_ns()
                 self.get_logger().error(f"reasoning cycle failed, frame skipped: {exc!r}", throttle_duration_sec=5.0)
 
     def _cycle(self, frame: Frame) -> None:
@@ -86,17 +90,19 @@ class ReasoningNode(Node):
         if decoded is None:
             return
         self.slot.put(decoded[0], time.monotonic_ns(), frame.stamp_ns)
-        self.gate.record(cycle)
+        if self.gate.record(cycle):
+            self._last_miss_ns = time.monotonic_ns()
         self.actions += 1
 
     def report(self):
         stats = self.gate.snapshot()
         latency = stats.latency
+        now = time.monotonic_ns()
         level, message = OK, "acting within the deadline"
-        if stats.missed:
-            level, message = WARN, f"{stats.missed} deadline misses"
-        if self.engine_errors:
-            level, message = ERROR, f"{self.engine_errors} failed cycles"
+        if self._last_miss_ns is not None and now - self._last_miss_ns < _RECENT_NS:
+            level, message = WARN, f"missing the deadline ({stats.missed} misses so far)"
+        if self._last_error_ns is not None and now - self._last_error_ns < _RECENT_NS:
+            level, message = ERROR, f"cycles failing ({self.engine_errors} so far)"
         arena = self.engine.arena
         return status(self, level, message, {
             "cycles": self.cycles, "actions": self.actions, "refused": stats.refused, "stale": stats.stale,
