@@ -60,7 +60,14 @@ class Pipeline:
         start = last = time.monotonic()
         try:
             while self.executor.context.ok():
-                self.executor.spin_once(timeout_sec=0.05)
+                try:
+                    self.executor.spin_once(timeout_sec=0.05)
+                except Exception:
+                    # A signal can shut the context down between ok() and the wait: rclpy then
+                    # raises from its wait set. That is a shutdown, not a failure.
+                    if self.executor.context.ok():
+                        raise
+                    break
                 now = time.monotonic()
                 if every_second is not None and now - last >= 1.0:
                     last = now
