@@ -289,5 +289,61 @@ def test_blocks_of_a_probe_cycle_are_judged_on_their_mean():
         clock.advance(duration)
         gate.record(decision)
     assert gate.admit(DECODE, clock.after(30.0)).verdict is Verdict.REFUSED
-    assert gate.admit(DECODE, clock.after(30.0), probing=True).verdict is Verdict.ADMITTED
-    assert gate.admit(DECODE, clock.after(15.0), probing=True).verdict is Verdict.REFUSED
+    assert gate.admit(DECODE, clock.after(30.0), within=Verdict.PROBE).verdict is Verdict.ADMITTED
+    assert gate.admit(DECODE, clock.after(15.0), within=Verdict.PROBE).verdict is Verdict.REFUSED
+
+
+def test_warm_up_seeds_the_estimate_with_the_median_so_one_slow_first_cycle_is_forgotten():
+    gate, clock = make_gate(alpha=0.1, k=3.0, warmup=3)
+    for cost in (300.0, 10.0, 12.0):  # a one-off 300 ms first block, then the real cost
+        run_block(gate, clock, cost)
+    decode = gate.snapshot().kinds["decode"]
+    assert decode.mean_ms == pytest.approx(12.0)  # median of 10, 12, 300
+    assert decode.deviation_ms == pytest.approx((2.0 + 0.0 + 288.0) / 3)  # mean |sample - median|
+    run_block(gate, clock, 20.0)  # from here on, the EMA
+    assert gate.snapshot().kinds["decode"].mean_ms == pytest.approx(12.0 + 0.1 * 8.0)
+
+
+def starved_by_a_slow_spell(probe_after: int = 2) -> tuple[AdmissionGate, FakeClock]:
+    """A decode estimate of 50 ms (mean alone over a 33 ms deadline), measured while the machine was slow."""
+    gate, clock = make_gate(alpha=0.5, k=3.0, warmup=1, probe_after=probe_after)
+    run_block(gate, clock, 50.0)
+    return gate, clock
+
+
+def test_a_kind_whose_mean_overruns_is_retried_as_a_recovery_with_doubling_waits():
+    gate, clock = starved_by_a_slow_spell(probe_after=2)
+    verdicts = [gate.admit(DECODE, clock.after(33.0)).verdict for _ in range(8 + 1 + 16 + 1)]
+    # first recovery after 4 x probe_after refusals, the next after 8 x (the first did not help: not recorded)
+    assert verdicts == [Verdict.REFUSED] * 8 + [Verdict.RECOVERY] + [Verdict.REFUSED] * 16 + [Verdict.RECOVERY]
+    decode = gate.snapshot().kinds["decode"]
+    assert (decode.recoveries, decode.probes, decode.refused) == (2, 0, 24)
+
+
+def test_a_recovery_that_runs_fast_brings_the_gate_back_and_resets_the_backoff():
+    gate, clock = starved_by_a_slow_spell(probe_after=2)
+    for _ in range(8):
+        assert not gate.admit(DECODE, clock.after(33.0))
+    recovery = gate.admit(DECODE, clock.after(33.0))
+    assert recovery.verdict is Verdict.RECOVERY
+    clock.advance(4.0)  # the machine is fast again
+    assert gate.record(recovery) is False
+    # mean 27, deviation 23: the margin still refuses, but the mean fits, so ordinary probes take over
+    verdicts = []
+    for _ in range(40):
+        decision = gate.admit(DECODE, clock.after(33.0))
+        verdicts.append(decision.verdict)
+        if decision:
+            clock.advance(4.0)
+            gate.record(decision)
+    assert Verdict.RECOVERY not in verdicts and Verdict.PROBE in verdicts and verdicts[-1] is Verdict.ADMITTED
+    assert gate._counts[DECODE].recovery_backoff == 0
+
+
+def test_blocks_of_a_recovery_cycle_start_unless_their_deadline_has_passed():
+    gate, clock = starved_by_a_slow_spell()
+    assert gate.admit(DECODE, clock.after(33.0)).verdict is Verdict.REFUSED
+    assert gate.admit(DECODE, clock.after(33.0), within=Verdict.RECOVERY).verdict is Verdict.RECOVERY
+    assert gate.admit(DECODE, clock.after(-1.0), within=Verdict.RECOVERY).verdict is Verdict.REFUSED
+    # a kind still in warm-up is decided by warm-up rules, inside a recovery cycle too
+    assert gate.admit(BlockKind.ENCODE_PREFILL, clock.after(33.0), within=Verdict.RECOVERY).verdict is Verdict.WARMUP

@@ -8,13 +8,13 @@ benchmarks run the same gate. One frame's cycle, as the reasoning loop drives it
     cycle = gate.start_cycle(frame.received_ns)  # stale, or the whole cycle would not fit: skip frame
     if not cycle:
         continue
-    block = gate.admit(BlockKind.ENCODE_PREFILL, cycle.deadline_ns)
+    block = gate.admit(BlockKind.ENCODE_PREFILL, cycle.deadline_ns, within=cycle.verdict)
     if not block:
         continue
     encode_and_prefill(frame)
     gate.record(block)
     for _ in range(action_tokens):
-        step = gate.admit(BlockKind.DECODE, cycle.deadline_ns)
+        step = gate.admit(BlockKind.DECODE, cycle.deadline_ns, within=cycle.verdict)
         if not step:
             break
         decode_step()
@@ -33,17 +33,28 @@ histogram holds frame receive -> action ready (what the robot experiences).
 
 Probing: an estimate only moves when its kind is measured, so an estimate inflated by a slow spell
 (start-up, a busy machine) would refuse every later block and never learn that things got better.
-After ``probe_after`` refusals in a row, a block (or cycle) that fits on its *mean* cost, without the
-margin, starts anyway as a ``probe``; the blocks inside a probe cycle are judged the same way. A
-probe can only miss where an average block would, so misses stay rare while the estimate heals. A
-kind whose mean alone no longer fits the deadline stays refused: then the model is too slow.
+- After ``probe_after`` refusals in a row, a block (or cycle) that fits on its *mean* cost, without
+  the margin, starts anyway as a ``probe``; the blocks inside a probe cycle are judged the same way.
+  A probe can only miss where an average block would, so misses stay rare while the estimate heals.
+- A kind whose mean alone overruns is either too slow for the deadline or was measured in a slow
+  spell that has passed; only running it tells which. After ``4 * probe_after`` refusals in a row it
+  starts once anyway as a ``recovery`` probe, and the blocks inside a recovery cycle start unless the
+  deadline has already passed. Each recovery that does not bring the estimate back doubles the wait
+  (up to ``64 * probe_after`` refusals, about 21 s at 30 Hz with the default 10), so a model that is
+  simply too slow costs one late action every so often while the publisher holds its safe stop, and a
+  machine that got fast again is noticed within seconds. Without this, one slow spell would stop the
+  robot for good.
 
 Cold start: a kind with fewer than ``warmup`` measurements has no trusted estimate (a first sample
 gives a mean but no spread). Its blocks are admitted without a prediction unless the deadline has
 already passed (then any work is a certain miss), and are counted as ``warmup``, not ``admitted``.
 Their overruns count as misses like any other (the robot saw them) and also as ``warmup_missed``, so
-a summary separates the price of learning from the gate's own mistakes. A configured prior cost was
-not chosen: a prior measured on other hardware silently refuses or overcommits; warm-up is visible.
+a summary separates the price of learning from the gate's own mistakes. When warm-up ends the
+estimate is seeded from the *median* of the warm-up samples and their mean absolute deviation from
+it: the first cycles pay one-off costs (page faults, allocator growth, a DDS graph still forming)
+and an EMA seeded with such an outlier would take dozens of samples to forget it, refusing all the
+while. A configured prior cost was not chosen: a prior measured on other hardware silently refuses
+or overcommits; warm-up is visible.
 
 Percentiles come from a fixed-edge histogram, not a ring of recent samples: memory is constant, it
 covers the whole never-ending run (a ring's p99 would describe only its last window), and a query
@@ -63,6 +74,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 NS_PER_MS = 1_000_000
+_MAX_RECOVERY_DOUBLINGS = 4  # recovery waits go 4, 8, 16, 32, 64 x probe_after refusals
 
 
 class BlockKind(str, Enum):
@@ -80,6 +92,7 @@ class Verdict(str, Enum):
     WARMUP = "warmup"  # started without a trusted estimate (cold start)
     REFUSED = "refused"  # predicted to overrun, so not started
     PROBE = "probe"  # started on its mean cost after a run of refusals, to re-measure (see module doc)
+    RECOVERY = "recovery"  # started although its mean overran, after a long run of refusals (module doc)
     STALE = "stale"  # the frame was already past its deadline: its cycle is skipped
 
 
@@ -95,7 +108,7 @@ class Decision:
     received_ns: int | None = None  # cycles only: the frame's receive time, for its latency
 
     def __bool__(self) -> bool:
-        return self.verdict in (Verdict.ADMITTED, Verdict.WARMUP, Verdict.PROBE)
+        return self.verdict in (Verdict.ADMITTED, Verdict.WARMUP, Verdict.PROBE, Verdict.RECOVERY)
 
 
 def geometric_edges_ms(first: float = 0.05, last: float = 2000.0, ratio: float = 1.05) -> tuple[float, ...]:
@@ -142,23 +155,34 @@ class LatencyHistogram:
 
 
 class CostEstimate:
-    """EMA of one kind's durations and of their absolute deviation from the estimate, in ns."""
+    """EMA of one kind's durations and of their absolute deviation from the estimate, in ns.
 
-    __slots__ = ("mean_ns", "deviation_ns", "count")
+    The first ``warmup`` samples are kept and, once all are in, seed the EMA with their median and
+    mean absolute deviation from it (see the module doc); after that, memory is three numbers.
+    """
+
+    __slots__ = ("mean_ns", "deviation_ns", "count", "_warmup_samples")
 
     def __init__(self) -> None:
         self.mean_ns = 0.0
         self.deviation_ns = 0.0
         self.count = 0
+        self._warmup_samples: list[int] = []
 
-    def update(self, duration_ns: int, alpha: float) -> None:
-        if self.count == 0:
-            self.mean_ns = float(duration_ns)
-        else:
-            # deviation first, against the estimate the gate actually used for this block
-            self.deviation_ns += alpha * (abs(duration_ns - self.mean_ns) - self.deviation_ns)
-            self.mean_ns += alpha * (duration_ns - self.mean_ns)
+    def update(self, duration_ns: int, alpha: float, warmup: int = 1) -> None:
         self.count += 1
+        if self._warmup_samples is not None and self.count <= warmup:
+            self._warmup_samples.append(duration_ns)
+            ordered = sorted(self._warmup_samples)
+            middle = len(ordered) // 2
+            median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+            self.mean_ns = float(median)
+            self.deviation_ns = sum(abs(d - median) for d in ordered) / len(ordered)
+            return
+        self._warmup_samples = None
+        # deviation first, against the estimate the gate actually used for this block
+        self.deviation_ns += alpha * (abs(duration_ns - self.mean_ns) - self.deviation_ns)
+        self.mean_ns += alpha * (duration_ns - self.mean_ns)
 
     def predict_ns(self, k: float) -> float:
         return self.mean_ns + k * self.deviation_ns
@@ -172,7 +196,9 @@ class _Counts:
     missed: int = 0
     warmup_missed: int = 0
     probes: int = 0
+    recoveries: int = 0
     refused_in_a_row: int = 0
+    recovery_backoff: int = 0  # recoveries since the last admission: each doubles the wait for the next
 
 
 @dataclass(frozen=True)
@@ -184,6 +210,7 @@ class KindStats:
     warmup_missed: int  # the part of ``missed`` that were warm-up blocks
     completed: int  # recorded measurements
     probes: int  # started on the mean cost after a run of refusals, to re-measure the estimate
+    recoveries: int  # started although the mean overran, after a long run of refusals
     mean_ms: float | None
     deviation_ms: float | None
     predicted_ms: float | None  # what the next decision would use (None before any measurement)
@@ -303,18 +330,27 @@ class AdmissionGate:
                 return Decision(BlockKind.CYCLE, Verdict.STALE, now, deadline, None, received_ns)
             return self._decide(BlockKind.CYCLE, now, deadline, received_ns)
 
-    def admit(self, kind: BlockKind | str, deadline_ns: int, *, probing: bool = False) -> Decision:
-        """Decide whether an ``encode_prefill`` or ``decode`` block may start now.
+    def admit(self, kind: BlockKind | str, deadline_ns: int, *, within: Verdict = Verdict.ADMITTED) -> Decision:
+        """Decide whether an ``encode_prefill`` or ``decode`` block of a cycle may start now.
 
-        Inside a probe cycle (``probing``) a block is judged on its mean cost without the margin, so
-        a block estimate inflated by a slow spell is re-measured too, while a block that would
-        overrun even on average is still refused.
+        ``within`` is the verdict of the cycle the block belongs to. Inside a ``probe`` cycle a block
+        is judged on its mean cost without the margin, so a block estimate inflated by a slow spell is
+        re-measured too, while a block that would overrun even on average is still refused; inside a
+        ``recovery`` cycle every block starts unless the deadline has already passed.
         """
         kind = BlockKind(kind)
         if kind is BlockKind.CYCLE:
             raise ValueError("a cycle starts through start_cycle(received_ns), which also detects stale frames")
+        within = Verdict(within)
         with self._lock:
-            return self._decide(kind, self._clock(), deadline_ns, None, 0.0 if probing else self._k)
+            now = self._clock()
+            if within is Verdict.RECOVERY and self._estimates[kind].count >= self._warmup:
+                if now <= deadline_ns:
+                    self._counts[kind].recoveries += 1
+                    return Decision(kind, Verdict.RECOVERY, now, deadline_ns, None)
+                self._counts[kind].refused += 1
+                return Decision(kind, Verdict.REFUSED, now, deadline_ns, None)
+            return self._decide(kind, now, deadline_ns, None, 0.0 if within is Verdict.PROBE else self._k)
 
     def _decide(self, kind: BlockKind, now: int, deadline: int, received_ns: int | None,
                 k: float | None = None) -> Decision:
@@ -328,12 +364,19 @@ class AdmissionGate:
         predicted = estimate.predict_ns(self._k if k is None else k)
         if now + predicted <= deadline:
             counts.admitted += 1
-            counts.refused_in_a_row = 0
+            counts.refused_in_a_row = counts.recovery_backoff = 0
             return Decision(kind, Verdict.ADMITTED, now, deadline, predicted, received_ns)
-        if counts.refused_in_a_row >= self._probe_after and now + estimate.predict_ns(0.0) <= deadline:
+        mean = estimate.predict_ns(0.0)
+        if counts.refused_in_a_row >= self._probe_after and now + mean <= deadline:
             counts.refused_in_a_row = 0
             counts.probes += 1
-            return Decision(kind, Verdict.PROBE, now, deadline, estimate.predict_ns(0.0), received_ns)
+            return Decision(kind, Verdict.PROBE, now, deadline, mean, received_ns)
+        recovery_wait = self._probe_after * 2 ** (2 + min(counts.recovery_backoff, _MAX_RECOVERY_DOUBLINGS))
+        if counts.refused_in_a_row >= recovery_wait and now <= deadline:
+            counts.refused_in_a_row = 0
+            counts.recovery_backoff += 1
+            counts.recoveries += 1
+            return Decision(kind, Verdict.RECOVERY, now, deadline, mean, received_ns)
         counts.refused_in_a_row += 1
         counts.refused += 1
         return Decision(kind, Verdict.REFUSED, now, deadline, predicted, received_ns)
@@ -348,7 +391,7 @@ class AdmissionGate:
             if finished < decision.started_ns:
                 raise ValueError(f"finished at {finished} ns before it started at {decision.started_ns} ns; "
                                  "the clock must be monotonic")
-            self._estimates[decision.kind].update(finished - decision.started_ns, self._alpha)
+            self._estimates[decision.kind].update(finished - decision.started_ns, self._alpha, self._warmup)
             missed = finished > decision.deadline_ns
             counts = self._counts[decision.kind]
             if missed:
@@ -372,7 +415,7 @@ class AdmissionGate:
         estimate, c = self._estimates[kind], self._counts[kind]
         measured = estimate.count > 0
         return KindStats(
-            c.admitted, c.warmup, c.refused, c.missed, c.warmup_missed, estimate.count, c.probes,
+            c.admitted, c.warmup, c.refused, c.missed, c.warmup_missed, estimate.count, c.probes, c.recoveries,
             estimate.mean_ns / NS_PER_MS if measured else None,
             estimate.deviation_ns / NS_PER_MS if measured else None,
             estimate.predict_ns(self._k) / NS_PER_MS if measured else None,

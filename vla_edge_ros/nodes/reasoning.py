@@ -15,7 +15,7 @@ from typing import Any
 from rclpy.node import Node
 
 from ..action_slot import ActionSlot
-from ..admission import AdmissionGate, BlockKind, Verdict
+from ..admission import AdmissionGate, BlockKind
 from ..frame_buffer import Frame, FrameBuffer
 from ..model.engine import VlaEngine
 from .diagnostics import ERROR, OK, WARN, DiagnosticsTimer, status
@@ -78,14 +78,13 @@ class ReasoningNode(Node):
         cycle = self.gate.start_cycle(frame.receive_ns)
         if not cycle:
             return
-        probing = cycle.verdict is Verdict.PROBE
-        block = self.gate.admit(BlockKind.ENCODE_PREFILL, cycle.deadline_ns, probing=probing)
+        block = self.gate.admit(BlockKind.ENCODE_PREFILL, cycle.deadline_ns, within=cycle.verdict)
         if not block:
             return
         prefill = self.engine.add_frame(frame.image)
         self.gate.record(block)
         decoded = self.engine.decode_action(
-            prefill, admit=lambda: self.gate.admit(BlockKind.DECODE, cycle.deadline_ns, probing=probing),
+            prefill, admit=lambda: self.gate.admit(BlockKind.DECODE, cycle.deadline_ns, within=cycle.verdict),
             done=self.gate.record)
         if decoded is None:
             return
@@ -106,7 +105,7 @@ class ReasoningNode(Node):
         arena = self.engine.arena
         return status(self, level, message, {
             "cycles": self.cycles, "actions": self.actions, "refused": stats.refused, "stale": stats.stale,
-            "probes": stats.kinds["cycle"].probes,
+            "probes": stats.kinds["cycle"].probes, "recoveries": stats.kinds["cycle"].recoveries,
             "missed": stats.missed, "engine_errors": self.engine_errors,
             "latency_p50_ms": latency.p50_ms, "latency_p99_ms": latency.p99_ms,
             "kv_tokens": arena.used, "kv_capacity_tokens": arena.capacity,
