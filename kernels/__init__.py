@@ -22,6 +22,7 @@ from vla_edge_ros.kernels.gqa_attention import MAX_HEAD_DIM, AttentionScratch, a
 from vla_edge_ros.kernels.greedy import argmax_rows
 from vla_edge_ros.kernels.kv_cache import kv_write
 from vla_edge_ros.kernels.matmul import linear
+from vla_edge_ros.kernels.memory import cosine_similarities, fast_weight_read, fast_weight_step
 from vla_edge_ros.kernels.norm import rmsnorm
 from vla_edge_ros.kernels.rotary import rope, rope_cache_shift
 
@@ -36,7 +37,10 @@ __all__ = [
     "add_inplace",
     "argmax_rows",
     "attention",
+    "cosine_similarities",
     "embedding_gather",
+    "fast_weight_read",
+    "fast_weight_step",
     "kv_write",
     "linear",
     "rmsnorm",

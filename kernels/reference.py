@@ -100,3 +100,36 @@ def add(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 def argmax(logits: np.ndarray) -> int:
     """Index of the largest logit, ties to the lowest index."""
     return int(np.argmax(logits))
+
+
+def cosine_similarities(signatures: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """Cosine of each row of signatures[F, D] with query[D]; 0.0 where either norm is zero."""
+    signatures, query = signatures.astype(F32), query.astype(F32)
+    norms = np.sqrt((signatures * signatures).sum(axis=1)) * np.sqrt(query @ query)
+    out = np.zeros(signatures.shape[0], F32)
+    np.divide(signatures @ query, norms, out=out, where=norms > 0)
+    return out
+
+
+def fast_weight_step(
+    w: np.ndarray,
+    b: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    beta: float,
+    threshold: float,
+    force: bool,
+) -> tuple[np.ndarray, np.ndarray, float, bool]:
+    """(W, b after the step, surprise, written): one delta-rule write iff forced or surprising."""
+    err = (v - fast_weight_read(w, b, k)).astype(F32)
+    surprise = F32(np.sqrt(err @ err))
+    written = bool(force) or bool(surprise > F32(threshold))
+    if not written:
+        return w.copy(), b.copy(), float(surprise), False
+    scaled = F32(beta) * err
+    return (w + np.outer(scaled, k)).astype(F32), (b + scaled).astype(F32), float(surprise), True
+
+
+def fast_weight_read(w: np.ndarray, b: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """W q + b."""
+    return (w @ q + b).astype(F32)

@@ -132,6 +132,11 @@ def _exercise_launchers() -> None:
                 num_splits=splits,
             )
     K.argmax_rows(_zeros(1000, f32))
+    K.cosine_similarities(_zeros((16, 64), f32), 9, _zeros(64, f32), _zeros(16, f32))
+    for d_v in (1, 40, 1024):  # the step kernel is built per block size
+        w, b = _zeros((d_v, 64), f32), _zeros(d_v, f32)
+        K.fast_weight_step(w, b, _zeros(64, f32), _zeros(d_v, f32), 0.5, 1.0, False, _zeros(2, f32))
+        K.fast_weight_read(w, b, _zeros(64, f32), _zeros(d_v, f32))
 
 
 def main() -> int:
