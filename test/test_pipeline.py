@@ -73,7 +73,7 @@ def test_vla_edge_run_shuts_down_cleanly_on_a_signal(tiny_model, tmp_path, signa
         deadline = time.monotonic() + 60
         while not summary.exists() and time.monotonic() < deadline:
             line = process.stdout.readline()
-            if line.startswith("in "):  # the first status line: the pipeline is up
+            if not line or line.startswith("in "):  # the pipeline is up (first status line), or it died
                 break
         process.send_signal(getattr(signal, signal_name))
         out, err = process.communicate(timeout=20)
