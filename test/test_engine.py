@@ -38,7 +38,7 @@ def test_step_decodes_one_bin_token_per_dof_within_the_action_range(engine):
 def test_warm_up_leaves_the_episode_as_it_started(tiny_model, engine):
     frame = SyntheticCamera(seed=7).frame()
     engine.warm_up()
-    assert engine.arena.used == len(PROMPT) and not engine.frames
+    assert engine.arena.used == len(PROMPT) and engine.policy.frames_kept() == 0
     cold = VlaEngine(load_checkpoint(tiny_model), backend="numpy", kv_capacity_tokens=96)
     cold.set_prompt(PROMPT)
     assert engine.step(frame).tokens == cold.step(frame).tokens
@@ -99,7 +99,7 @@ def test_compaction_closes_holes_and_keeps_order(engine):
     camera = SyntheticCamera(height=48, width=64, seed=5)
     for _ in range(3):
         engine.step(camera.frame())
-    engine.arena.release(engine.frames.popleft())
+    engine.arena.release(engine.policy.frames.pop(0))
     before = engine.arena.slots_in_order()
     engine.compact_positions()
     np.testing.assert_array_equal(engine.arena.slots_in_order(), before)
@@ -186,4 +186,4 @@ def test_a_refused_decode_step_abandons_the_action_but_keeps_the_frame(engine):
     prefill = engine.add_frame(SyntheticCamera(height=48, width=64, seed=8).frame())
     assert engine.decode_action(prefill, admit=lambda: next(answers), done=done.append) is None
     assert done == [True]  # the one admitted step was reported, the refused one was not run
-    assert engine.arena.used == len(PROMPT) + engine.tokens_per_frame and len(engine.frames) == 1
+    assert engine.arena.used == len(PROMPT) + engine.tokens_per_frame and engine.policy.frames_kept() == 1

@@ -118,7 +118,8 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"{settings['camera_subscriber']['image_topic']}"
               f"{' (synthetic, %.0f Hz)' % args.camera_rate_hz if args.image_topic is None else ''}, deadline "
               f"{settings['reasoning']['deadline_ms']:.1f} ms, commands on {settings['action_publisher']['command_topic']}"
-              f" ({settings['action_publisher']['command_type']}), KV arena {engine.arena.capacity} tokens")
+              f" ({settings['action_publisher']['command_type']}), KV arena {engine.arena.capacity} tokens, "
+              f"memory policy {engine.policy.name}")
 
         def status_line() -> None:
             camera, reasoning = _values(pipeline.camera.report()), _values(pipeline.reasoning.report())
@@ -126,7 +127,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"in {camera['input_fps']} fps, dropped {camera['dropped']} (+{camera['buffer_overwritten_unread']} "
                   f"unread) | actions {reasoning['actions']}, refused {reasoning['refused']}, stale {reasoning['stale']}, "
                   f"missed {reasoning['missed']}, latency p50 {reasoning['latency_p50_ms']} p99 "
-                  f"{reasoning['latency_p99_ms']} ms | kv {reasoning['kv_tokens']} tokens, {reasoning['kv_bytes']} B | "
+                  f"{reasoning['latency_p99_ms']} ms | kv {reasoning['kv_policy']} {reasoning['kv_tokens']} tokens, "
+                  f"{reasoning['kv_bytes']} B (+{reasoning['memory_state_bytes']} B state) | "
                   f"published {publisher['published']}, safe stops {publisher['safe_stops']}", flush=True)
 
         pipeline.run(args.duration, every_second=status_line)

@@ -112,6 +112,25 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               minimum=0.0, maximum=20.0, read_only=False),
         Param("warmup_cycles", 3, "Blocks of each kind admitted unconditionally while their cost is learned.",
               minimum=1, maximum=1000, read_only=False),
+        Param("kv.policy", "fifo", "KV memory policy: fifo (oldest frame goes), cosine (most redundant frame "
+              "goes), aura (prompt + current frame + constant-size fast weights). A change takes effect at the "
+              "next episode (~/reset_episode), never mid-episode.", choices=("fifo", "cosine", "aura"),
+              read_only=False),
+        Param("kv.cosine.protect_recent_frames", 4, "cosine: the newest frames that are never evicted (must "
+              "leave one frame of the arena evictable).", minimum=0, maximum=1 << 16, read_only=False),
+        Param("kv.cosine.signature", "keys", "cosine: what a frame's signature averages over its tokens: keys "
+              "(RoPE undone), values, or the frame-encoder embeddings.", choices=("keys", "values", "embeddings")),
+        Param("kv.cosine.signature_layers", [-1], "cosine: layers whose keys/values form the signature "
+              "(negative: from the last).", minimum=-1024, maximum=1023, item=int),
+        Param("kv.aura.threshold", 0.5, "aura: write when the memory's prediction error ||v - (W k + b)|| "
+              "exceeds this fraction of ||v||.", minimum=0.0, maximum=1e6, read_only=False),
+        Param("kv.aura.beta", 0.5, "aura: delta-rule step size of a write.", minimum=1e-6, maximum=1.0,
+              read_only=False),
+        Param("kv.aura.target_write_rate", 0.0, "aura: if > 0, the threshold rises while the write rate "
+              "exceeds this fraction of frames (one-sided); 0 keeps it fixed.", minimum=0.0, maximum=1.0,
+              read_only=False),
+        Param("kv.aura.use_learned_gate", True, "aura: also write when the checkpoint's learned gate "
+              "(aura.gate.*) fires, if it has one.", read_only=False),
     ),
 }
 
@@ -146,11 +165,23 @@ def parse_settings(raw: Any, source: str) -> Settings:
         if not isinstance(params, dict):
             raise ConfigError(f"{source}: {node} must contain a 'ros__parameters' mapping")
         specs = {p.name: p for p in SCHEMA[node]}
-        for key, value in params.items():
+        for key, value in _flatten(params).items():
             if key not in specs:
                 raise ConfigError(f"{source}: unknown key {node}.{key}; known: {sorted(specs)}")
             settings.values[node][key] = specs[key].check(value, f"{source}: {node}")
     return settings
+
+
+def _flatten(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested YAML mappings become dotted names, as ROS 2 parameter files do (``kv: {policy: x}`` -> ``kv.policy``)."""
+    flat: dict[str, Any] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
 
 
 def load_settings(path: str | Path | None) -> Settings:

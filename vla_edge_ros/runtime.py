@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .config import Settings
+from .memory import make_policy
 from .model.budget import MemoryPlan, plan_memory, require_fit
 from .model.checkpoint import Checkpoint, load_checkpoint
 from .model.engine import VlaEngine, resolve_backend
@@ -29,7 +30,12 @@ def load_engine(settings: Settings) -> tuple[VlaEngine, MemoryPlan]:
     vocab = checkpoint.config.vocab_size
     if any(t >= vocab for t in prompt):
         raise ValueError(f"{settings.source}: reasoning.prompt_token_ids has ids >= vocab_size {vocab}")
-    engine = VlaEngine(checkpoint, backend=plan.backend, kv_capacity_tokens=node["kv_capacity_tokens"])
+    try:
+        policy = make_policy(node["kv.policy"], node)
+        engine = VlaEngine(checkpoint, backend=plan.backend, kv_capacity_tokens=node["kv_capacity_tokens"],
+                           policy=policy)
+    except ValueError as exc:
+        raise ValueError(f"{settings.source}: reasoning: {exc}") from exc
     engine.set_prompt(prompt)
     engine.warm_up()
     return engine, plan

@@ -54,6 +54,10 @@ class Backend(ABC):
         """Host copies of the cached keys and values of ``slots``, each [layers, kv_heads, n, head_dim]."""
 
     @abstractmethod
+    def write_kv(self, slots: np.ndarray, keys: np.ndarray, values: np.ndarray) -> None:
+        """Store keys and values [layers, kv_heads, n, head_dim] (as ``read_kv`` returns them) into ``slots``."""
+
+    @abstractmethod
     def state_bytes(self) -> tuple[int, int]:
         """(weight bytes, KV arena bytes) this backend holds."""
 

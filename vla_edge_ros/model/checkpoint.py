@@ -106,7 +106,7 @@ def _weight_files(model_dir: Path) -> list[Path]:
     raise CheckpointError(f"{model_dir}: no model.safetensors or model.safetensors.index.json")
 
 
-def _check(tensors: dict[str, StoredTensor], shapes: dict[str, tuple[int, ...]], model_dir: Path) -> None:
+def check_tensors(tensors: dict[str, StoredTensor], shapes: dict[str, tuple[int, ...]], model_dir: Path) -> None:
     for name, shape in shapes.items():
         if name not in tensors:
             raise CheckpointError(f"{model_dir}: tensor {name!r} is missing (expected shape {list(shape)})")
@@ -129,11 +129,11 @@ def load_checkpoint(model_dir: str | Path, *, require_vla: bool = True) -> Check
             tensors.update(read_safetensors(file))
         except (SafetensorsError, OSError) as exc:
             raise CheckpointError(str(exc)) from exc
-    _check(tensors, language_model_shapes(config), model_dir)
+    check_tensors(tensors, language_model_shapes(config), model_dir)
     vla = vla_shapes(config)
     has_vla = all(name in tensors for name in vla)
     if require_vla or any(name in tensors for name in vla):
         config.validate_vla()
-        _check(tensors, vla, model_dir)
+        check_tensors(tensors, vla, model_dir)
         has_vla = True
     return Checkpoint(model_dir, config, tensors, has_vla)

@@ -176,9 +176,26 @@ class CudaBackend(Backend):
             kernels.rope_cache_shift(layer_cache, slots_dev, shifts_dev, self.inv_freq)
 
     def read_kv(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        keys = np.stack([cache.copy_to_host()[:, slots] for cache in self.k_cache])
-        values = np.stack([cache.copy_to_host()[:, slots] for cache in self.v_cache])
+        # copy the span of the slots asked for, not the whole arena (cosine reads one frame per step);
+        # per head, so that every copy is of a contiguous block
+        c = self.config
+        slots = np.asarray(slots, dtype=np.int64)
+        shape = (c.num_hidden_layers, c.num_key_value_heads, slots.size, c.head_dim)
+        keys, values = np.empty(shape, np.float32), np.empty(shape, np.float32)
+        if slots.size:
+            lo, hi = int(slots.min()), int(slots.max()) + 1
+            for layer in range(c.num_hidden_layers):
+                for head in range(c.num_key_value_heads):
+                    keys[layer, head] = self.k_cache[layer][head, lo:hi].copy_to_host()[slots - lo]
+                    values[layer, head] = self.v_cache[layer][head, lo:hi].copy_to_host()[slots - lo]
         return keys, values
+
+    def write_kv(self, slots: np.ndarray, keys: np.ndarray, values: np.ndarray) -> None:
+        slots_dev = cuda.to_device(np.ascontiguousarray(slots, dtype=np.int32))
+        for layer, (k_cache, v_cache) in enumerate(zip(self.k_cache, self.v_cache)):
+            k = cuda.to_device(np.ascontiguousarray(keys[layer].transpose(1, 0, 2), dtype=np.float32))
+            v = cuda.to_device(np.ascontiguousarray(values[layer].transpose(1, 0, 2), dtype=np.float32))
+            kernels.kv_write(k, v, k_cache, v_cache, slots_dev)
 
     def state_bytes(self) -> tuple[int, int]:
         arrays = [self.embed, self.final_norm] + ([] if self.lm_head is self.embed else [self.lm_head])

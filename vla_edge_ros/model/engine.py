@@ -1,22 +1,24 @@
 """The VLA engine: (pinned prompt, camera frame) -> action, on a bounded KV arena.
 
 The prompt is prefilled once and pinned at the front of the cache. Every ``step`` encodes one
-frame, prefills its ``tokens_per_frame`` tokens after what is already cached, and decodes the
-action. Decoded action tokens are scratch: they leave the cache when the step ends. When a new
-frame does not fit, the oldest frame is evicted (a sliding window; smarter forgetting is the KV
-policies' job) and the kept tokens are re-positioned 0..n-1 by rotating their keys, so positions
-stay below the arena capacity however long the episode runs.
+frame, prefills its ``tokens_per_frame`` tokens (after any prefix its memory policy asks for)
+after what is already cached, and decodes the action. Decoded action tokens are scratch: they
+leave the cache when the step ends. What else the cache keeps is the memory policy's decision
+(``vla_edge_ros.memory``: fifo, cosine, aura); after evictions the kept tokens are re-positioned
+0..n-1 in cache order by rotating their keys, so positions stay below the arena capacity however
+long the episode runs.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..memory.base import FrameTokens, MemoryPolicy, MemoryStats
+from ..memory.fifo import FifoPolicy
 from .action_head import ActionHead
 from .arena import KVArena
 from .backend import Backend
@@ -101,10 +103,12 @@ class StepResult:
 class VlaEngine:
     """Owns the arena, the backend, the frame encoder and the action head."""
 
-    def __init__(self, checkpoint: Checkpoint, *, backend: str = "auto", kv_capacity_tokens: int = 1024) -> None:
+    def __init__(self, checkpoint: Checkpoint, *, backend: str = "auto", kv_capacity_tokens: int = 1024,
+                 policy: MemoryPolicy | None = None) -> None:
         config = checkpoint.config
         if not checkpoint.has_vla:
             raise ValueError(f"{checkpoint.path}: no vision weights; a VLA engine needs vision.* tensors")
+        self.checkpoint = checkpoint
         self.config = config
         self.tokens_per_frame = config.vision.tokens_per_frame
         scratch = config.action.dof if config.action.head == "bins" else 0
@@ -112,6 +116,7 @@ class VlaEngine:
             raise ValueError(f"kv_capacity_tokens={kv_capacity_tokens} cannot hold one frame "
                              f"({self.tokens_per_frame} tokens) plus {scratch} action tokens")
         self.arena = KVArena(kv_capacity_tokens)
+        self.kv_bytes_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
         self.backend = make_backend(backend, checkpoint, self.arena)
         self.encoder = FrameEncoder.from_checkpoint(checkpoint)
         weight = bias = None
@@ -120,21 +125,64 @@ class VlaEngine:
         self.head = ActionHead(config.action, config.vocab_size, weight, bias)
         self.prompt_slots = np.empty(0, dtype=np.int32)
         self._prompt_ids = np.empty(0, dtype=np.int32)
-        self.frames: deque[np.ndarray] = deque()
-        self._scratch_tokens = scratch
+        self.scratch_tokens = scratch
+        self.policy = policy or FifoPolicy()
+        self.policy.attach(self)
 
     def set_prompt(self, token_ids: list[int] | np.ndarray) -> None:
         """Start an episode: clear the cache and prefill (and pin) the instruction tokens."""
         ids = np.asarray(token_ids, dtype=np.int32)
-        if ids.size + self.tokens_per_frame + self._scratch_tokens > self.arena.capacity:
+        prefix = 1 if self.policy.needs_prefix else 0
+        if ids.size + prefix + self.tokens_per_frame + self.scratch_tokens > self.arena.capacity:
             raise ValueError(f"prompt of {ids.size} tokens leaves no room for a frame in a "
                              f"{self.arena.capacity}-token arena")
         self.arena.release(np.arange(self.arena.capacity))
-        self.frames.clear()
         self._prompt_ids = ids
         self.prompt_slots = self.arena.allocate(ids.size)
         if ids.size:
             self.backend.forward(np.arange(ids.size, dtype=np.int32), self.prompt_slots, token_ids=ids)
+        self.policy.reset()
+
+    def set_policy(self, policy: MemoryPolicy) -> None:
+        """Install another memory policy; an episode boundary: the cache restarts from the pinned prompt."""
+        policy.attach(self)
+        self.policy = policy
+        self.set_prompt(self._prompt_ids)
+
+    def memory_stats(self) -> MemoryStats:
+        return self.policy.stats()
+
+    def memory_state(self) -> dict[str, np.ndarray]:
+        """Everything the cache holds of this episode, as named arrays: the prompt, every kept token's
+        slot, position, keys and values, and the policy's own state (``policy.*``)."""
+        slots = np.flatnonzero(self.arena.valid).astype(np.int32)
+        keys, values = self.backend.read_kv(slots)
+        state = {f"policy.{name}": value for name, value in self.policy.snapshot().items()}
+        state.update({
+            "policy_name": np.frombuffer(self.policy.name.encode(), dtype=np.uint8).copy(),
+            "prompt_ids": self._prompt_ids.copy(), "prompt_slots": self.prompt_slots.copy(),
+            "slots": slots, "positions": self.arena.positions[slots].copy(), "keys": keys, "values": values,
+        })
+        return state
+
+    def load_memory_state(self, state: dict[str, np.ndarray]) -> None:
+        """Make the cache and policy exactly what ``memory_state`` saw; ValueError if it does not fit."""
+        name = bytes(np.asarray(state.get("policy_name", b""), dtype=np.uint8)).decode(errors="replace")
+        if name != self.policy.name:
+            raise ValueError(f"memory state is of policy {name!r}, this engine runs {self.policy.name!r}")
+        c = self.config
+        slots = np.asarray(state["slots"], dtype=np.int32)
+        expected = (c.num_hidden_layers, c.num_key_value_heads, slots.size, c.head_dim)
+        if (state["keys"].shape != expected or state["values"].shape != expected
+                or state["positions"].shape != slots.shape or (slots.size and slots.max() >= self.arena.capacity)):
+            raise ValueError(f"memory state does not fit this engine: keys {list(state['keys'].shape)}, "
+                             f"expected {list(expected)} in a {self.arena.capacity}-slot arena")
+        self.arena.release(np.arange(self.arena.capacity))
+        self.arena.commit(slots, np.asarray(state["positions"], dtype=np.int32))
+        self.backend.write_kv(slots, state["keys"], state["values"])
+        self._prompt_ids = np.asarray(state["prompt_ids"], dtype=np.int32).copy()
+        self.prompt_slots = np.asarray(state["prompt_slots"], dtype=np.int32).copy()
+        self.policy.restore({key[len("policy."):]: value for key, value in state.items() if key.startswith("policy.")})
 
     def warm_up(self) -> None:
         """Run one cycle on a blank frame, then restore the episode's start.
@@ -147,16 +195,6 @@ class VlaEngine:
         self.step(np.zeros((size, size, 3), dtype=np.uint8))
         self.set_prompt(self._prompt_ids)
 
-    def _make_room(self, count: int) -> int:
-        """Evict the oldest frames until ``count`` tokens fit in slots and in positions."""
-        evicted = 0
-        while self.arena.capacity - self.arena.used < count:
-            self.arena.release(self.frames.popleft())
-            evicted += 1
-        if evicted or self.arena.next_position() + count > self.arena.capacity:
-            self.compact_positions()
-        return evicted
-
     def compact_positions(self) -> None:
         """Re-position the cached tokens to 0..n-1 in their current order, rotating their keys."""
         slots = self.arena.slots_in_order()
@@ -168,16 +206,22 @@ class VlaEngine:
             self.arena.positions[slots] = targets
 
     def add_frame(self, image: np.ndarray) -> FramePrefill:
-        """Encode one frame and prefill its tokens into the memory (evicting the oldest frame if full)."""
+        """Encode one frame and prefill it (after any prefix its policy asks for), making room first."""
         t0 = time.perf_counter()
         embeddings = self.encoder.encode(image)
         t1 = time.perf_counter()
-        evicted = self._make_room(self.tokens_per_frame + self._scratch_tokens)
-        slots = self.arena.allocate(self.tokens_per_frame)
+        prefix = self.policy.frame_prefix(embeddings)
+        inputs = embeddings if prefix is None else np.concatenate([prefix, embeddings]).astype(np.float32)
+        count = inputs.shape[0]
+        evicted = self.policy.make_room(count + self.scratch_tokens)
+        if evicted or self.arena.next_position() + count + self.scratch_tokens > self.arena.capacity:
+            self.compact_positions()
+        slots = self.arena.allocate(count)
         start = self.arena.next_position()
-        positions = np.arange(start, start + self.tokens_per_frame, dtype=np.int32)
-        hidden = self.backend.forward(positions, slots, embeddings=embeddings).hidden[-1]
-        self.frames.append(slots)
+        positions = np.arange(start, start + count, dtype=np.int32)
+        hidden = self.backend.forward(positions, slots, embeddings=inputs).hidden[-1]
+        n_prefix = count - self.tokens_per_frame
+        self.policy.add_frame(FrameTokens(slots[n_prefix:], positions[n_prefix:], embeddings, slots[:n_prefix]))
         t2 = time.perf_counter()
         return FramePrefill(hidden, int(positions[-1]) + 1, evicted, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
 

@@ -1,5 +1,8 @@
 """Write randomly initialised checkpoints in HuggingFace format, so nothing is ever downloaded.
 
+Besides the decoder and the VLA parts, every checkpoint carries the aura memory's projections
+(``aura.*``, random like the rest; no learned gate) so that every KV policy runs on it.
+
 ``tiny`` is the embedded default (fast on a 2-core CPU; untied embeddings, because a random tied
 model greedily repeats its input token and every action dimension would read the same bin);
 ``qwen2.5-1.5b-shape`` has the exact shapes of Qwen2.5-1.5B (28 layers, 12 query / 2 KV heads of
@@ -14,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..memory.aura import aura_shapes
 from .checkpoint import language_model_shapes, vla_shapes
 from .config import ActionConfig, ModelConfig, VisionConfig
 from .safetensors_io import StoredTensor, bf16_bits, write_safetensors
@@ -36,6 +40,7 @@ PRESETS: dict[str, ModelConfig] = {
 }
 STORAGE_DTYPES = ("float32", "float16", "bfloat16")
 _INIT_STD = 0.02
+AURA_DIM = 32  # d_k = d_v of the aura memory's projections (4,224 B of fast-weight state)
 
 
 def _encode(values: np.ndarray, dtype: str) -> StoredTensor:
@@ -62,7 +67,8 @@ def write_random_model(out: str | Path, config: ModelConfig, *, seed: int = 0, d
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    shapes = {**language_model_shapes(config), **vla_shapes(config)}
+    shapes = {**language_model_shapes(config), **vla_shapes(config),
+              **aura_shapes(config.hidden_size, AURA_DIM, AURA_DIM, learned_gate=False)}
     tensors = {name: _encode(random_tensor(name, shape, rng), dtype) for name, shape in shapes.items()}
     hf = config.to_hf_dict()
     hf["torch_dtype"] = dtype

@@ -107,6 +107,10 @@ class NumpyBackend(Backend):
     def read_kv(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self.k_cache[:, :, slots].copy(), self.v_cache[:, :, slots].copy()
 
+    def write_kv(self, slots: np.ndarray, keys: np.ndarray, values: np.ndarray) -> None:
+        self.k_cache[:, :, slots] = keys
+        self.v_cache[:, :, slots] = values
+
     def state_bytes(self) -> tuple[int, int]:
         arrays = [self.embed, self.final_norm] + ([] if self.lm_head is self.embed else [self.lm_head])
         arrays += [a for layer in self.layers for a in vars(layer).values()]

@@ -57,6 +57,7 @@ class NodeParameters:
         self._specs = {param.name: param for param in SCHEMA[section]}
         self._lock = threading.Lock()
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
+        self._validators: list[Callable[[dict[str, Any]], None]] = []
         self.values: dict[str, Any] = {}
         for name, spec in self._specs.items():
             value = spec.check(initial.get(name, spec.default), f"/{node.get_name()}")
@@ -68,6 +69,10 @@ class NodeParameters:
     def __getitem__(self, name: str) -> Any:
         with self._lock:
             return self.values[name]
+
+    def validate_with(self, validator: Callable[[dict[str, Any]], None]) -> None:
+        """Also check every change with ``validator(all values as they would be)``; a ValueError rejects it."""
+        self._validators.append(validator)
 
     def on_change(self, listener: Callable[[dict[str, Any]], None]) -> None:
         """Call ``listener`` with {name: value} of every accepted change (from the ROS executor thread)."""
@@ -93,6 +98,13 @@ class NodeParameters:
                 accepted[spec.name] = spec.check(parameter.value, where)
             except ConfigError as exc:
                 return SetParametersResult(successful=False, reason=str(exc))
+        with self._lock:
+            proposed = {**self.values, **accepted}
+        for validator in self._validators:
+            try:
+                validator(proposed)
+            except ValueError as exc:
+                return SetParametersResult(successful=False, reason=f"{where}: {exc}")
         with self._lock:
             self.values.update(accepted)
         for listener in self._listeners:

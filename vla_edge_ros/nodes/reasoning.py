@@ -4,6 +4,11 @@ Runs on its own thread, never on the executor: a cycle takes milliseconds and mu
 camera callback or the publisher timer. It always takes the newest frame from the buffer (no
 backlog), asks the gate before every block, and on a refusal simply goes back to the buffer: the
 action publisher keeps serving the last action until it goes stale.
+
+Live changes reach the engine between cycles, on the reasoning thread: gate knobs at once, memory
+policy knobs (``kv.*``) at the start of the next cycle, and a new ``kv.policy`` at the next episode,
+which the ``~/reset_episode`` service (std_srvs/Trigger) starts: the cache restarts from the pinned
+prompt under the configured policy.
 """
 
 from __future__ import annotations
@@ -13,10 +18,12 @@ import time
 from typing import Any
 
 from rclpy.node import Node
+from std_srvs.srv import Trigger
 
 from ..action_slot import ActionSlot
 from ..admission import AdmissionGate, BlockKind
 from ..frame_buffer import Frame, FrameBuffer
+from ..memory import make_policy
 from ..model.engine import VlaEngine
 from .diagnostics import ERROR, OK, WARN, DiagnosticsTimer, status
 from .parameters import NodeParameters
@@ -35,7 +42,13 @@ class ReasoningNode(Node):
         self.slot = slot
         self.params = NodeParameters(self, "reasoning", settings)
         self.gate = AdmissionGate(**{knob: self.params[name] for name, knob in _GATE_KNOBS.items()})
+        self.params.validate_with(self._check_memory_knobs)
         self.params.on_change(self._reconfigure)
+        self._pending_lock = threading.Lock()
+        self._pending_knobs: dict[str, Any] = {}
+        self._reset_requested = False
+        self.episodes = 1
+        self.create_service(Trigger, "~/reset_episode", self._on_reset_episode)
         self.cycles = 0
         self.actions = 0
         self.engine_errors = 0
@@ -55,13 +68,46 @@ class ReasoningNode(Node):
         if self._thread.is_alive():
             self._thread.join(timeout=5.0)
 
+    def _check_memory_knobs(self, values: dict[str, Any]) -> None:
+        """Reject kv.* values the policy would refuse (e.g. a protected window as large as the arena)."""
+        candidate = make_policy(values["kv.policy"], values)
+        candidate.attach(self.engine)  # validates against this engine's arena and checkpoint; changes nothing
+
     def _reconfigure(self, changed: dict[str, Any]) -> None:
         knobs = {_GATE_KNOBS[name]: value for name, value in changed.items() if name in _GATE_KNOBS}
         if knobs:
             self.gate.configure(**knobs)
+        memory = {name: value for name, value in changed.items() if name.startswith("kv.") and name != "kv.policy"}
+        if memory:
+            with self._pending_lock:
+                self._pending_knobs.update(memory)
+
+    def _on_reset_episode(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        with self._pending_lock:
+            self._reset_requested = True
+        response.success = True
+        response.message = (f"new episode from the next cycle: prompt re-prefilled, memory policy "
+                            f"{self.params['kv.policy']}")
+        return response
+
+    def _apply_pending(self) -> None:
+        """Hand live memory changes to the engine; runs on the reasoning thread, between cycles."""
+        with self._pending_lock:
+            knobs, self._pending_knobs = self._pending_knobs, {}
+            reset, self._reset_requested = self._reset_requested, False
+        if reset:
+            values = dict(self.params.values)
+            if values["kv.policy"] != self.engine.policy.name:
+                self.engine.set_policy(make_policy(values["kv.policy"], values))
+            else:
+                self.engine.set_prompt(self.params["prompt_token_ids"])
+            self.episodes += 1
+        if knobs:
+            self.engine.policy.configure_from(knobs)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
+            self._apply_pending()
             frame = self.buffer.read_latest()
             if frame is None:
                 time.sleep(_IDLE_S)
@@ -102,12 +148,14 @@ class ReasoningNode(Node):
             level, message = WARN, f"missing the deadline ({stats.missed} misses so far)"
         if self._last_error_ns is not None and now - self._last_error_ns < _RECENT_NS:
             level, message = ERROR, f"cycles failing ({self.engine_errors} so far)"
-        arena = self.engine.arena
+        memory = self.engine.memory_stats()
         return status(self, level, message, {
             "cycles": self.cycles, "actions": self.actions, "refused": stats.refused, "stale": stats.stale,
             "probes": stats.kinds["cycle"].probes, "recoveries": stats.kinds["cycle"].recoveries,
             "missed": stats.missed, "engine_errors": self.engine_errors,
             "latency_p50_ms": latency.p50_ms, "latency_p99_ms": latency.p99_ms,
-            "kv_tokens": arena.used, "kv_capacity_tokens": arena.capacity,
-            "kv_bytes": self.engine.backend.state_bytes()[1], "kv_policy": "sliding window (oldest frame)",
+            "kv_policy": memory.policy, "episodes": self.episodes, "kv_tokens": memory.kv_tokens,
+            "kv_capacity_tokens": self.engine.arena.capacity, "kv_bytes": memory.kv_bytes,
+            "memory_state_bytes": memory.state_bytes, "frames_kept": memory.frames_kept,
+            "memory_writes": memory.writes, "memory_evictions": memory.evictions,
         })

@@ -1,0 +1,295 @@
+"""KV memory policies: exact hand-built cases, then the real engine under each policy."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from vla_edge_ros.config import ConfigError, parse_settings
+from vla_edge_ros.memory import POLICIES, AuraPolicy, CosinePolicy, FifoPolicy, FrameTokens, make_policy
+from vla_edge_ros.model.arena import KVArena
+from vla_edge_ros.model.checkpoint import load_checkpoint
+from vla_edge_ros.model.config import ActionConfig, VisionConfig
+from vla_edge_ros.model.engine import VlaEngine
+from vla_edge_ros.model.init_model import preset, write_random_model
+from vla_edge_ros.synthetic import SyntheticCamera
+
+TPF = 2  # tokens per frame in the hand-built cases
+
+
+def fake_engine(frames: int, prompt: int = 1, dim: int = 3) -> SimpleNamespace:
+    """Just what a frame-window policy reads: an arena sized for ``frames`` frames, no model."""
+    arena = KVArena(prompt + frames * TPF)
+    prompt_slots = arena.allocate(prompt)
+    arena.commit(prompt_slots, np.arange(prompt, dtype=np.int32))
+    config = SimpleNamespace(num_hidden_layers=1, num_key_value_heads=1, head_dim=dim, hidden_size=dim,
+                             rope_theta=10000.0)
+    return SimpleNamespace(arena=arena, prompt_slots=prompt_slots, scratch_tokens=0, tokens_per_frame=TPF,
+                           config=config, backend=SimpleNamespace(name="numpy"), kv_bytes_per_token=8)
+
+
+def offer(policy, engine, embedding) -> np.ndarray:
+    """Make room for and add one frame whose tokens all carry ``embedding``; return its slots."""
+    policy.make_room(TPF)
+    slots = engine.arena.allocate(TPF)
+    start = engine.arena.next_position()
+    positions = np.arange(start, start + TPF, dtype=np.int32)
+    engine.arena.commit(slots, positions)
+    embeddings = np.tile(np.asarray(embedding, dtype=np.float32), (TPF, 1))
+    policy.add_frame(FrameTokens(slots, positions, embeddings, np.empty(0, np.int32)))
+    return slots
+
+
+def kept(policy, named: dict[str, np.ndarray]) -> list[str]:
+    """Names of the kept frames, oldest first."""
+    by_slot = {int(slots[0]): name for name, slots in named.items()}
+    return [by_slot[int(slots[0])] for slots in policy.frames]
+
+
+def test_fifo_evicts_the_oldest_frame():
+    engine = fake_engine(frames=3)
+    policy = FifoPolicy()
+    policy.attach(engine)
+    policy.reset()
+    named = {}
+    for name in "abcde":
+        named[name] = offer(policy, engine, [1, 0, 0])
+    assert kept(policy, named) == ["c", "d", "e"]
+    stats = policy.stats()
+    assert (stats.frames_seen, stats.frames_kept, stats.evictions, stats.writes) == (5, 3, 2, 5)
+    assert stats.kv_tokens == 1 + 3 * TPF and stats.kv_bytes == stats.kv_tokens * 8
+
+
+def cosine(frames: int, protect: int) -> tuple[CosinePolicy, SimpleNamespace]:
+    engine = fake_engine(frames=frames)
+    policy = CosinePolicy(signature="embeddings", protect_recent_frames=protect)
+    policy.attach(engine)
+    policy.reset()
+    return policy, engine
+
+
+def test_cosine_evicts_the_most_redundant_frame_and_the_older_of_a_tie():
+    policy, engine = cosine(frames=4, protect=1)
+    named = {"cue": offer(policy, engine, [0, 0, 1])}
+    for name in ("empty1", "empty2", "other"):
+        named[name] = offer(policy, engine, [1, 0, 0] if name.startswith("empty") else [0, 1, 0.2])
+    # empty1 and empty2 are identical (similarity 1, a tie): the older one goes; the cue survives
+    named["new"] = offer(policy, engine, [1, 1, 0])
+    assert kept(policy, named) == ["cue", "empty2", "other", "new"]
+    assert policy.evictions == 1
+
+
+@pytest.mark.parametrize("protect, survivors", [(1, ["a", "c", "d"]), (2, ["b", "c", "d"])])
+def test_cosine_never_evicts_the_protected_recent_frames(protect, survivors):
+    policy, engine = cosine(frames=3, protect=protect)
+    named = {name: offer(policy, engine, vector) for name, vector in
+             (("a", [1, 0, 0]), ("b", [0, 1, 0]), ("c", [0, 1, 0]))}  # b and c are twins
+    # room for d is made before d arrives: protect 1 shields c, so b (c's twin) goes;
+    # protect 2 shields b and c, so a goes although it is unique
+    named["d"] = offer(policy, engine, [0, 0, 1])
+    assert kept(policy, named) == survivors
+
+
+def test_cosine_protected_window_must_leave_a_frame_evictable():
+    with pytest.raises(ValueError, match="protect_recent_frames=3 must be in \\[0, 2\\]"):
+        cosine(frames=3, protect=3)
+
+
+def test_cosine_cached_neighbours_match_a_brute_force_recomputation():
+    rng = np.random.default_rng(4)
+    policy, engine = cosine(frames=6, protect=1)
+    signatures = {}
+    for _ in range(60):
+        vector = rng.standard_normal(3).astype(np.float32)
+        if rng.random() < 0.4:  # near-duplicates of a kept frame make the ranking interesting
+            vector = signatures[int(policy.frames[rng.integers(len(policy.frames))][0])] + 0.01 * vector \
+                if policy.frames else vector
+        slots = offer(policy, engine, vector)
+        signatures[int(slots[0])] = vector
+        kept_vectors = np.stack([signatures[int(s[0])] for s in policy.frames])
+        unit = kept_vectors / np.linalg.norm(kept_vectors, axis=1, keepdims=True)
+        sims = unit @ unit.T
+        np.fill_diagonal(sims, -np.inf)
+        expected = sims.max(axis=1)
+        np.testing.assert_allclose(policy.redundancy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_policy_names_and_bad_knobs_are_reported():
+    assert POLICIES == ("fifo", "cosine", "aura")
+    with pytest.raises(ValueError, match="kv.policy must be one of"):
+        make_policy("lru")
+    with pytest.raises(ValueError, match="kv.cosine.signature must be one of"):
+        CosinePolicy(signature="pixels")
+    with pytest.raises(ValueError, match="kv.aura.beta"):
+        AuraPolicy(beta=0.0)
+    with pytest.raises(ConfigError, match="kv.policy must be one of"):
+        parse_settings({"reasoning": {"ros__parameters": {"kv": {"policy": "lru"}}}}, "x.yaml")
+    settings = parse_settings({"reasoning": {"ros__parameters": {"kv": {"policy": "aura", "aura": {"beta": 0.25}}}}},
+                              "x.yaml")
+    assert settings["reasoning"]["kv.policy"] == "aura" and settings["reasoning"]["kv.aura.beta"] == 0.25
+    with pytest.raises(ConfigError, match="unknown key reasoning.kv.aura.betta"):
+        parse_settings({"reasoning": {"ros__parameters": {"kv": {"aura": {"betta": 0.25}}}}}, "x.yaml")
+
+
+# --- the real engine -------------------------------------------------------------------------------------
+
+
+def micro_config(layers: int = 2, **overrides):
+    """A model small enough to stream 100,000 frames through in about a minute."""
+    shape = dict(hidden_size=64, intermediate_size=96, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                 vocab_size=512, vision=VisionConfig(image_size=16, patch_size=4, tokens_per_frame=4))
+    return replace(preset("tiny", layers=layers), **{**shape, **overrides})
+
+
+@pytest.fixture(scope="module")
+def micro_model(tmp_path_factory):
+    return load_checkpoint(write_random_model(tmp_path_factory.mktemp("micro") / "m", micro_config(), seed=3))
+
+
+def micro_engine(checkpoint, policy, capacity: int = 48, backend: str = "numpy") -> VlaEngine:
+    engine = VlaEngine(checkpoint, backend=backend, kv_capacity_tokens=capacity, policy=policy)
+    engine.set_prompt([5, 6, 7])
+    return engine
+
+
+def frames(count: int, seed: int = 0):
+    camera = SyntheticCamera(height=16, width=16, seed=seed)
+    return [camera.frame() for _ in range(count)]
+
+
+def test_aura_state_is_4224_bytes_forever_and_the_cache_holds_prompt_memory_token_and_frame(micro_model):
+    engine = micro_engine(micro_model, AuraPolicy())
+    sizes = set()
+    for image in frames(30):
+        engine.step(image)
+        stats = engine.memory_stats()
+        sizes.add((stats.state_bytes, stats.kv_tokens, engine.arena.next_position()))
+    assert sizes == {((32 * 32 + 32) * 4, 3 + 1 + 4, 3 + 1 + 4)}
+    assert engine.memory_stats().state_bytes == 4224 and 1 <= engine.memory_stats().writes <= 30
+
+
+def test_aura_writes_a_repeated_frame_once_and_a_novel_frame_again(micro_model):
+    engine = micro_engine(micro_model, AuraPolicy(threshold=0.1, beta=0.5))
+    still, novel = frames(1, seed=1)[0], np.full((16, 16, 3), 255, dtype=np.uint8)
+    for _ in range(5):
+        engine.add_frame(still)
+    # beta 0.5 from zero, unit k: W k + b = 0.5 v (k.k) + 0.5 v = v, so the repeat is no surprise at all
+    assert engine.policy.writes == 1 and engine.policy.last_surprise == pytest.approx(0.0, abs=1e-5)
+    engine.add_frame(novel)
+    assert engine.policy.writes == 2
+
+
+def test_aura_threshold_rises_until_writes_meet_the_target_rate(micro_model):
+    policy = AuraPolicy(threshold=0.01, beta=0.9, target_write_rate=0.2)
+    engine = micro_engine(micro_model, policy)
+    images = frames(400, seed=2)
+    for image in images[:200]:
+        engine.add_frame(image)
+    early_writes = policy.writes
+    for image in images[200:]:
+        engine.add_frame(image)
+    late_rate = (policy.writes - early_writes) / 200
+    assert policy.effective_threshold > policy.threshold  # it had to rise: nearly every frame surprised it
+    assert late_rate <= 0.2 + 0.05
+
+
+def test_aura_needs_its_checkpoint_tensors(tmp_path):
+    from vla_edge_ros.model.checkpoint import CheckpointError
+    from vla_edge_ros.model.safetensors_io import read_safetensors, write_safetensors
+
+    directory = write_random_model(tmp_path / "m", micro_config(layers=1), seed=0)
+    tensors = {k: v for k, v in read_safetensors(directory / "model.safetensors").items() if not k.startswith("aura.")}
+    write_safetensors(directory / "stripped.safetensors", tensors)  # not in place: the old file is memory-mapped
+    (directory / "stripped.safetensors").replace(directory / "model.safetensors")
+    with pytest.raises(CheckpointError, match="kv.policy aura needs tensors"):
+        micro_engine(load_checkpoint(directory), AuraPolicy())
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_memory_state_round_trip_resumes_exactly(micro_model, name):
+    engine = micro_engine(micro_model, make_policy(name, {"kv.cosine.protect_recent_frames": 2}))
+    images = frames(16, seed=5)
+    for image in images[:12]:
+        engine.step(image)
+    state = engine.memory_state()
+    expected = [engine.step(image).action for image in images[12:]]
+    expected_stats = engine.memory_stats()
+    engine.set_prompt([5, 6, 7])  # scramble: a new episode
+    engine.step(images[0])
+    engine.load_memory_state(state)
+    for image, action in zip(images[12:], expected):
+        np.testing.assert_array_equal(engine.step(image).action, action)
+    assert engine.memory_stats() == expected_stats
+
+
+def test_memory_state_of_another_policy_is_refused(micro_model):
+    state = micro_engine(micro_model, FifoPolicy()).memory_state()
+    with pytest.raises(ValueError, match="memory state is of policy 'fifo'"):
+        micro_engine(micro_model, AuraPolicy()).load_memory_state(state)
+
+
+def test_switching_policy_starts_a_new_episode(micro_model):
+    engine = micro_engine(micro_model, FifoPolicy())
+    for image in frames(5):
+        engine.step(image)
+    engine.set_policy(CosinePolicy(protect_recent_frames=1))
+    assert engine.policy.name == "cosine" and engine.arena.used == 3 and engine.memory_stats().frames_seen == 0
+
+
+@pytest.fixture(scope="module")
+def nano_model(tmp_path_factory):
+    """For the CUDA simulator, which runs every GPU thread as a Python thread: one layer, a linear head."""
+    config = micro_config(layers=1, hidden_size=32, intermediate_size=48, head_dim=16, vocab_size=64,
+                          action=ActionConfig(head="linear", dof=3))
+    return load_checkpoint(write_random_model(tmp_path_factory.mktemp("nano") / "m", config, seed=4))
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_every_policy_runs_through_the_cuda_simulator_like_numpy(nano_model, name):
+    results = {}
+    for backend in ("numpy", "cuda"):
+        engine = micro_engine(nano_model, make_policy(name, {"kv.cosine.protect_recent_frames": 1}), capacity=20,
+                              backend=backend)
+        actions = [engine.step(image).action for image in frames(6, seed=6)]
+        stats = engine.memory_stats()
+        assert stats.evictions >= 1
+        results[backend] = (np.stack(actions), stats, engine.memory_state())
+    (cuda_actions, cuda_stats, cuda_state), (numpy_actions, numpy_stats, numpy_state) = results["cuda"], results["numpy"]
+    np.testing.assert_allclose(cuda_actions, numpy_actions, rtol=1e-4, atol=1e-5)
+    assert cuda_stats == numpy_stats  # same evictions and writes: the kernels decided as the twins did
+    for key in ("slots", "positions"):
+        np.testing.assert_array_equal(cuda_state[key], numpy_state[key])
+    np.testing.assert_allclose(cuda_state["keys"], numpy_state["keys"], rtol=1e-4, atol=1e-5)
+
+
+def stream(engine: VlaEngine, count: int, budget_bytes: int) -> tuple[float, float]:
+    """Push ``count`` frames; check positions and bytes every frame; median frame time early vs late (ms)."""
+    camera = SyntheticCamera(height=16, width=16, seed=8)
+    images = [camera.frame() for _ in range(64)]
+    times = np.empty(count)
+    top = engine.arena.capacity
+    for index in range(count):
+        prefill = engine.add_frame(images[index % 64])
+        times[index] = prefill.encode_ms + prefill.prefill_ms
+        assert engine.arena.positions.max() < top and prefill.next_position + engine.scratch_tokens <= top
+        assert engine.memory_stats().memory_bytes <= budget_bytes
+    window = max(50, count // 20)
+    return float(np.median(times[window:2 * window])), float(np.median(times[-window:]))
+
+
+def _long_stream(micro_model, name: str, count: int) -> None:
+    engine = micro_engine(micro_model, make_policy(name), capacity=64)
+    budget = engine.arena.capacity * engine.kv_bytes_per_token + 4224
+    early, late = stream(engine, count, budget)
+    assert engine.memory_stats().frames_seen == count
+    # no per-frame cost may grow with the episode; 3x leaves room for a noisy shared machine
+    assert late < 3 * early + 0.5, f"{name}: median frame {early:.3f} ms early, {late:.3f} ms late"
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_a_100k_frame_episode_stays_bounded(micro_model, name):
+    _long_stream(micro_model, name, 100_000)

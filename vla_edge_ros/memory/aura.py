@@ -1,0 +1,205 @@
+"""``aura``: constant memory. Past frames are not kept as KV; what matters of them lives in fast weights.
+
+The KV cache holds the pinned prompt, one *memory token* and the current frame, nothing else. Each
+frame's pooled feature z (the mean of its frame-encoder embeddings, i.e. the transformer's input
+for that frame) is projected to a key k = normalise(W_k z), a value v = W_v z and a query
+q = normalise(W_q z). Per frame, in this order:
+
+1. read: r = W q + b from the memory as it was before this frame;
+2. the memory token W_out r is prefilled right before the frame's tokens, so every layer of the
+   frame and every action token can attend to what the memory returned: that is how the read feeds
+   the action head;
+3. write: surprise = ||v - (W k + b)||; the gate writes when surprise > threshold * ||v||, or when
+   the learned gate fires (logit = w . [k, v - (W k + b)] + c > 0, when the checkpoint has one). A write
+   is one delta-rule step: W += beta (v - W k - b) k^T, b += beta (v - W k - b).
+
+The threshold is relative to ||v|| so that one default means the same on every checkpoint: 0.5
+writes when the memory mispredicts the value by more than half its length. ``last_surprise`` is
+reported in the same relative units.
+
+With ``target_write_rate`` rho > 0 the threshold adapts one-sidedly: an EMA of the write rate over
+about ``RATE_WINDOW_FRAMES`` frames drives a multiplier exp(lambda), lambda += RATE_STEP * (rate - rho),
+lambda >= 0: the threshold rises while writes exceed rho and relaxes back to the configured value
+when they do not, never below it.
+
+State: W [d_v, d_k] and b [d_v] in fp32, (d_k * d_v + d_v) * 4 bytes (4,224 B at d_k = d_v = 32),
+the same at frame 1 and at frame 10^6. Positions: prompt 0..P-1, memory token P, frame P+1..P+n,
+the same every frame, so nothing is ever re-rotated.
+
+Checkpoint tensors (``vla-edge init-model`` writes random ones; training writes learned ones):
+``aura.k_proj.weight`` [d_k, hidden], ``aura.q_proj.weight`` [d_k, hidden], ``aura.v_proj.weight``
+[d_v, hidden], ``aura.out_proj.weight`` [hidden, d_v]; optional learned gate ``aura.gate.weight``
+[1, d_k + d_v] and ``aura.gate.bias`` [1].
+
+The ``random`` and ``periodic`` gates exist for the memory benchmark's baselines (same write budget,
+no notion of surprise); a robot runs ``surprise``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..model.checkpoint import Checkpoint, CheckpointError, check_tensors
+from .base import FrameTokens, MemoryPolicy, _array
+from .memory_math import FastWeights, MemoryMath
+
+GATES = ("surprise", "random", "periodic")
+RATE_WINDOW_FRAMES = 50
+RATE_STEP = 0.5
+PROJECTIONS = ("aura.k_proj.weight", "aura.q_proj.weight", "aura.v_proj.weight", "aura.out_proj.weight")
+GATE_TENSORS = ("aura.gate.weight", "aura.gate.bias")
+
+
+def aura_shapes(hidden: int, d_k: int, d_v: int, *, learned_gate: bool) -> dict[str, tuple[int, ...]]:
+    shapes = {"aura.k_proj.weight": (d_k, hidden), "aura.q_proj.weight": (d_k, hidden),
+              "aura.v_proj.weight": (d_v, hidden), "aura.out_proj.weight": (hidden, d_v)}
+    if learned_gate:
+        shapes.update({"aura.gate.weight": (1, d_k + d_v), "aura.gate.bias": (1,)})
+    return shapes
+
+
+def _normalise(x: np.ndarray) -> np.ndarray:
+    norm = float(np.linalg.norm(x))
+    return (x / norm).astype(np.float32) if norm > 0 else x.astype(np.float32)
+
+
+class AuraPolicy(MemoryPolicy):
+    name = "aura"
+    needs_prefix = True
+
+    def __init__(self, *, threshold: float = 0.5, beta: float = 0.5, target_write_rate: float = 0.0,
+                 use_learned_gate: bool = True, gate: str = "surprise", gate_rate: float = 0.1, seed: int = 0) -> None:
+        super().__init__()
+        if gate not in GATES:
+            raise ValueError(f"aura gate must be one of {GATES}, got {gate!r}")
+        if not 0 < gate_rate <= 1:
+            raise ValueError(f"aura gate_rate must be in (0, 1], got {gate_rate}")
+        self.configure(threshold=threshold, beta=beta, target_write_rate=target_write_rate)
+        self.use_learned_gate = use_learned_gate
+        self.gate, self.gate_rate, self.seed = gate, gate_rate, seed
+        self.memory: FastWeights | None = None
+        self.current: np.ndarray = np.empty(0, dtype=np.int32)  # slots of the memory token and current frame
+        self._pending: tuple[np.ndarray, np.ndarray] | None = None  # (k, v) of the frame being prefilled
+        self._lambda = 0.0
+        self._rate = 0.0
+        self._rng = np.random.default_rng(seed)
+        self.last_surprise = math.nan
+
+    def configure_from(self, knobs: dict) -> None:
+        self.configure(threshold=knobs.get("kv.aura.threshold", self.threshold),
+                       beta=knobs.get("kv.aura.beta", self.beta),
+                       target_write_rate=knobs.get("kv.aura.target_write_rate", self.target_write_rate))
+        self.use_learned_gate = knobs.get("kv.aura.use_learned_gate", self.use_learned_gate)
+
+    def configure(self, *, threshold: float, beta: float, target_write_rate: float) -> None:
+        """Set the gate's knobs, all checked before any is applied (benchmarks get the YAML file's errors)."""
+        if not (math.isfinite(threshold) and threshold >= 0):
+            raise ValueError(f"kv.aura.threshold must be >= 0, got {threshold}")
+        if not 0 < beta <= 1:
+            raise ValueError(f"kv.aura.beta must be in (0, 1], got {beta}")
+        if not 0 <= target_write_rate <= 1:
+            raise ValueError(f"kv.aura.target_write_rate must be in [0, 1], got {target_write_rate}")
+        self.threshold, self.beta, self.target_write_rate = threshold, beta, target_write_rate
+
+    def attach(self, engine) -> None:
+        super().attach(engine)
+        checkpoint: Checkpoint = engine.checkpoint
+        missing = [name for name in PROJECTIONS if name not in checkpoint.tensors]
+        if missing:
+            raise CheckpointError(f"{checkpoint.path}: kv.policy aura needs tensors {missing}; "
+                                  "`vla-edge init-model` writes them (random), training writes learned ones")
+        d_k, d_v = checkpoint.tensors["aura.k_proj.weight"].shape[0], checkpoint.tensors["aura.v_proj.weight"].shape[0]
+        has_gate = any(name in checkpoint.tensors for name in GATE_TENSORS)
+        check_tensors(checkpoint.tensors, aura_shapes(engine.config.hidden_size, d_k, d_v, learned_gate=has_gate),
+                      checkpoint.path)
+        self.k_proj, self.q_proj, self.v_proj, self.out_proj = (checkpoint.float32(n) for n in PROJECTIONS)
+        self.learned_gate = tuple(checkpoint.float32(n) for n in GATE_TENSORS) if has_gate else None
+        self.memory = MemoryMath.for_backend(engine.backend.name).fast_weights(d_k, d_v)
+
+    @property
+    def effective_threshold(self) -> float:
+        return self.threshold * math.exp(self._lambda)
+
+    def reset(self) -> None:
+        super().reset()
+        memory = self._memory()
+        memory.set(np.zeros((memory.d_v, memory.d_k), np.float32), np.zeros(memory.d_v, np.float32))
+        self.current = np.empty(0, dtype=np.int32)
+        self._pending = None
+        self._lambda = self._rate = 0.0
+        self._rng = np.random.default_rng(self.seed)
+
+    def _memory(self) -> FastWeights:
+        if self.memory is None:
+            raise RuntimeError("aura policy is not attached to an engine")
+        return self.memory
+
+    def frame_prefix(self, embeddings: np.ndarray) -> np.ndarray:
+        z = embeddings.mean(axis=0, dtype=np.float32)
+        k, q, v = _normalise(self.k_proj @ z), _normalise(self.q_proj @ z), (self.v_proj @ z).astype(np.float32)
+        self._pending = (k, v)
+        return (self.out_proj @ self._memory().read(q))[None, :].astype(np.float32)
+
+    def make_room(self, tokens: int) -> int:
+        engine = self._engine()
+        evicted = int(self.current.size > 0)
+        engine.arena.release(self.current)
+        self.current = np.empty(0, dtype=np.int32)
+        if engine.arena.capacity - engine.arena.used < tokens:
+            raise RuntimeError(f"aura: {tokens} tokens do not fit beside the prompt in the arena")
+        self.evictions += evicted
+        return evicted
+
+    def add_frame(self, frame: FrameTokens) -> None:
+        if self._pending is None:
+            raise RuntimeError("aura: add_frame without frame_prefix")
+        k, v = self._pending
+        self._pending = None
+        self.current = np.concatenate([frame.prefix_slots, frame.slots]).astype(np.int32)
+        self.frames_seen += 1
+        memory = self._memory()
+        force = self._gate_fires(memory, k, v)
+        scale = float(np.linalg.norm(v))
+        threshold = math.inf if self.gate != "surprise" else self.effective_threshold * scale
+        surprise, written = memory.step(k, v, self.beta, threshold, force)
+        self.last_surprise = surprise / scale if scale > 0 else 0.0
+        self.writes += int(written)
+        if self.target_write_rate > 0:
+            self._rate += (float(written) - self._rate) / RATE_WINDOW_FRAMES
+            self._lambda = max(0.0, self._lambda + RATE_STEP * (self._rate - self.target_write_rate))
+
+    def _gate_fires(self, memory: FastWeights, k: np.ndarray, v: np.ndarray) -> bool:
+        """Writes decided outside the surprise threshold: the learned gate, or a baseline gate."""
+        if self.gate == "random":
+            return bool(self._rng.random() < self.gate_rate)
+        if self.gate == "periodic":
+            return (self.frames_seen - 1) % max(1, round(1 / self.gate_rate)) == 0
+        if self.learned_gate is None or not self.use_learned_gate:
+            return False
+        weight, bias = self.learned_gate
+        error = v - memory.read(k)
+        return bool(float(weight[0] @ np.concatenate([k, error]) + bias[0]) > 0)
+
+    def frames_kept(self) -> int:
+        return int(self.current.size > 0)
+
+    def state_bytes(self) -> int:
+        memory = self._memory()
+        return (memory.d_k * memory.d_v + memory.d_v) * 4
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        state = super().snapshot()
+        weights, bias = self._memory().get()
+        state.update(weights=weights, bias=bias, current_slots=self.current.copy(),
+                     threshold_state=np.array([self._lambda, self._rate], dtype=np.float64))
+        return state
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        super().restore(state)
+        memory = self._memory()
+        memory.set(_array(state, "weights", np.float32, (memory.d_v, memory.d_k)),
+                   _array(state, "bias", np.float32, (memory.d_v,)))
+        self.current = _array(state, "current_slots", np.int32, (None,)).copy()
+        self._lambda, self._rate = (float(x) for x in _array(state, "threshold_state", np.float64, (2,)))

@@ -1,0 +1,131 @@
+"""What a KV memory policy is: the part of the engine that decides what the cache keeps.
+
+The engine owns the arena and the backend; a policy owns the bookkeeping of what is in the arena
+beyond the pinned prompt. Each frame, the engine asks the policy for any tokens to prefill before
+the frame (``frame_prefix``), to make room for them (``make_room``: the policy releases slots), and
+then hands it the prefilled frame (``add_frame``). After evictions the engine re-positions every
+kept token by its order in the cache (pinned prompt first, then the rest in arrival order) by
+rotating cached keys, so positions stay below the arena capacity for an episode that never ends.
+
+Switching policy takes effect at an episode boundary: ``VlaEngine.set_policy`` installs the new
+policy together with a fresh prompt prefill, because one policy cannot interpret another's state
+(cosine's signatures, aura's fast weights) and a cache mid-episode may hold what the new policy
+would never have kept.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ..model.engine import VlaEngine
+
+
+@dataclass(frozen=True)
+class FrameTokens:
+    """A frame just prefilled into the arena: where its tokens went and what the model made of them."""
+
+    slots: np.ndarray  # arena slots of the frame's tokens (after any prefix tokens)
+    positions: np.ndarray  # their RoPE positions
+    embeddings: np.ndarray  # [tokens_per_frame, hidden] frame-encoder output (the transformer's input)
+    prefix_slots: np.ndarray  # slots of the tokens ``frame_prefix`` asked for (empty if none)
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    """What a policy holds and has done, for diagnostics, benchmarks and reports."""
+
+    policy: str
+    frames_seen: int  # frames offered to the memory this episode
+    frames_kept: int  # frames whose tokens are in the cache now
+    kv_tokens: int  # cache slots in use, pinned prompt included
+    kv_bytes: int  # bytes of those tokens' keys and values (all layers)
+    state_bytes: int  # policy state outside the KV cache (aura's fast weights; 0 for the others)
+    evictions: int  # frames evicted this episode
+    writes: int  # writes into the memory this episode (frames stored; aura: fast-weight updates)
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.kv_bytes + self.state_bytes
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "memory_bytes": self.memory_bytes}
+
+
+class MemoryPolicy(ABC):
+    """Decides which frames the KV cache keeps; one instance serves one engine."""
+
+    name: str
+    needs_prefix = False  # True when ``frame_prefix`` may return tokens
+
+    def __init__(self) -> None:
+        self.engine: VlaEngine | None = None
+        self.frames_seen = 0
+        self.evictions = 0
+        self.writes = 0
+
+    def attach(self, engine: VlaEngine) -> None:
+        """Bind to the engine whose arena this policy manages (called once, before the first episode)."""
+        self.engine = engine
+
+    def configure_from(self, knobs: dict[str, Any]) -> None:
+        """Apply this policy's live ``kv.*`` knobs (ValueError, changing nothing, when one is out of range)."""
+
+    def reset(self) -> None:
+        """A new episode: the arena holds only the pinned prompt again."""
+        self.frames_seen = self.evictions = self.writes = 0
+
+    def frame_prefix(self, embeddings: np.ndarray) -> np.ndarray | None:
+        """Extra input embeddings [n, hidden] to prefill right before this frame's tokens (None: none)."""
+        return None
+
+    @abstractmethod
+    def make_room(self, tokens: int) -> int:
+        """Release slots until ``tokens`` more fit in the arena; return how many frames were evicted."""
+
+    @abstractmethod
+    def add_frame(self, frame: FrameTokens) -> None:
+        """Take ownership of a frame that has just been prefilled."""
+
+    @abstractmethod
+    def frames_kept(self) -> int:
+        """Frames whose tokens are in the cache now."""
+
+    def state_bytes(self) -> int:
+        return 0
+
+    def stats(self) -> MemoryStats:
+        engine = self._engine()
+        used = engine.arena.used
+        return MemoryStats(self.name, self.frames_seen, self.frames_kept(), used, used * engine.kv_bytes_per_token,
+                           self.state_bytes(), self.evictions, self.writes)
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """The policy's own state as named arrays (the KV contents are the engine's to save)."""
+        return {"counters": np.array([self.frames_seen, self.evictions, self.writes], dtype=np.int64)}
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        """Inverse of ``snapshot``; raises ValueError on state that does not fit this policy and engine."""
+        counters = _array(state, "counters", np.int64, (3,))
+        self.frames_seen, self.evictions, self.writes = (int(c) for c in counters)
+
+    def _engine(self) -> VlaEngine:
+        if self.engine is None:
+            raise RuntimeError(f"{self.name} policy is not attached to an engine")
+        return self.engine
+
+
+def _array(state: dict[str, np.ndarray], name: str, dtype: type, shape: tuple[int | None, ...]) -> np.ndarray:
+    """``state[name]`` checked for dtype and shape (None: any size on that axis)."""
+    if name not in state:
+        raise ValueError(f"memory snapshot lacks {name!r}")
+    value = np.asarray(state[name])
+    if value.dtype != np.dtype(dtype) or value.ndim != len(shape) or any(
+            want is not None and got != want for got, want in zip(value.shape, shape)):
+        raise ValueError(f"memory snapshot {name!r} is {value.dtype}{list(value.shape)}, "
+                         f"expected {np.dtype(dtype)}{[s if s is not None else '*' for s in shape]}")
+    return value
