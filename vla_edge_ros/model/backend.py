@@ -17,6 +17,7 @@ class ForwardResult:
 
     hidden: np.ndarray
     layer_hidden: list[np.ndarray] | None = None  # embeddings, then the output of each layer (pre final norm)
+    last_attention: np.ndarray | None = None  # [layers, q_heads, capacity]: the last new token's attention weights
 
 
 class Backend(ABC):
@@ -30,11 +31,14 @@ class Backend(ABC):
 
     @abstractmethod
     def forward(self, positions: np.ndarray, slots: np.ndarray, *, token_ids: np.ndarray | None = None,
-                embeddings: np.ndarray | None = None, collect_layers: bool = False) -> ForwardResult:
+                embeddings: np.ndarray | None = None, collect_layers: bool = False,
+                collect_attention: bool = False) -> ForwardResult:
         """Run T new tokens (ids or [T, H] embeddings) at ``positions``, storing their K/V in ``slots``.
 
         Each new token attends to every valid slot whose position is not after its own, which
         includes the earlier new tokens: one rule for prefill, decode and a cache with holes.
+        ``collect_attention`` returns where the last new token looked (a measurement for the memory
+        benchmark; only the numpy backend offers it, the cuda kernels never materialise the weights).
         """
 
     @abstractmethod

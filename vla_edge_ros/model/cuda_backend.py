@@ -110,7 +110,10 @@ class CudaBackend(Backend):
         return self.workspace
 
     def forward(self, positions: np.ndarray, slots: np.ndarray, *, token_ids: np.ndarray | None = None,
-                embeddings: np.ndarray | None = None, collect_layers: bool = False) -> ForwardResult:
+                embeddings: np.ndarray | None = None, collect_layers: bool = False,
+                collect_attention: bool = False) -> ForwardResult:
+        if collect_attention:
+            raise NotImplementedError("attention weights are only collected by the numpy backend")
         token_ids, embeddings = self._inputs(token_ids, embeddings)
         c = self.config
         positions = np.ascontiguousarray(positions, dtype=np.int32)

@@ -82,6 +82,8 @@ class FramePrefill:
     evicted_frames: int
     encode_ms: float
     prefill_ms: float
+    slots: np.ndarray  # arena slots of the frame's tokens
+    attention: np.ndarray | None = None  # [layers, q_heads, capacity] of the frame's last token, if asked
 
 
 @dataclass
@@ -205,8 +207,11 @@ class VlaEngine:
             self.backend.rotate_keys(slots[moving], shifts[moving])
             self.arena.positions[slots] = targets
 
-    def add_frame(self, image: np.ndarray) -> FramePrefill:
-        """Encode one frame and prefill it (after any prefix its policy asks for), making room first."""
+    def add_frame(self, image: np.ndarray, *, probe_attention: bool = False) -> FramePrefill:
+        """Encode one frame and prefill it (after any prefix its policy asks for), making room first.
+
+        ``probe_attention`` also returns where the frame's last token looked (numpy backend only).
+        """
         t0 = time.perf_counter()
         embeddings = self.encoder.encode(image)
         t1 = time.perf_counter()
@@ -219,11 +224,12 @@ class VlaEngine:
         slots = self.arena.allocate(count)
         start = self.arena.next_position()
         positions = np.arange(start, start + count, dtype=np.int32)
-        hidden = self.backend.forward(positions, slots, embeddings=inputs).hidden[-1]
+        out = self.backend.forward(positions, slots, embeddings=inputs, collect_attention=probe_attention)
         n_prefix = count - self.tokens_per_frame
         self.policy.add_frame(FrameTokens(slots[n_prefix:], positions[n_prefix:], embeddings, slots[:n_prefix]))
         t2 = time.perf_counter()
-        return FramePrefill(hidden, int(positions[-1]) + 1, evicted, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+        return FramePrefill(out.hidden[-1], int(positions[-1]) + 1, evicted, (t1 - t0) * 1e3, (t2 - t1) * 1e3,
+                            slots[n_prefix:], out.last_attention)
 
     def decode_action(self, prefill: FramePrefill, admit: Callable[[], object] = lambda: True,
                       done: Callable[[object], None] = lambda ticket: None) -> tuple[np.ndarray, list[int]] | None:

@@ -64,7 +64,8 @@ class NumpyBackend(Backend):
         self.scale = 1.0 / np.sqrt(c.head_dim)
 
     def forward(self, positions: np.ndarray, slots: np.ndarray, *, token_ids: np.ndarray | None = None,
-                embeddings: np.ndarray | None = None, collect_layers: bool = False) -> ForwardResult:
+                embeddings: np.ndarray | None = None, collect_layers: bool = False,
+                collect_attention: bool = False) -> ForwardResult:
         token_ids, embeddings = self._inputs(token_ids, embeddings)
         c = self.config
         positions = np.asarray(positions, dtype=np.int32)
@@ -77,6 +78,8 @@ class NumpyBackend(Backend):
         bias = ops.attention_bias(self.arena.visible(positions, span))
         q_end, k_end = c.q_dim, c.q_dim + c.kv_dim
         layer_hidden = [x.copy()] if collect_layers else None
+        attention = np.zeros((len(self.layers), c.num_attention_heads, self.arena.capacity), np.float32) \
+            if collect_attention else None
         for index, layer in enumerate(self.layers):
             h = ops.rms_norm(x, layer.input_norm, c.rms_norm_eps)
             qkv = h @ layer.qkv_t + layer.qkv_bias
@@ -85,13 +88,15 @@ class NumpyBackend(Backend):
             self.k_cache[index][:, slots] = k.transpose(1, 0, 2)
             self.v_cache[index][:, slots] = qkv[:, k_end:].reshape(tokens, c.num_key_value_heads, c.head_dim).transpose(1, 0, 2)
             attn = ops.gqa_attention(q, self.k_cache[index][:, span], self.v_cache[index][:, span], bias, self.scale)
+            if attention is not None:
+                attention[index, :, span] = ops.attention_weights(q[-1], self.k_cache[index][:, span], bias[-1], self.scale)
             x += attn @ layer.o_t
             h = ops.rms_norm(x, layer.post_norm, c.rms_norm_eps)
             gate_up = h @ layer.gate_up_t
             x += (ops.silu(gate_up[:, :c.intermediate_size]) * gate_up[:, c.intermediate_size:]) @ layer.down_t
             if layer_hidden is not None:
                 layer_hidden.append(x.copy())
-        return ForwardResult(ops.rms_norm(x, self.final_norm, c.rms_norm_eps), layer_hidden)
+        return ForwardResult(ops.rms_norm(x, self.final_norm, c.rms_norm_eps), layer_hidden, attention)
 
     def logits(self, hidden: np.ndarray, rows: slice = slice(None)) -> np.ndarray:
         return hidden @ self.lm_head[rows].T

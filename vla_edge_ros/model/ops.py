@@ -73,3 +73,15 @@ def gqa_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray,
         scores /= np.where(total > 0, total, np.float32(1.0))
         out[:, head] = (scores.reshape(tokens * group, slots) @ v[head]).reshape(tokens, group, dim)
     return out.reshape(tokens, q_heads * dim)
+
+
+def attention_weights(q: np.ndarray, k: np.ndarray, bias: np.ndarray, scale: float) -> np.ndarray:
+    """Softmax weights [Hq, S] of one token's queries q [Hq, D] over cached k [Hkv, S, D] (bias [S])."""
+    q_heads, kv_heads = q.shape[0], k.shape[0]
+    group = q_heads // kv_heads
+    scores = np.einsum("hgd,hsd->hgs", q.reshape(kv_heads, group, -1), k).reshape(q_heads, -1) * np.float32(scale)
+    scores = scores + bias[None, :]
+    peak = scores.max(axis=-1, keepdims=True)
+    weights = np.exp(scores - np.where(np.isfinite(peak), peak, 0.0))
+    total = weights.sum(axis=-1, keepdims=True)
+    return (weights / np.where(total > 0, total, 1.0)).astype(np.float32)
