@@ -67,3 +67,14 @@ def test_launch_file_starts_an_executable_the_package_installs():
                  and getattr(n.func, "id", "") == "DeclareLaunchArgument"}
     assert arguments == {"config", "namespace", "image_topic", "use_sim_time"}
     assert 'glob("launch/*.launch.py")' in setup
+
+
+def test_sources_parse_as_python_3_10_for_humble():
+    """Humble runs Python 3.10: no syntax newer than that anywhere the package or its tests load."""
+    import ast
+
+    sources = [p for folder in ("vla_edge_ros", "kernels", "launch", "test", "bench")
+               for p in (ROOT / folder).rglob("*.py") if not p.is_symlink()]
+    assert len(sources) > 40
+    for path in sources:
+        ast.parse(path.read_text(), filename=str(path), feature_version=(3, 10))
