@@ -32,5 +32,6 @@ setup(
     entry_points={"console_scripts": [
         "vla-edge = vla_edge_ros.cli:main",
         "bringup = vla_edge_ros.nodes.bringup:main",
+        "synthetic_camera = vla_edge_ros.nodes.synthetic_camera:main",
     ]},
 )

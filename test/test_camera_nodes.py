@@ -300,3 +300,40 @@ def test_synthetic_camera_refuses_a_rate_it_cannot_keep(graph):
     context, _, _ = graph
     with pytest.raises(ValueError, match="rate_hz"):
         SyntheticCameraPublisher(rate_hz=0.0, context=context)
+
+
+def test_synthetic_camera_runs_standalone_and_stops_cleanly_on_sigint(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = ("import sys; from vla_edge_ros.nodes.synthetic_camera import main; "
+              "sys.exit(main(['synthetic_camera'] + sys.argv[1:]))")
+    domain = 200 + os.getpid() % 30
+    env = {**os.environ, "ROS_DOMAIN_ID": str(domain)}
+    bad = subprocess.run([sys.executable, "-c", script, "--rate-hz", "0"], capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert bad.returncode == 2 and "rate_hz must be positive" in bad.stderr
+    process = subprocess.Popen([sys.executable, "-c", script, "--rate-hz", "10", "--height", "8", "--width", "8"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    context = rclpy.context.Context()
+    rclpy.init(context=context, domain_id=domain)
+    try:
+        listener = Node("listener", context=context)
+        received = []
+        listener.create_subscription(Image, "/camera/image_raw", received.append, qos_profile_sensor_data)
+        executor = SingleThreadedExecutor(context=context)
+        executor.add_node(listener)
+        deadline = time.monotonic() + 20
+        while not received and time.monotonic() < deadline:
+            executor.spin_once(timeout_sec=0.1)
+        listener.destroy_node()
+        executor.shutdown()
+    finally:
+        rclpy.shutdown(context=context)
+    assert received and (received[0].height, received[0].width, received[0].encoding) == (8, 8, "rgb8")
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=20)
+    assert process.returncode == 0, err[-2000:]
+    assert "Traceback" not in err

@@ -2,15 +2,20 @@
 
 `vla-edge run` and the tests use it so that frames take the same path as on a robot (a publisher in
 the graph, sensor-data QoS, a stamped header, the camera subscriber decoding rgb8), with nothing
-attached. It is a tool rather than a configured node, so it takes constructor arguments instead of
-schema parameters.
+attached. On its own, `ros2 run vla_edge_ros synthetic_camera --rate-hz 30` stands in for a camera
+driver in front of a launched pipeline. It is a tool rather than a configured node, so it takes
+command-line arguments instead of schema parameters.
 """
 
 from __future__ import annotations
 
+import argparse
 import array
+import sys
 from typing import Any
 
+import rclpy
+from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import Image
@@ -42,3 +47,30 @@ class SyntheticCameraPublisher(Node):
         self._publisher.publish(Image(header=header, height=self.camera.height, width=self.camera.width,
                                       encoding="rgb8", is_bigendian=0, step=self.camera.width * 3, data=data))
         self.published += 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `ros2 run vla_edge_ros synthetic_camera [--topic T] [--rate-hz R] ... [--ros-args ...]`."""
+    args_with_ros = sys.argv if argv is None else argv
+    parser = argparse.ArgumentParser(prog="synthetic_camera", description=__doc__.splitlines()[0])
+    parser.add_argument("--topic", default="/camera/image_raw")
+    parser.add_argument("--rate-hz", type=float, default=30.0)
+    parser.add_argument("--height", type=int, default=480)
+    parser.add_argument("--width", type=int, default=640)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(rclpy.utilities.remove_ros_args(args_with_ros)[1:])
+    rclpy.init(args=args_with_ros)
+    try:
+        node = SyntheticCameraPublisher(args.topic, args.rate_hz, args.height, args.width, args.seed)
+    except ValueError as exc:
+        rclpy.shutdown()
+        parser.error(str(exc))
+    try:
+        rclpy.spin(node)
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        node.destroy_node()
+        if rclpy.ok():
+            rclpy.shutdown()
+    return 0
