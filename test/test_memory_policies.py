@@ -305,3 +305,27 @@ def test_the_attention_probe_is_a_distribution_over_what_the_frame_may_read(micr
     readable = np.zeros(engine.arena.capacity, dtype=bool)
     readable[np.concatenate([engine.prompt_slots, first.slots, second.slots])] = True
     assert np.all(weights[..., ~readable] == 0) and np.all(weights[..., first.slots].sum(-1) > 0)
+
+
+@pytest.mark.parametrize("gate", ["periodic", "random"])
+def test_baseline_gates_write_at_their_rate_whatever_the_frames_say(micro_model, gate):
+    policy = AuraPolicy(gate=gate, gate_rate=0.25, seed=11, threshold=0.0)
+    engine = micro_engine(micro_model, policy)
+    still = frames(1)[0]
+    written = []
+    for _ in range(40):
+        before = policy.writes
+        engine.add_frame(still)
+        written.append(policy.writes - before)
+    if gate == "periodic":
+        first = written.index(1)
+        assert first < 4 and written == [int(i >= first and (i - first) % 4 == 0) for i in range(40)]
+    else:
+        assert 4 <= sum(written) <= 18  # binomial(40, 0.25): mean 10, sd 2.7
+    engine.set_prompt([5, 6, 7])  # a new episode replays the same seeded decisions
+    again = []
+    for _ in range(40):
+        before = policy.writes
+        engine.add_frame(still)
+        again.append(policy.writes - before)
+    assert again == written

@@ -11,11 +11,14 @@ from pathlib import Path
 import numpy as np
 
 from .config import ConfigError, load_settings
+from .memory import POLICIES
+from .memory_bench import BenchSpec, format_table, run_bench, write_report
 from .model.budget import BudgetError
 from .model.checkpoint import CheckpointError
 from .model.config import ModelConfigError
 from .model.init_model import PRESETS, STORAGE_DTYPES, preset, write_random_model
 from .model.safetensors_io import SafetensorsError
+from .scenes import MAX_CLASSES
 
 MIN_COSINE = {"numpy": 0.99999, "cuda": 0.999}
 USER_ERRORS = (ConfigError, ModelConfigError, CheckpointError, SafetensorsError, BudgetError, ValueError, OSError)
@@ -146,6 +149,45 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _count(text: str, minimum: int = 1) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from exc
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+    return value
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    values = tuple(_count(part) for part in text.split(",") if part.strip())
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return values
+
+
+def _seed(text: str) -> int:
+    return _count(text, minimum=0)
+
+
+def _policy_names(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [name for name in names if name not in POLICIES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(POLICIES)}, got {text!r}")
+    return names
+
+
+def cmd_memory_bench(args: argparse.Namespace) -> int:
+    spec = BenchSpec(episodes=args.episodes, distractors=args.distractors, budgets=args.budgets,
+                     policies=args.policies, classes=args.classes, seed=args.seed)
+    report = run_bench(spec, args.model, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(format_table(report))
+    path = write_report(report, args.out)
+    print(f"wrote {path} ({report['runtime_s']:.0f} s)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vla-edge", description="Vision-Language-Action engine for ROS 2 robots.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -184,6 +226,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--frames", type=int, default=300)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_engine)
+
+    p = sub.add_parser("memory-bench", help="does each KV policy still recall a cue after N distractor frames?")
+    p.add_argument("--model", type=Path, help="checkpoint directory (default: a random tiny model in a temp dir)")
+    bench = BenchSpec()
+    p.add_argument("--episodes", type=_count, default=bench.episodes, help="scored episodes per cell")
+    p.add_argument("--distractors", type=_counts, default=bench.distractors,
+                   help="comma-separated numbers of distractor frames N to sweep")
+    p.add_argument("--budgets", type=_counts, default=bench.budgets,
+                   help="comma-separated memory budgets F in frames (fifo, cosine)")
+    p.add_argument("--policies", type=_policy_names, default=bench.policies)
+    p.add_argument("--classes", type=int, choices=range(2, MAX_CLASSES + 1), default=bench.classes, metavar="K",
+                   help=f"cue classes, 2..{MAX_CLASSES}")
+    p.add_argument("--seed", type=_seed, default=bench.seed)
+    p.add_argument("--out", type=Path, default=Path("."), help="directory for memory_bench.json")
+    p.set_defaults(func=cmd_memory_bench)
     return parser
 
 

@@ -32,7 +32,8 @@ Checkpoint tensors (``vla-edge init-model`` writes random ones; training writes 
 [1, d_k + d_v] and ``aura.gate.bias`` [1].
 
 The ``random`` and ``periodic`` gates exist for the memory benchmark's baselines (same write budget,
-no notion of surprise); a robot runs ``surprise``.
+no notion of surprise; the periodic gate's phase is drawn from the seed, so it is not lined up with
+the episode's first frame); a robot runs ``surprise``.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class AuraPolicy(MemoryPolicy):
         self._pending: tuple[np.ndarray, np.ndarray] | None = None  # (k, v) of the frame being prefilled
         self._lambda = 0.0
         self._rate = 0.0
-        self._rng = np.random.default_rng(seed)
+        self._restart_gates()
         self.last_surprise = math.nan
 
     def configure_from(self, knobs: dict) -> None:
@@ -129,7 +130,13 @@ class AuraPolicy(MemoryPolicy):
         self.current = np.empty(0, dtype=np.int32)
         self._pending = None
         self._lambda = self._rate = 0.0
+        self._restart_gates()
+
+    def _restart_gates(self) -> None:
+        """The baseline gates' randomness restarts with each episode, from the seed."""
         self._rng = np.random.default_rng(self.seed)
+        self._period = max(1, round(1 / self.gate_rate))
+        self._phase = int(self._rng.integers(self._period))  # so a periodic gate is not lined up with frame 0
 
     def _memory(self) -> FastWeights:
         if self.memory is None:
@@ -175,7 +182,7 @@ class AuraPolicy(MemoryPolicy):
         if self.gate == "random":
             return bool(self._rng.random() < self.gate_rate)
         if self.gate == "periodic":
-            return (self.frames_seen - 1) % max(1, round(1 / self.gate_rate)) == 0
+            return (self.frames_seen - 1 + self._phase) % self._period == 0
         if self.learned_gate is None or not self.use_learned_gate:
             return False
         weight, bias = self.learned_gate

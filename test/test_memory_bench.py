@@ -1,0 +1,115 @@
+"""The cue scenes and the memory benchmark: deterministic scenes, a tiny sweep, provable fifo outcomes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from vla_edge_ros.cli import main
+from vla_edge_ros.memory_bench import AURA_GATES, SCHEMA, BenchSpec, format_table, run_bench
+from vla_edge_ros.model.init_model import preset, write_random_model
+from vla_edge_ros.scenes import MAX_CLASSES, CueScene
+
+ROW_KEYS = {"policy", "gate", "gate_rate", "distractors", "budget_frames", "kv_capacity_tokens",
+            "protect_recent_frames", "episodes", "cue_kept", "cue_attention", "uniform_attention",
+            "readout_accuracy", "chance", "writes_per_frame", "evictions", "memory_bytes", "kv_bytes", "state_bytes"}
+
+
+def mean_abs(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a.astype(np.float32) - b.astype(np.float32)).mean())
+
+
+def test_same_seed_same_bytes_other_seed_other_scene():
+    first, again, other = (CueScene(seed).episode(1, 5) for seed in (7, 7, 8))
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(first, again))
+    assert first[0].shape == (64, 64, 3) and first[0].dtype == np.uint8 and len(first) == 7
+    assert mean_abs(first[1], other[1]) > 5
+
+
+def test_cue_classes_differ_and_bad_classes_are_refused():
+    scene = CueScene(3, classes=MAX_CLASSES, noise_sigma=0.0)
+    cues = [scene.cue_frame(c) for c in range(MAX_CLASSES)]
+    assert min(mean_abs(a, b) for i, a in enumerate(cues) for b in cues[i + 1:]) > 2
+    with pytest.raises(ValueError, match="cue class must be in"):
+        CueScene(0, classes=2).cue_frame(2)
+    for classes in (0, MAX_CLASSES + 1):
+        with pytest.raises(ValueError, match="cue classes"):
+            CueScene(0, classes=classes)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_distractors_are_near_duplicates_unlike_the_cue_frame_around_the_cue(seed):
+    scene = CueScene(seed)
+    cue, *distractors = scene.episode(seed % 4, 6)
+    pairs = [(a, b) for i, a in enumerate(distractors) for b in distractors[i + 1:]]
+    assert max(mean_abs(a, b) for a, b in pairs) < 0.1 * 255  # noise and a 1-2 px jitter: slight
+    cy, cx, radius = scene.cue_region(seed % 4)
+    box = (slice(int(cy - radius), int(cy + radius)), slice(int(cx - radius), int(cx + radius)))
+    around_cue = min(mean_abs(cue[box], d[box]) for d in distractors)
+    assert around_cue > 1.5 * max(mean_abs(a[box], b[box]) for a, b in pairs)
+
+
+@pytest.fixture(scope="module")
+def one_layer_model(tmp_path_factory):
+    return write_random_model(tmp_path_factory.mktemp("bench") / "m", preset("tiny", layers=1), seed=1)
+
+
+@pytest.fixture(scope="module")
+def report(one_layer_model):
+    spec = BenchSpec(episodes=4, distractors=(3, 6), budgets=(2, 8), classes=2, prototypes_per_class=1,
+                     overhead_arena_frames=4, overhead_frames=5)
+    return run_bench(spec, one_layer_model)
+
+
+def test_report_schema(report):
+    assert report["schema"] == SCHEMA
+    assert {"config", "rows", "aura_readout_ceiling", "overhead", "claims", "runtime_s"} <= report.keys()
+    assert all(row.keys() == ROW_KEYS for row in report["rows"])
+    assert len(report["rows"]) == 2 * (2 * 2 + len(AURA_GATES))  # N x (fifo, cosine x F + aura gates)
+    assert [o["policy"] for o in report["overhead"]] == ["fifo", "cosine", "aura"]
+    assert all(o["policy_ms"] > 0 and o["add_frame_ms"] >= o["policy_ms"] for o in report["overhead"])
+    assert [c["id"] for c in report["claims"]] == ["1", "2a", "2b", "3", "4"]
+    assert all(c["verdict"] in ("holds", "fails", "not tested") for c in report["claims"])
+    assert report["claims"][-1]["verdict"] == "not tested" and "not implemented" in report["claims"][-1]["evidence"]
+    assert "claim 2a" in format_table(report)
+
+
+def test_fifo_keeps_exactly_the_last_budget_frames(report):
+    # episode = cue + N distractors + query; fifo holds the last F frames, so the cue survives iff N + 2 <= F
+    for row in (r for r in report["rows"] if r["policy"] == "fifo"):
+        if row["distractors"] + 2 > row["budget_frames"]:
+            assert row["cue_kept"] == 0 and row["cue_attention"] == 0, row
+        else:
+            assert row["cue_kept"] == 1 and row["cue_attention"] > 0, row
+
+
+def test_aura_state_is_the_same_size_for_every_n_and_gates_share_one_budget(report):
+    aura = [r for r in report["rows"] if r["policy"] == "aura"]
+    assert {r["state_bytes"] for r in aura} == {4224} and report["claims"][1]["verdict"] == "holds"
+    for n in (3, 6):
+        gates = {r["gate"]: r for r in aura if r["distractors"] == n}
+        assert gates["every_frame"]["writes_per_frame"] == 1.0
+        assert gates["random"]["gate_rate"] == gates["periodic"]["gate_rate"] == pytest.approx(
+            gates["surprise"]["writes_per_frame"])
+
+
+def test_cli_writes_the_json(one_layer_model, tmp_path, capsys):
+    args = ["memory-bench", "--model", str(one_layer_model), "--episodes", "2", "--distractors", "6",
+            "--budgets", "2,4", "--classes", "2", "--policies", "fifo,aura", "--out", str(tmp_path)]
+    assert main(args) == 0
+    out = capsys.readouterr()
+    data = json.loads((tmp_path / "memory_bench.json").read_text())
+    assert data["config"]["policies"] == ["fifo", "aura"] and data["config"]["distractors"] == [6]
+    assert {r["cue_kept"] for r in data["rows"] if r["policy"] == "fifo"} == {0.0}
+    assert data["claims"][0]["verdict"] == "not tested"  # no cosine, nothing to compare
+    assert "memory_bench.json" in out.out and "fifo   N=6" in out.err
+
+
+@pytest.mark.parametrize("bad", [["--distractors", ""], ["--budgets", "0,4"], ["--policies", "fifo,lru"],
+                                 ["--episodes", "-1"], ["--classes", "9"], ["--seed", "x"]])
+def test_bad_cli_values_exit_2(bad, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["memory-bench", *bad])
+    assert exc.value.code == 2 and "error" in capsys.readouterr().err

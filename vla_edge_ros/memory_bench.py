@@ -1,0 +1,466 @@
+"""``vla-edge memory-bench``: can the model forget the right things?
+
+Each episode is a ``CueScene``: one cue frame (class = episode index % K), N near-identical
+distractor frames, then a query frame. At the query we ask each KV policy whether what it kept
+still holds the cue:
+
+- ``fifo`` / ``cosine`` with a memory budget of F frames (KV arena = prompt + F * tokens_per_frame
+  + dof tokens): ``cue_kept`` (the cue frame's slots are still one of the policy's frames; tracked
+  by identity of the policy's entry, because slot numbers are reused after evictions) and
+  ``cue_attention`` (attention mass of the query frame's last token on the cue's slots, summed
+  over them, mean over layers and heads; 0 once evicted), beside ``uniform_attention`` (cue tokens
+  / visible tokens: what a reader that looks everywhere equally would give).
+- ``aura`` (F does not apply: it keeps no past frames as KV): nearest-prototype readout of what
+  the memory adds to the present at the query, r - v_query, where r = W q + b is the read (q from
+  the query frame exactly as ``AuraPolicy`` computes it, read before the query is written) and
+  v_query = W_v z the query frame's own value. Subtracting the present matters: the episodes' own
+  tables and clutter move the raw read far more than a small cue does, and a readout of the raw
+  read scored chance even on a perfect memory (the ceiling below). Prototypes are per-class mean reads over
+  separate prototype episodes (other seeds, same N); a read is classified by its highest cosine
+  to (prototype - mean prototype) after subtracting the same mean. Four gates run: the
+  ``surprise`` gate (the policy's defaults), ``every_frame`` (a periodic gate of rate 1), and ``random`` / ``periodic``
+  at the write rate the surprise gate measured in that N (the same write budget).
+
+``dms`` is not implemented in this package, so its claim is reported as not tested.
+
+Output ``memory_bench.json`` (schema ``vla_edge_ros.memory_bench/1``)::
+
+    schema      "vla_edge_ros.memory_bench/1"
+    config      model ("tiny preset, seed S" or the --model path), episodes, distractors [N],
+                budgets [F], policies, classes K, seed, prototypes_per_class, prompt_tokens,
+                tokens_per_frame, dof, kv_bytes_per_token, frame_hw
+    rows        one per policy x N x F (aura: policy x N x gate, budget_frames null):
+                  policy, gate (aura: surprise|every_frame|random|periodic, else null),
+                  gate_rate (aura baselines' write rate, else null), distractors, budget_frames,
+                  kv_capacity_tokens, protect_recent_frames (cosine, else null), episodes,
+                  cue_kept (fraction of episodes; fifo/cosine, else null),
+                  cue_attention, uniform_attention (means; fifo/cosine, else null),
+                  readout_accuracy (aura, else null), chance (1/K),
+                  writes_per_frame, evictions (mean per episode),
+                  memory_bytes, kv_bytes, state_bytes (max over episodes, at the query)
+    aura_readout_ceiling  the aura readout applied to v_cue - v_query (what a memory returning the
+                cue's value exactly would give; null without aura). When it is not above chance
+                (two binomial standard errors), the aura recall claims are "not tested".
+    overhead    one per policy: policy, arena_frames, frames, policy_ms (median per frame of the
+                policy's own make_room + add_frame (+ frame_prefix)), add_frame_ms (median full
+                engine.add_frame)
+    claims      id, claim, verdict ("holds" | "fails" | "not tested"), evidence (the numbers)
+    runtime_s   wall time of the run
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .memory import POLICIES, AuraPolicy, MemoryPolicy, make_policy
+from .model.checkpoint import Checkpoint, load_checkpoint
+from .model.engine import VlaEngine
+from .model.init_model import preset, write_random_model
+from .model.vision import FrameEncoder
+from .scenes import MAX_CLASSES, CueScene
+
+SCHEMA = "vla_edge_ros.memory_bench/1"
+PROMPT = tuple(range(1, 9))  # a fixed 8-token instruction; the bench is about frames, not words
+MODEL_SEED = 0
+TEST, PROTOTYPE, OVERHEAD = 0, 1, 2  # scene splits: scored episodes, prototype episodes, the overhead stream
+FRAME_HW = (64, 64)
+AURA_GATES = ("surprise", "every_frame", "random", "periodic")
+SEVERAL = 3.0  # "several times fewer writes" means at least this factor
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """What to sweep; the defaults keep a run to a few minutes on a 2-core CPU."""
+
+    episodes: int = 32  # two binomial standard errors above chance 1/4 is then 0.40
+    distractors: tuple[int, ...] = (4, 16, 64)
+    budgets: tuple[int, ...] = (4, 8, 16)
+    policies: tuple[str, ...] = POLICIES
+    classes: int = 4
+    seed: int = 0
+    prototypes_per_class: int = 4
+    overhead_arena_frames: int = 64
+    overhead_frames: int = 200
+
+    def validate(self) -> None:
+        for name in ("episodes", "prototypes_per_class", "overhead_arena_frames", "overhead_frames"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("distractors", "budgets"):
+            values = getattr(self, name)
+            if not values or min(values) < 1:
+                raise ValueError(f"{name} must be a non-empty list of positive integers, got {list(values)}")
+        unknown = [p for p in self.policies if p not in POLICIES]
+        if not self.policies or unknown:
+            raise ValueError(f"policies must be a non-empty subset of {POLICIES}, got {list(self.policies)}")
+        if not 2 <= self.classes <= MAX_CLASSES:
+            raise ValueError(f"classes must be in [2, {MAX_CLASSES}] (chance must be below 1), got {self.classes}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+
+
+def scene_seed(seed: int, split: int, index: int) -> int:
+    """Independent scene seeds for each (run seed, split, episode index)."""
+    return int(np.random.SeedSequence([seed, split, index]).generate_state(1)[0])
+
+
+@dataclass(frozen=True)
+class Episode:
+    cls: int
+    seed: int
+    frames: list[np.ndarray]
+
+
+def make_episodes(spec: BenchSpec, split: int, count: int, distractors: int) -> list[Episode]:
+    episodes = []
+    for index in range(count):
+        seed, cls = scene_seed(spec.seed, split, index), index % spec.classes
+        scene = CueScene(seed, classes=spec.classes, height=FRAME_HW[0], width=FRAME_HW[1])
+        episodes.append(Episode(cls, seed, scene.episode(cls, distractors)))
+    return episodes
+
+
+def _engine(checkpoint: Checkpoint, policy: MemoryPolicy, capacity: int) -> VlaEngine:
+    engine = VlaEngine(checkpoint, backend="numpy", kv_capacity_tokens=capacity, policy=policy)
+    engine.set_prompt(list(PROMPT))
+    return engine
+
+
+def window_capacity(checkpoint: Checkpoint, frames: int) -> int:
+    """KV tokens for ``frames`` frames beside the pinned prompt and the action scratch."""
+    config = checkpoint.config
+    return len(PROMPT) + frames * config.vision.tokens_per_frame + config.action.dof
+
+
+def cosine_protect(frames: int) -> int:
+    """The configured default (4), but never more than half the window, so cosine can choose."""
+    return min(4, frames // 2)
+
+
+def _window_policy(name: str, frames: int) -> MemoryPolicy:
+    return make_policy(name, {"kv.cosine.protect_recent_frames": cosine_protect(frames)})
+
+
+def _memory_columns(engine: VlaEngine) -> dict[str, int]:
+    stats = engine.memory_stats()
+    return {"memory_bytes": stats.memory_bytes, "kv_bytes": stats.kv_bytes, "state_bytes": stats.state_bytes}
+
+
+def _summarise(per_episode: list[dict[str, Any]]) -> dict[str, Any]:
+    """Episode results -> one row's shared columns (means of rates, max of bytes)."""
+    return {
+        "episodes": len(per_episode),
+        "writes_per_frame": float(np.mean([e["writes"] / e["frames"] for e in per_episode])),
+        "evictions": float(np.mean([e["evictions"] for e in per_episode])),
+        **{key: max(e[key] for e in per_episode) for key in ("memory_bytes", "kv_bytes", "state_bytes")},
+    }
+
+
+def run_window(checkpoint: Checkpoint, name: str, frames: int, episodes: list[Episode]) -> dict[str, Any]:
+    """fifo or cosine with a ``frames``-frame budget: is the cue still cached and read at the query?"""
+    engine = _engine(checkpoint, _window_policy(name, frames), window_capacity(checkpoint, frames))
+    results = []
+    for episode in episodes:
+        engine.set_prompt(list(PROMPT))
+        cue = engine.add_frame(episode.frames[0])
+        cue_entry = engine.policy.frames[-1]  # the policy's own record of the cue: identity survives slot reuse
+        for image in episode.frames[1:-1]:
+            engine.add_frame(image)
+        query = engine.add_frame(episode.frames[-1], probe_attention=True)
+        kept = any(entry is cue_entry for entry in engine.policy.frames)
+        attention = float(query.attention[..., cue.slots].sum(axis=-1).mean()) if kept else 0.0
+        stats = engine.memory_stats()
+        results.append({"kept": kept, "attention": attention, "uniform": cue.slots.size / engine.arena.used,
+                        "writes": stats.writes, "frames": stats.frames_seen, "evictions": stats.evictions,
+                        **_memory_columns(engine)})
+    return {
+        "cue_kept": float(np.mean([r["kept"] for r in results])),
+        "cue_attention": float(np.mean([r["attention"] for r in results])),
+        "uniform_attention": float(np.mean([r["uniform"] for r in results])),
+        **_summarise(results),
+    }
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    norm = float(np.linalg.norm(x))
+    return (x / norm).astype(np.float32) if norm > 0 else x.astype(np.float32)
+
+
+def aura_read(engine: VlaEngine, image: np.ndarray) -> np.ndarray:
+    """What the aura memory adds to ``image`` right now: r - v, r = W q + b with q and v as ``AuraPolicy`` makes them."""
+    policy = engine.policy
+    z = engine.encoder.encode(image).mean(axis=0, dtype=np.float32)
+    return policy.memory.read(_unit(policy.q_proj @ z)) - policy.v_proj @ z
+
+
+def aura_policy(gate: str, rate: float, seed: int) -> AuraPolicy:
+    if gate == "surprise":
+        return make_policy("aura")
+    if gate == "every_frame":
+        return AuraPolicy(gate="periodic", gate_rate=1.0)
+    return AuraPolicy(gate=gate, gate_rate=rate, seed=seed)
+
+
+def aura_episodes(engine: VlaEngine, gate: str, rate: float, episodes: list[Episode]) -> list[dict[str, Any]]:
+    """Run each episode under a fresh aura policy; its read at the query, writes and bytes."""
+    results = []
+    for episode in episodes:
+        engine.set_policy(aura_policy(gate, rate, episode.seed))
+        for image in episode.frames[:-1]:
+            engine.add_frame(image)
+        read = aura_read(engine, episode.frames[-1])
+        engine.add_frame(episode.frames[-1])
+        stats = engine.memory_stats()
+        results.append({"cls": episode.cls, "read": read, "writes": stats.writes, "frames": stats.frames_seen,
+                        "evictions": stats.evictions, **_memory_columns(engine)})
+    return results
+
+
+def prototype_accuracy(prototype_runs: list[dict[str, Any]], test_runs: list[dict[str, Any]], classes: int) -> float:
+    """Fraction of test reads whose nearest centred class prototype (by cosine) is their own class."""
+    prototypes = np.stack([np.mean([r["read"] for r in prototype_runs if r["cls"] == c], axis=0)
+                           for c in range(classes)])
+    centre = prototypes.mean(axis=0)
+    centred = np.stack([_unit(p - centre) for p in prototypes])
+    hits = [int(np.argmax(centred @ _unit(r["read"] - centre))) == r["cls"] for r in test_runs]
+    return float(np.mean(hits))
+
+
+def readout_ceiling(checkpoint: Checkpoint, spec: BenchSpec, tests: list[Episode], prototypes: list[Episode]) -> float:
+    """The same readout on v_cue - v_query (v = W_v z): what a memory returning the cue's value exactly would
+    give. At chance, the readout cannot tell the classes apart even from a perfect memory."""
+    encoder, v_proj = FrameEncoder.from_checkpoint(checkpoint), checkpoint.float32("aura.v_proj.weight")
+
+    def value(image: np.ndarray) -> np.ndarray:
+        return v_proj @ encoder.encode(image).mean(axis=0, dtype=np.float32)
+
+    def values(episodes: list[Episode]) -> list[dict[str, Any]]:
+        return [{"cls": e.cls, "read": value(e.frames[0]) - value(e.frames[-1])} for e in episodes]
+
+    return prototype_accuracy(values(prototypes), values(tests), spec.classes)
+
+
+def above_chance(accuracy: float, chance: float, episodes: int) -> bool:
+    """More than two binomial standard errors above chance."""
+    return accuracy > chance + 2 * math.sqrt(chance * (1 - chance) / episodes)
+
+
+def run_aura(checkpoint: Checkpoint, spec: BenchSpec, tests: list[Episode],
+             prototypes: list[Episode]) -> list[dict[str, Any]]:
+    """The four aura gates at one N; the baselines get the write rate the surprise gate measured."""
+    config = checkpoint.config
+    capacity = len(PROMPT) + 1 + config.vision.tokens_per_frame + config.action.dof
+    engine = _engine(checkpoint, make_policy("aura"), capacity)
+    rows, rate = [], 1.0
+    for gate in AURA_GATES:
+        test_runs = aura_episodes(engine, gate, rate, tests)
+        proto_runs = aura_episodes(engine, gate, rate, prototypes)
+        if gate == "surprise":
+            measured = sum(r["writes"] for r in test_runs) / sum(r["frames"] for r in test_runs)
+            rate = min(1.0, max(measured, 1e-6))
+        rows.append({"policy": "aura", "gate": gate,
+                     "gate_rate": None if gate == "surprise" else (1.0 if gate == "every_frame" else rate),
+                     "kv_capacity_tokens": capacity, "protect_recent_frames": None,
+                     "cue_kept": None, "cue_attention": None, "uniform_attention": None,
+                     "readout_accuracy": prototype_accuracy(proto_runs, test_runs, spec.classes),
+                     **_summarise(test_runs)})
+    return rows
+
+
+@contextmanager
+def _timing(policy: MemoryPolicy, names: tuple[str, ...]) -> Iterator[list[float]]:
+    """Accumulate the time spent in ``policy``'s named methods into the yielded one-element list."""
+    spent = [0.0]
+    originals = {name: getattr(policy, name) for name in names}
+
+    def timed(method: Callable) -> Callable:
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - start
+        return call
+
+    for name, method in originals.items():
+        setattr(policy, name, timed(method))
+    try:
+        yield spent
+    finally:
+        for name in names:
+            delattr(policy, name)  # the instance attribute goes; the class's method shows again
+
+
+def measure_overhead(checkpoint: Checkpoint, name: str, spec: BenchSpec) -> dict[str, Any]:
+    """Median per-frame cost of the policy's own work, and of the whole add_frame, on a full arena."""
+    arena_frames = spec.overhead_arena_frames
+    engine = _engine(checkpoint, _window_policy(name, arena_frames), window_capacity(checkpoint, arena_frames))
+    scene = CueScene(scene_seed(spec.seed, OVERHEAD, 0), classes=spec.classes, height=FRAME_HW[0], width=FRAME_HW[1])
+    for _ in range(arena_frames):  # fill the window first, so every timed frame evicts
+        engine.add_frame(scene.distractor_frame())
+    methods = ("frame_prefix", "make_room", "add_frame") if name == "aura" else ("make_room", "add_frame")
+    policy_ms, total_ms = [], []
+    images = [scene.distractor_frame() for _ in range(spec.overhead_frames)]
+    with _timing(engine.policy, methods) as spent:
+        for image in images:
+            spent[0] = 0.0
+            start = time.perf_counter()
+            engine.add_frame(image)
+            total_ms.append((time.perf_counter() - start) * 1e3)
+            policy_ms.append(spent[0] * 1e3)
+    return {"policy": name, "arena_frames": arena_frames, "frames": len(images),
+            "policy_ms": float(np.median(policy_ms)), "add_frame_ms": float(np.median(total_ms))}
+
+
+def evaluate_claims(rows: list[dict[str, Any]], episodes: int, chance: float,
+                    ceiling: float | None) -> list[dict[str, Any]]:
+    """Each claim's verdict from the measured rows; nothing here knows the answer in advance."""
+    def find(policy: str, **where) -> list[dict[str, Any]]:
+        return [r for r in rows if r["policy"] == policy and all(r[k] == v for k, v in where.items())]
+
+    def verdict(tested: bool, passed: list[bool]) -> str:
+        return "not tested" if not (tested and passed) else "holds" if all(passed) else "fails"
+
+    cells = [{"distractors": f["distractors"], "budget_frames": f["budget_frames"], "fifo_cue_kept": f["cue_kept"],
+              "cosine_cue_kept": c["cue_kept"], "cosine_cue_attention": c["cue_attention"],
+              "uniform_attention": c["uniform_attention"]}
+             for f in find("fifo") if f["cue_kept"] == 0
+             for c in find("cosine", distractors=f["distractors"], budget_frames=f["budget_frames"])]
+    claims = [{"id": "1", "claim": "cosine keeps the cue (in most episodes) in every cell where fifo lost it in all",
+               "verdict": verdict(True, [c["cosine_cue_kept"] > 0.5 for c in cells]), "evidence": cells}]
+
+    sizes = sorted({r["state_bytes"] for r in find("aura")})
+    claims.append({"id": "2a", "claim": "aura state bytes are the same for every number of distractors",
+                   "verdict": verdict(True, [len(sizes) == 1] if sizes else []),
+                   "evidence": {"state_bytes": sizes, "distractors": sorted({r["distractors"] for r in find("aura")})}})
+    per_n = []
+    for surprise in find("aura", gate="surprise"):
+        gates = {r["gate"]: r for r in find("aura", distractors=surprise["distractors"])}
+        per_n.append({"distractors": surprise["distractors"], "chance": chance, "readout_ceiling": ceiling,
+                      **{f"{g}_accuracy": gates[g]["readout_accuracy"] for g in AURA_GATES},
+                      **{f"{g}_writes_per_frame": gates[g]["writes_per_frame"] for g in AURA_GATES}})
+    # recall comparisons mean nothing when the readout cannot tell the classes apart from the cue itself
+    readable = ceiling is not None and above_chance(ceiling, chance, episodes)
+    claims.append({"id": "2b", "claim": f"the surprise gate writes at least {SEVERAL:g}x less than write-every-frame, "
+                                         "at equal or better readout accuracy that is above chance, for every N",
+                   "verdict": verdict(readable, [
+                       c["every_frame_writes_per_frame"] >= SEVERAL * c["surprise_writes_per_frame"]
+                       and c["surprise_accuracy"] >= c["every_frame_accuracy"]
+                       and above_chance(c["surprise_accuracy"], chance, episodes) for c in per_n]),
+                   "evidence": per_n})
+    claims.append({"id": "3", "claim": "random and periodic gates at the surprise gate's write budget read out less "
+                                        "accurately than the surprise gate, for every N",
+                   "verdict": verdict(readable, [
+                       c["surprise_accuracy"] > max(c["random_accuracy"], c["periodic_accuracy"]) for c in per_n]),
+                   "evidence": per_n})
+    claims.append({"id": "4", "claim": "dms compresses the KV cache without losing the cue",
+                   "verdict": "not tested", "evidence": "the dms policy is not implemented"})
+    return claims
+
+
+def _window_rows(checkpoint: Checkpoint, spec: BenchSpec, n: int, tests: list[Episode],
+                 progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    rows = []
+    for name in (p for p in spec.policies if p != "aura"):
+        for frames in spec.budgets:
+            start = time.perf_counter()
+            rows.append({"policy": name, "gate": None, "gate_rate": None, "distractors": n, "budget_frames": frames,
+                         "kv_capacity_tokens": window_capacity(checkpoint, frames),
+                         "protect_recent_frames": cosine_protect(frames) if name == "cosine" else None,
+                         **run_window(checkpoint, name, frames, tests), "readout_accuracy": None})
+            progress(f"{name:<6} N={n:<4} F={frames:<3} cue kept {rows[-1]['cue_kept']:.2f} "
+                     f"({time.perf_counter() - start:.1f} s)")
+    return rows
+
+
+def run_bench(spec: BenchSpec, model_dir: Path | None = None,
+              progress: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+    """Run the whole sweep and return the report (see the module doc for its schema)."""
+    spec.validate()
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="vla-memory-bench-") as scratch:
+        model_name = str(model_dir) if model_dir else f"tiny preset, seed {MODEL_SEED}"
+        model_dir = model_dir or write_random_model(Path(scratch) / "tiny", preset("tiny"), seed=MODEL_SEED)
+        checkpoint = load_checkpoint(model_dir)
+        rows, ceiling = [], None
+        for n in spec.distractors:
+            tests = make_episodes(spec, TEST, spec.episodes, n)
+            rows += _window_rows(checkpoint, spec, n, tests, progress)
+            if "aura" in spec.policies:
+                cell_start = time.perf_counter()
+                prototypes = make_episodes(spec, PROTOTYPE, spec.classes * spec.prototypes_per_class, n)
+                if ceiling is None:  # cue frames do not depend on N
+                    ceiling = readout_ceiling(checkpoint, spec, tests, prototypes)
+                rows += [{**row, "distractors": n, "budget_frames": None}
+                         for row in run_aura(checkpoint, spec, tests, prototypes)]
+                progress(f"aura   N={n:<4} {len(AURA_GATES)} gates ({time.perf_counter() - cell_start:.1f} s)")
+        for row in rows:
+            row["chance"] = 1.0 / spec.classes
+        overhead = []
+        for name in spec.policies:
+            overhead.append(measure_overhead(checkpoint, name, spec))
+            progress(f"{name:<6} overhead at {spec.overhead_arena_frames} frames: {overhead[-1]['policy_ms']:.3f} ms")
+        config = checkpoint.config
+        kv_bytes_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
+    return {
+        "schema": SCHEMA,
+        "config": {"model": model_name, "episodes": spec.episodes, "distractors": list(spec.distractors),
+                   "budgets": list(spec.budgets), "policies": list(spec.policies), "classes": spec.classes,
+                   "seed": spec.seed, "prototypes_per_class": spec.prototypes_per_class,
+                   "prompt_tokens": len(PROMPT), "tokens_per_frame": config.vision.tokens_per_frame,
+                   "dof": config.action.dof, "kv_bytes_per_token": kv_bytes_per_token, "frame_hw": list(FRAME_HW)},
+        "rows": rows,
+        "aura_readout_ceiling": ceiling,
+        "overhead": overhead,
+        "claims": evaluate_claims(rows, spec.episodes, 1.0 / spec.classes, ceiling),
+        "runtime_s": time.perf_counter() - start,
+    }
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, fmt)
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The report as text: one row per policy x N x F (aura: x gate), overheads, then the claims."""
+    header = (f"{'policy':<6} {'gate':<13} {'N':>4} {'F':>3} {'cue kept':>8} {'cue attn':>8} {'uniform':>7} "
+              f"{'readout':>7} {'chance':>6} {'writes/fr':>9} {'evict':>6} {'memory B':>10} {'kv B':>10} "
+              f"{'state B':>7}")
+    lines = [header, "-" * len(header)]
+    for r in report["rows"]:
+        gate = r["gate"] or "-"
+        if r["gate"] in ("random", "periodic"):
+            gate += f" {r['gate_rate']:.2f}"
+        lines.append(f"{r['policy']:<6} {gate:<13} {r['distractors']:>4} {_cell(r['budget_frames'], 'd'):>3} "
+                     f"{_cell(r['cue_kept'], '.2f'):>8} {_cell(r['cue_attention'], '.4f'):>8} "
+                     f"{_cell(r['uniform_attention'], '.4f'):>7} {_cell(r['readout_accuracy'], '.2f'):>7} "
+                     f"{r['chance']:>6.2f} {r['writes_per_frame']:>9.3f} {r['evictions']:>6.1f} "
+                     f"{r['memory_bytes']:>10,} {r['kv_bytes']:>10,} {r['state_bytes']:>7,}")
+    lines.append("")
+    for o in report["overhead"]:
+        lines.append(f"overhead {o['policy']:<6} at {o['arena_frames']} frames: policy {o['policy_ms']:.3f} ms/frame "
+                     f"(median of {o['frames']}), whole add_frame {o['add_frame_ms']:.2f} ms")
+    lines.append("")
+    for c in report["claims"]:
+        lines.append(f"claim {c['id']:<2} {c['verdict'].upper():<10} {c['claim']}")
+    if report["aura_readout_ceiling"] is not None:
+        lines.append(f"aura readout ceiling (v_cue - v_query, a perfect memory): {report['aura_readout_ceiling']:.2f} "
+                     f"(chance {1 / report['config']['classes']:.2f})")
+    return "\n".join(lines)
+
+
+def write_report(report: dict[str, Any], out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "memory_bench.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    return path
