@@ -24,8 +24,9 @@ def test_plan_matches_what_the_numpy_engine_allocates(tiny_model):
     c = checkpoint.config
     assert plan.kv_bytes_per_token == 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4
     # the plan counts every stored tensor widened to fp32; the decoder share of it is what the backend holds
-    vision = sum(checkpoint.tensors[n].array.size for n in checkpoint.tensors if n.startswith("vision.")) * 4
-    assert plan.weight_bytes - vision == backend_weights
+    # (the frame encoder and the aura memory's projections live beside it)
+    beside = sum(t.array.size for n, t in checkpoint.tensors.items() if n.startswith(("vision.", "aura."))) * 4
+    assert plan.weight_bytes - beside == backend_weights
     assert plan.total_bytes == plan.weight_bytes + plan.kv_arena_bytes + plan.workspace_bytes
 
 

@@ -98,7 +98,7 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               "relative paths are resolved against the working directory."),
         Param("backend", "auto", "Compute backend: auto picks cuda when a GPU is present, else numpy.",
               choices=("auto", "numpy", "cuda")),
-        Param("kv_capacity_tokens", 1024, "Slots in the KV arena (prompt + frames + action scratch).",
+        Param("kv_capacity_tokens", 512, "Slots in the KV arena (prompt + frames + action scratch).",
               minimum=8, maximum=1 << 20),
         Param("budget_bytes", 5_000_000_000, "Memory budget for weights + KV arena + workspace; a plan over "
               "it is refused before anything loads.", minimum=1 << 20, maximum=1 << 42),
