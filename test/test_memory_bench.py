@@ -12,7 +12,7 @@ from vla_edge_ros.memory_bench import AURA_GATES, SCHEMA, BenchSpec, format_tabl
 from vla_edge_ros.model.init_model import preset, write_random_model
 from vla_edge_ros.scenes import MAX_CLASSES, CueScene
 
-ROW_KEYS = {"policy", "gate", "gate_rate", "distractors", "budget_frames", "kv_capacity_tokens",
+ROW_KEYS = {"policy", "gate", "gate_rate", "signature", "distractors", "budget_frames", "kv_capacity_tokens",
             "protect_recent_frames", "episodes", "cue_kept", "cue_attention", "uniform_attention",
             "readout_accuracy", "chance", "writes_per_frame", "evictions", "memory_bytes", "kv_bytes", "state_bytes"}
 
@@ -67,7 +67,9 @@ def test_report_schema(report):
     assert report["schema"] == SCHEMA
     assert {"config", "rows", "aura_readout_ceiling", "overhead", "claims", "runtime_s"} <= report.keys()
     assert all(row.keys() == ROW_KEYS for row in report["rows"])
-    assert len(report["rows"]) == 2 * (2 * 2 + len(AURA_GATES))  # N x (fifo, cosine x F + aura gates)
+    # N x (fifo x F + cosine x 3 signatures x F + aura gates)
+    assert len(report["rows"]) == 2 * (2 + 3 * 2 + len(AURA_GATES))
+    assert {r["signature"] for r in report["rows"] if r["policy"] == "cosine"} == {"keys", "values", "embeddings"}
     assert [o["policy"] for o in report["overhead"]] == ["fifo", "cosine", "aura"]
     assert all(o["policy_ms"] > 0 and o["add_frame_ms"] >= o["policy_ms"] for o in report["overhead"])
     assert [c["id"] for c in report["claims"]] == ["1", "2a", "2b", "3", "4"]
@@ -104,10 +106,10 @@ def test_cli_writes_the_json(one_layer_model, tmp_path, capsys):
     assert data["config"]["policies"] == ["fifo", "aura"] and data["config"]["distractors"] == [6]
     assert {r["cue_kept"] for r in data["rows"] if r["policy"] == "fifo"} == {0.0}
     assert data["claims"][0]["verdict"] == "not tested"  # no cosine, nothing to compare
-    assert "memory_bench.json" in out.out and "fifo   N=6" in out.err
+    assert "memory_bench.json" in out.out and "N=6" in out.err
 
 
-@pytest.mark.parametrize("bad", [["--distractors", ""], ["--budgets", "0,4"], ["--policies", "fifo,lru"],
+@pytest.mark.parametrize("bad", [["--distractors", ""], ["--budgets", "0,4"], ["--policies", "fifo,lru"], ["--cosine-signatures", "pixels"],
                                  ["--episodes", "-1"], ["--classes", "9"], ["--seed", "x"]])
 def test_bad_cli_values_exit_2(bad, capsys):
     with pytest.raises(SystemExit) as exc:

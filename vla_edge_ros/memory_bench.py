@@ -29,8 +29,9 @@ Output ``memory_bench.json`` (schema ``vla_edge_ros.memory_bench/1``)::
     config      model ("tiny preset, seed S" or the --model path), episodes, distractors [N],
                 budgets [F], policies, classes K, seed, prototypes_per_class, prompt_tokens,
                 tokens_per_frame, dof, kv_bytes_per_token, frame_hw
-    rows        one per policy x N x F (aura: policy x N x gate, budget_frames null):
+    rows        one per policy x N x F (cosine: x signature; aura: x gate, budget_frames null):
                   policy, gate (aura: surprise|every_frame|random|periodic, else null),
+                  signature (cosine: keys|values|embeddings, else null),
                   gate_rate (aura baselines' write rate, else null), distractors, budget_frames,
                   kv_capacity_tokens, protect_recent_frames (cosine, else null), episodes,
                   cue_kept (fraction of episodes; fifo/cosine, else null),
@@ -63,6 +64,7 @@ from typing import Any
 import numpy as np
 
 from .memory import POLICIES, AuraPolicy, MemoryPolicy, make_policy
+from .memory.cosine import SIGNATURES
 from .model.checkpoint import Checkpoint, load_checkpoint
 from .model.engine import VlaEngine
 from .model.init_model import preset, write_random_model
@@ -86,6 +88,7 @@ class BenchSpec:
     distractors: tuple[int, ...] = (4, 16, 64)
     budgets: tuple[int, ...] = (4, 8, 16)
     policies: tuple[str, ...] = POLICIES
+    cosine_signatures: tuple[str, ...] = SIGNATURES  # the first is the one the claims judge
     classes: int = 4
     seed: int = 0
     prototypes_per_class: int = 4
@@ -100,6 +103,9 @@ class BenchSpec:
             values = getattr(self, name)
             if not values or min(values) < 1:
                 raise ValueError(f"{name} must be a non-empty list of positive integers, got {list(values)}")
+        if not self.cosine_signatures or any(sig not in SIGNATURES for sig in self.cosine_signatures):
+            raise ValueError(f"cosine_signatures must be a non-empty subset of {SIGNATURES}, "
+                             f"got {list(self.cosine_signatures)}")
         unknown = [p for p in self.policies if p not in POLICIES]
         if not self.policies or unknown:
             raise ValueError(f"policies must be a non-empty subset of {POLICIES}, got {list(self.policies)}")
@@ -147,8 +153,11 @@ def cosine_protect(frames: int) -> int:
     return min(4, frames // 2)
 
 
-def _window_policy(name: str, frames: int) -> MemoryPolicy:
-    return make_policy(name, {"kv.cosine.protect_recent_frames": cosine_protect(frames)})
+def _window_policy(name: str, frames: int, signature: str | None = None) -> MemoryPolicy:
+    knobs: dict[str, Any] = {"kv.cosine.protect_recent_frames": cosine_protect(frames)}
+    if signature is not None:
+        knobs["kv.cosine.signature"] = signature
+    return make_policy(name, knobs)
 
 
 def _memory_columns(engine: VlaEngine) -> dict[str, int]:
@@ -166,9 +175,10 @@ def _summarise(per_episode: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def run_window(checkpoint: Checkpoint, name: str, frames: int, episodes: list[Episode]) -> dict[str, Any]:
+def run_window(checkpoint: Checkpoint, name: str, frames: int, episodes: list[Episode],
+               signature: str | None = None) -> dict[str, Any]:
     """fifo or cosine with a ``frames``-frame budget: is the cue still cached and read at the query?"""
-    engine = _engine(checkpoint, _window_policy(name, frames), window_capacity(checkpoint, frames))
+    engine = _engine(checkpoint, _window_policy(name, frames, signature), window_capacity(checkpoint, frames))
     results = []
     for episode in episodes:
         engine.set_prompt(list(PROMPT))
@@ -323,7 +333,7 @@ def measure_overhead(checkpoint: Checkpoint, name: str, spec: BenchSpec) -> dict
 
 
 def evaluate_claims(rows: list[dict[str, Any]], episodes: int, chance: float,
-                    ceiling: float | None) -> list[dict[str, Any]]:
+                    ceiling: float | None, signature: str = SIGNATURES[0]) -> list[dict[str, Any]]:
     """Each claim's verdict from the measured rows; nothing here knows the answer in advance."""
     def find(policy: str, **where) -> list[dict[str, Any]]:
         return [r for r in rows if r["policy"] == policy and all(r[k] == v for k, v in where.items())]
@@ -335,8 +345,10 @@ def evaluate_claims(rows: list[dict[str, Any]], episodes: int, chance: float,
               "cosine_cue_kept": c["cue_kept"], "cosine_cue_attention": c["cue_attention"],
               "uniform_attention": c["uniform_attention"]}
              for f in find("fifo") if f["cue_kept"] == 0
-             for c in find("cosine", distractors=f["distractors"], budget_frames=f["budget_frames"])]
-    claims = [{"id": "1", "claim": "cosine keeps the cue (in most episodes) in every cell where fifo lost it in all",
+             for c in find("cosine", distractors=f["distractors"], budget_frames=f["budget_frames"],
+                           signature=signature)]
+    claims = [{"id": "1", "claim": f"cosine ({signature} signature) keeps the cue (in most episodes) in every cell "
+                                    "where fifo lost it in all",
                "verdict": verdict(True, [c["cosine_cue_kept"] > 0.5 for c in cells]), "evidence": cells}]
 
     sizes = sorted({r["state_bytes"] for r in find("aura")})
@@ -372,14 +384,16 @@ def _window_rows(checkpoint: Checkpoint, spec: BenchSpec, n: int, tests: list[Ep
                  progress: Callable[[str], None]) -> list[dict[str, Any]]:
     rows = []
     for name in (p for p in spec.policies if p != "aura"):
-        for frames in spec.budgets:
-            start = time.perf_counter()
-            rows.append({"policy": name, "gate": None, "gate_rate": None, "distractors": n, "budget_frames": frames,
-                         "kv_capacity_tokens": window_capacity(checkpoint, frames),
-                         "protect_recent_frames": cosine_protect(frames) if name == "cosine" else None,
-                         **run_window(checkpoint, name, frames, tests), "readout_accuracy": None})
-            progress(f"{name:<6} N={n:<4} F={frames:<3} cue kept {rows[-1]['cue_kept']:.2f} "
-                     f"({time.perf_counter() - start:.1f} s)")
+        for signature in spec.cosine_signatures if name == "cosine" else (None,):
+            for frames in spec.budgets:
+                start = time.perf_counter()
+                rows.append({"policy": name, "gate": None, "gate_rate": None, "signature": signature,
+                             "distractors": n, "budget_frames": frames,
+                             "kv_capacity_tokens": window_capacity(checkpoint, frames),
+                             "protect_recent_frames": cosine_protect(frames) if name == "cosine" else None,
+                             **run_window(checkpoint, name, frames, tests, signature), "readout_accuracy": None})
+                progress(f"{name:<6} {signature or '':<10} N={n:<4} F={frames:<3} cue kept "
+                         f"{rows[-1]['cue_kept']:.2f} ({time.perf_counter() - start:.1f} s)")
     return rows
 
 
@@ -401,7 +415,7 @@ def run_bench(spec: BenchSpec, model_dir: Path | None = None,
                 prototypes = make_episodes(spec, PROTOTYPE, spec.classes * spec.prototypes_per_class, n)
                 if ceiling is None:  # cue frames do not depend on N
                     ceiling = readout_ceiling(checkpoint, spec, tests, prototypes)
-                rows += [{**row, "distractors": n, "budget_frames": None}
+                rows += [{**row, "signature": None, "distractors": n, "budget_frames": None}
                          for row in run_aura(checkpoint, spec, tests, prototypes)]
                 progress(f"aura   N={n:<4} {len(AURA_GATES)} gates ({time.perf_counter() - cell_start:.1f} s)")
         for row in rows:
@@ -415,14 +429,15 @@ def run_bench(spec: BenchSpec, model_dir: Path | None = None,
     return {
         "schema": SCHEMA,
         "config": {"model": model_name, "episodes": spec.episodes, "distractors": list(spec.distractors),
-                   "budgets": list(spec.budgets), "policies": list(spec.policies), "classes": spec.classes,
+                   "budgets": list(spec.budgets), "policies": list(spec.policies),
+                   "cosine_signatures": list(spec.cosine_signatures), "classes": spec.classes,
                    "seed": spec.seed, "prototypes_per_class": spec.prototypes_per_class,
                    "prompt_tokens": len(PROMPT), "tokens_per_frame": config.vision.tokens_per_frame,
                    "dof": config.action.dof, "kv_bytes_per_token": kv_bytes_per_token, "frame_hw": list(FRAME_HW)},
         "rows": rows,
         "aura_readout_ceiling": ceiling,
         "overhead": overhead,
-        "claims": evaluate_claims(rows, spec.episodes, 1.0 / spec.classes, ceiling),
+        "claims": evaluate_claims(rows, spec.episodes, 1.0 / spec.classes, ceiling, spec.cosine_signatures[0]),
         "runtime_s": time.perf_counter() - start,
     }
 
@@ -433,12 +448,12 @@ def _cell(value: float | None, fmt: str) -> str:
 
 def format_table(report: dict[str, Any]) -> str:
     """The report as text: one row per policy x N x F (aura: x gate), overheads, then the claims."""
-    header = (f"{'policy':<6} {'gate':<13} {'N':>4} {'F':>3} {'cue kept':>8} {'cue attn':>8} {'uniform':>7} "
+    header = (f"{'policy':<6} {'variant':<13} {'N':>4} {'F':>3} {'cue kept':>8} {'cue attn':>8} {'uniform':>7} "
               f"{'readout':>7} {'chance':>6} {'writes/fr':>9} {'evict':>6} {'memory B':>10} {'kv B':>10} "
               f"{'state B':>7}")
     lines = [header, "-" * len(header)]
     for r in report["rows"]:
-        gate = r["gate"] or "-"
+        gate = r["gate"] or (f"sig {r['signature']}" if r["signature"] else "-")
         if r["gate"] in ("random", "periodic"):
             gate += f" {r['gate_rate']:.2f}"
         lines.append(f"{r['policy']:<6} {gate:<13} {r['distractors']:>4} {_cell(r['budget_frames'], 'd'):>3} "
