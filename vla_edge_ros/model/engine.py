@@ -73,6 +73,9 @@ def make_backend(name: str, checkpoint: Checkpoint, arena: KVArena) -> Backend:
     return NumpyBackend(checkpoint, arena)
 
 
+PREFILL_CHUNK_TOKENS = 1024  # prompt tokens per forward pass: bounds the attention workspace
+
+
 @dataclass
 class FramePrefill:
     """A frame now in memory: the last hidden state to decode the action from, and where it ends."""
@@ -131,19 +134,54 @@ class VlaEngine:
         self.policy = policy or FifoPolicy()
         self.policy.attach(self)
 
-    def set_prompt(self, token_ids: list[int] | np.ndarray) -> None:
-        """Start an episode: clear the cache and prefill (and pin) the instruction tokens."""
+    def set_prompt(self, token_ids: list[int] | np.ndarray, cached: dict[str, np.ndarray] | None = None) -> None:
+        """Start an episode: clear the cache and prefill (and pin) the instruction tokens.
+
+        ``cached`` is the prompt's KV as ``prompt_kv`` returned it (from the KV store): it is placed
+        into the arena instead of being recomputed. Long prompts prefill in chunks, which bounds the
+        attention workspace at chunk x arena instead of prompt x arena.
+        """
         ids = np.asarray(token_ids, dtype=np.int32)
         prefix = 1 if self.policy.needs_prefix else 0
         if ids.size + prefix + self.tokens_per_frame + self.scratch_tokens > self.arena.capacity:
             raise ValueError(f"prompt of {ids.size} tokens leaves no room for a frame in a "
                              f"{self.arena.capacity}-token arena")
+        if cached is not None:
+            self._check_prompt_kv(ids, cached)
         self.arena.release(np.arange(self.arena.capacity))
         self._prompt_ids = ids
         self.prompt_slots = self.arena.allocate(ids.size)
-        if ids.size:
-            self.backend.forward(np.arange(ids.size, dtype=np.int32), self.prompt_slots, token_ids=ids)
+        if cached is not None:
+            self.arena.commit(self.prompt_slots, np.arange(ids.size, dtype=np.int32))
+            self.backend.write_kv(self.prompt_slots, cached["keys"], cached["values"])
+        else:
+            for start in range(0, ids.size, PREFILL_CHUNK_TOKENS):
+                chunk = slice(start, start + PREFILL_CHUNK_TOKENS)
+                self.backend.forward(np.arange(start, min(start + PREFILL_CHUNK_TOKENS, ids.size), dtype=np.int32),
+                                     self.prompt_slots[chunk], token_ids=ids[chunk])
         self.policy.reset()
+
+    @property
+    def prompt_ids(self) -> np.ndarray:
+        return self._prompt_ids.copy()
+
+    def prompt_kv(self) -> dict[str, np.ndarray]:
+        """The pinned prompt's token ids, positions, keys and values: what the KV store keeps of it."""
+        keys, values = self.backend.read_kv(self.prompt_slots)
+        return {"token_ids": self._prompt_ids.copy(), "positions": self.arena.positions[self.prompt_slots].copy(),
+                "keys": keys, "values": values}
+
+    def _check_prompt_kv(self, ids: np.ndarray, cached: dict[str, np.ndarray]) -> None:
+        c = self.config
+        expected = (c.num_hidden_layers, c.num_key_value_heads, ids.size, c.head_dim)
+        try:
+            same = (np.array_equal(cached["token_ids"], ids) and cached["keys"].shape == expected
+                    and cached["values"].shape == expected
+                    and np.array_equal(cached["positions"], np.arange(ids.size)))
+        except KeyError as exc:
+            raise ValueError(f"cached prompt KV lacks {exc}") from None
+        if not same:
+            raise ValueError(f"cached prompt KV does not match this prompt and model (expected keys {list(expected)})")
 
     def set_policy(self, policy: MemoryPolicy) -> None:
         """Install another memory policy; an episode boundary: the cache restarts from the pinned prompt."""

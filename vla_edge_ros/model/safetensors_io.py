@@ -73,15 +73,38 @@ def read_safetensors(path: str | Path) -> dict[str, StoredTensor]:
         (header_len,) = struct.unpack("<Q", handle.read(8))
         if header_len > min(_MAX_HEADER_BYTES, size - 8):
             raise SafetensorsError(f"{path}: header length {header_len} exceeds the file ({size} bytes): truncated?")
-        try:
-            header = json.loads(handle.read(header_len))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise SafetensorsError(f"{path}: header is not valid JSON: {exc}") from exc
-    if not isinstance(header, dict):
-        raise SafetensorsError(f"{path}: header is not a JSON object")
+        header = _parse_header(handle.read(header_len), path)
     data_start = 8 + header_len
     data_len = size - data_start
     buffer = np.memmap(path, dtype=np.uint8, mode="r", offset=data_start, shape=(data_len,)) if data_len else np.empty(0, np.uint8)
+    return _tensor_views(header, buffer, path)
+
+
+def unpack_arrays(data: bytes | memoryview, source: str) -> dict[str, np.ndarray]:
+    """The arrays of an in-memory safetensors image (as ``pack_arrays`` makes), as read-only views."""
+    size = len(data)
+    if size < 8:
+        raise SafetensorsError(f"{source}: {size} bytes is too short to be a safetensors image")
+    (header_len,) = struct.unpack_from("<Q", data, 0)
+    if header_len > min(_MAX_HEADER_BYTES, size - 8):
+        raise SafetensorsError(f"{source}: header length {header_len} exceeds the image ({size} bytes)")
+    header = _parse_header(bytes(data[8:8 + header_len]), source)
+    buffer = np.frombuffer(data, dtype=np.uint8, offset=8 + header_len)
+    return {name: tensor.array for name, tensor in _tensor_views(header, buffer, source).items()}
+
+
+def _parse_header(raw: bytes, source: object) -> dict:
+    try:
+        header = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SafetensorsError(f"{source}: header is not valid JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise SafetensorsError(f"{source}: header is not a JSON object")
+    return header
+
+
+def _tensor_views(header: dict, buffer: np.ndarray, source: object) -> dict[str, StoredTensor]:
+    data_len = buffer.size
     tensors: dict[str, StoredTensor] = {}
     for name, info in header.items():
         if name == "__metadata__":
@@ -91,14 +114,14 @@ def read_safetensors(path: str | Path) -> dict[str, StoredTensor]:
             shape = tuple(int(d) for d in info["shape"])
             begin, end = (int(x) for x in info["data_offsets"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise SafetensorsError(f"{path}: tensor {name!r} has a malformed header entry: {info!r}") from exc
+            raise SafetensorsError(f"{source}: tensor {name!r} has a malformed header entry: {info!r}") from exc
         if dtype_name not in _NUMPY_DTYPES:
-            raise SafetensorsError(f"{path}: tensor {name!r} has unsupported dtype {dtype_name}")
+            raise SafetensorsError(f"{source}: tensor {name!r} has unsupported dtype {dtype_name}")
         dtype = _NUMPY_DTYPES[dtype_name]
         expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if not 0 <= begin <= end <= data_len or end - begin != expected:
             raise SafetensorsError(
-                f"{path}: tensor {name!r} ({dtype_name}{list(shape)}) has byte range [{begin}, {end}) "
+                f"{source}: tensor {name!r} ({dtype_name}{list(shape)}) has byte range [{begin}, {end}) "
                 f"that does not fit its shape or the {data_len} data bytes: truncated or corrupt")
         tensors[name] = StoredTensor(dtype_name, buffer[begin:end].view(dtype).reshape(shape))
     return tensors
@@ -106,7 +129,28 @@ def read_safetensors(path: str | Path) -> dict[str, StoredTensor]:
 
 def write_safetensors(path: str | Path, tensors: dict[str, StoredTensor], metadata: dict[str, str] | None = None) -> None:
     """Write tensors (already in their storage dtype) as one safetensors file."""
-    header: dict[str, object] = {"__metadata__": metadata or {"format": "pt"}}
+    with Path(path).open("wb") as handle:
+        for chunk in _encode(tensors, metadata or {"format": "pt"}):
+            handle.write(chunk)
+
+
+def pack_arrays(arrays: dict[str, np.ndarray]) -> bytes:
+    """One in-memory safetensors image of plain NumPy arrays (f32/f64/f16, i32/i64, u8 and bool as u8)."""
+    tensors = {}
+    for name, array in arrays.items():
+        array = np.asarray(array)
+        if array.dtype == np.bool_:
+            array = array.astype(np.uint8)
+        names = [key for key, dtype in _NUMPY_DTYPES.items() if dtype == array.dtype.newbyteorder("<") and key != "BF16"]
+        if not names:
+            raise SafetensorsError(f"array {name!r} has dtype {array.dtype}, which a safetensors image cannot hold")
+        tensors[name] = StoredTensor(names[0], array)
+    return b"".join(_encode(tensors, {"format": "np"}))
+
+
+def _encode(tensors: dict[str, StoredTensor], metadata: dict[str, str]):
+    """The header, then each tensor's little-endian bytes, as a sequence of chunks."""
+    header: dict[str, object] = {"__metadata__": metadata}
     offset = 0
     for name, tensor in tensors.items():
         nbytes = tensor.array.nbytes
@@ -114,8 +158,7 @@ def write_safetensors(path: str | Path, tensors: dict[str, StoredTensor], metada
         offset += nbytes
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # keep tensor data 8-byte aligned, as the reference writer does
-    with Path(path).open("wb") as handle:
-        handle.write(struct.pack("<Q", len(encoded)))
-        handle.write(encoded)
-        for tensor in tensors.values():
-            handle.write(np.ascontiguousarray(tensor.array).tobytes())
+    yield struct.pack("<Q", len(encoded))
+    yield encoded
+    for name, tensor in tensors.items():
+        yield np.ascontiguousarray(tensor.array, dtype=_NUMPY_DTYPES[tensor.dtype]).tobytes()

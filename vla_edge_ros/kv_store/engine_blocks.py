@@ -1,0 +1,63 @@
+"""Where the runtime uses the store: the pinned prompt's KV, and the episode memory across restarts.
+
+Block keys chain from the model fingerprint: prompt = H(fingerprint, "prompt", token ids), episode
+memory = H(prompt key, "memory", policy, name). A memory block is found by name rather than by the
+hashes of its frames, because the process restoring it has not seen those frames; it is still bound
+to the prompt, the policy and the model through the chain, and its arrays carry every kept token's
+position and KV.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..model.engine import VlaEngine
+from .keys import chain_key
+from .store import BlockStore
+
+PROMPT_KIND = "prompt"
+MEMORY_KIND = "memory"
+
+
+def prompt_key(store: BlockStore, token_ids: np.ndarray | list[int]) -> bytes:
+    return chain_key(store.fingerprint, PROMPT_KIND, np.asarray(token_ids, dtype=np.int32))
+
+
+def memory_key(store: BlockStore, token_ids: np.ndarray | list[int], policy: str, name: str) -> bytes:
+    return chain_key(prompt_key(store, token_ids), MEMORY_KIND, policy, name)
+
+
+def load_or_prefill_prompt(engine: VlaEngine, store: BlockStore, token_ids: list[int] | np.ndarray) -> bool:
+    """Start an episode from the stored prompt KV when a valid block exists (True), else prefill and store it."""
+    key = prompt_key(store, token_ids)
+    cached = store.get(key)
+    if cached is not None:
+        try:
+            engine.set_prompt(token_ids, cached=cached)
+            return True
+        except ValueError as exc:  # authenticated, yet not this prompt's shape
+            store.reject("shape", store.path_of(key).name, str(exc))
+    engine.set_prompt(token_ids)
+    store.put(key, PROMPT_KIND, engine.prompt_kv())
+    return False
+
+
+def save_memory(engine: VlaEngine, store: BlockStore, name: str) -> int:
+    """Store the current episode (every kept token's KV and the policy's state); returns bytes written."""
+    key = memory_key(store, engine.prompt_ids, engine.policy.name, name)
+    return store.put(key, MEMORY_KIND, engine.memory_state())
+
+
+def restore_memory(engine: VlaEngine, store: BlockStore, name: str) -> bool:
+    """Continue the stored episode of this prompt, policy and name if there is a valid one (True)."""
+    key = memory_key(store, engine.prompt_ids, engine.policy.name, name)
+    state = store.get(key)
+    if state is None:
+        return False
+    try:
+        engine.load_memory_state(state)
+    except (ValueError, KeyError) as exc:
+        store.reject("shape", store.path_of(key).name, f"episode memory does not fit this engine: {exc!r}")
+        engine.set_prompt(engine.prompt_ids)
+        return False
+    return True

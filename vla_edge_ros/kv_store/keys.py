@@ -1,0 +1,82 @@
+"""The AES-256 key of an encrypted store, and the chained keys that name its blocks.
+
+The secret comes from a file or an environment variable, never from the config itself, and is
+never logged. A key file that the group or others can read is refused: a KV cache holds what the
+robot saw and was told.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+
+KEY_BYTES = 32
+
+
+class StoreKeyError(ValueError):
+    """A store key that is missing, unreadable, exposed or malformed (the message never holds the key)."""
+
+
+def parse_key(text: bytes, source: str) -> bytes:
+    """64 hex digits, base64 of 32 bytes, or exactly 32 raw bytes; anything else is an error naming ``source``."""
+    stripped = text.strip()
+    if len(stripped) == 2 * KEY_BYTES:
+        try:
+            return binascii.unhexlify(stripped)
+        except binascii.Error:
+            pass
+    try:
+        decoded = base64.b64decode(stripped, validate=True)
+    except binascii.Error:
+        decoded = b""
+    if len(decoded) == KEY_BYTES:
+        return decoded
+    if len(text) == KEY_BYTES:
+        return text
+    raise StoreKeyError(f"{source}: not a 256-bit key (expected 64 hex digits, base64 of 32 bytes or 32 raw bytes)")
+
+
+def load_key(key_file: str = "", key_env: str = "") -> bytes:
+    """The key from ``key_file`` (owner-only permissions required) or else the variable ``key_env``."""
+    if key_file:
+        path = Path(key_file)
+        try:
+            mode = path.stat().st_mode
+            if mode & (stat.S_IRWXG | stat.S_IRWXO):
+                raise StoreKeyError(f"key file {path} is accessible by group or others (mode {stat.S_IMODE(mode):o}); "
+                                f"run: chmod 600 {path}")
+            return parse_key(path.read_bytes(), f"key file {path}")
+        except OSError as exc:
+            raise StoreKeyError(f"cannot read key file {path}: {exc.strerror}") from exc
+    if key_env:
+        value = os.environ.get(key_env)
+        if not value:
+            raise StoreKeyError(f"environment variable {key_env} is not set (it should hold the KV store key)")
+        return parse_key(value.encode(), f"environment variable {key_env}")
+    raise StoreKeyError("an encrypted KV store needs a key: set kv_store.key_file or kv_store.key_env")
+
+
+def write_new_key(path: str | Path) -> None:
+    """Create ``path`` (owner read/write only) holding a fresh random key in hex; refuses to overwrite."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(binascii.hexlify(os.urandom(KEY_BYTES)) + b"\n")
+
+
+def chain_key(parent: bytes, kind: str, *parts: bytes | str | np.ndarray) -> bytes:
+    """A block's key: SHA-256 of the parent block's key, the block kind and its inputs, length-prefixed."""
+    digest = hashlib.sha256()
+    for part in (parent, kind, *parts):
+        if isinstance(part, str):
+            part = part.encode()
+        elif isinstance(part, np.ndarray):
+            part = np.ascontiguousarray(part).astype(part.dtype.newbyteorder("<")).tobytes()
+        digest.update(len(part).to_bytes(8, "little"))
+        digest.update(part)
+    return digest.digest()
