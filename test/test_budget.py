@@ -47,8 +47,8 @@ def test_over_budget_is_refused_with_the_breakdown(tiny_model):
 
 
 def test_load_engine_prefills_the_prompt(tiny_model):
-    engine, plan = load_engine(_settings(tiny_model, prompt_token_ids=[5, 6, 7]))
-    assert plan.fits and engine.arena.used == 3
+    engine, plan, store, *_ = load_engine(_settings(tiny_model, prompt_token_ids=[5, 6, 7]))
+    assert plan.fits and engine.arena.used == 3 and store is None
 
 
 def test_prompt_ids_beyond_the_vocabulary_are_refused(tiny_model):

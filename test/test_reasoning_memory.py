@@ -29,7 +29,7 @@ def graph(tiny_model):
     settings = parse_settings({"reasoning": {"ros__parameters": {
         "model_dir": str(tiny_model), "backend": "numpy", "kv_capacity_tokens": 128,
         "kv": {"policy": "cosine", "cosine": {"protect_recent_frames": 2}}}}}, "test.yaml")
-    engine, _ = load_engine(settings)
+    engine = load_engine(settings).engine
     buffer = FrameBuffer(48, 64)
     with private_graph() as (context, executor):
         node = ReasoningNode(engine, buffer, ActionSlot(), settings["reasoning"], context=context)

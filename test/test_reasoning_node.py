@@ -23,7 +23,7 @@ from vla_edge_ros.synthetic import SyntheticCamera  # noqa: E402
 def reasoning(tiny_model):
     settings = parse_settings({"reasoning": {"ros__parameters": {
         "model_dir": str(tiny_model), "backend": "numpy", "kv_capacity_tokens": 256}}}, "test.yaml")
-    engine, _ = load_engine(settings)
+    engine = load_engine(settings).engine
     buffer, slot = FrameBuffer(48, 64), ActionSlot()
     with private_graph() as (context, executor):
         node = ReasoningNode(engine, buffer, slot, settings["reasoning"], context=context)

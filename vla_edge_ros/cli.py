@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import kv_store_cli
 from .config import ConfigError, load_settings
 from .memory import POLICIES
 from .memory.cosine import SIGNATURES
@@ -82,7 +83,8 @@ def cmd_engine(args: argparse.Namespace) -> int:
     from .synthetic import SyntheticCamera
 
     settings = load_settings(args.config)
-    engine, plan = load_engine(settings)
+    loaded = load_engine(settings)
+    engine, plan = loaded.engine, loaded.plan
     c = engine.config
     print(f"engine: {settings['reasoning']['model_dir']} on {plan.backend}, {c.num_hidden_layers} layers, "
           f"{engine.tokens_per_frame} tokens/frame, {c.action.head} head, KV arena {plan.kv_arena_bytes:,} B")
@@ -125,6 +127,11 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"{settings['reasoning']['deadline_ms']:.1f} ms, commands on {settings['action_publisher']['command_topic']}"
               f" ({settings['action_publisher']['command_type']}), KV arena {engine.arena.capacity} tokens, "
               f"memory policy {engine.policy.name}")
+        loaded = pipeline.loaded
+        if loaded.store is not None:
+            print(f"KV store {loaded.store.directory} ({'aes-256-gcm' if loaded.store.encrypted else 'PLAIN'}): "
+                  f"prompt {'loaded from the store' if loaded.prompt_from_store else 'prefilled'}, episode memory "
+                  f"{'restored' if loaded.memory_restored else 'starts empty'}")
 
         def status_line() -> None:
             camera, reasoning = _values(pipeline.camera.report()), _values(pipeline.reasoning.report())
@@ -249,6 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_seed, default=bench.seed)
     p.add_argument("--out", type=Path, default=Path("."), help="directory for memory_bench.json")
     p.set_defaults(func=cmd_memory_bench)
+
+    kv_store_cli.register(sub)
     return parser
 
 

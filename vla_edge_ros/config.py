@@ -131,6 +131,23 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               read_only=False),
         Param("kv.aura.use_learned_gate", True, "aura: also write when the checkpoint's learned gate "
               "(aura.gate.*) fires, if it has one.", read_only=False),
+        Param("kv_store.dir", "", "Directory of the persistent KV block store (prompt KV, episode memory); "
+              "empty: no store."),
+        Param("kv_store.encryption", "aes-256-gcm", "Block encryption: aes-256-gcm, or none (plain blocks with a "
+              "SHA-256 checksum; logged as such).", choices=("aes-256-gcm", "none")),
+        Param("kv_store.key_file", "", "File holding the 256-bit store key (hex, base64 or raw); must not be "
+              "readable by group or others. Takes precedence over kv_store.key_env."),
+        Param("kv_store.key_env", "VLA_EDGE_KV_KEY", "Environment variable holding the store key (hex or base64) "
+              "when kv_store.key_file is empty."),
+        Param("kv_store.budget_bytes", 1 << 30, "Disk budget of the store; least recently used blocks are evicted "
+              "to stay within it.", minimum=1 << 16, maximum=1 << 50),
+        Param("kv_store.min_free_bytes", 256 << 20, "Free space the store always leaves on its filesystem.",
+              minimum=0, maximum=1 << 50),
+        Param("kv_store.prompt", True, "Load the pinned prompt's KV from the store instead of prefilling it "
+              "(and store it after a prefill)."),
+        Param("kv_store.memory", True, "Restore the stored episode memory on start; save it on shutdown and on "
+              "~/save_memory."),
+        Param("kv_store.memory_name", "episode", "Name of the episode-memory block (one per robot or task)."),
     ),
 }
 

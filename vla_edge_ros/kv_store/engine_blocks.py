@@ -38,7 +38,10 @@ def load_or_prefill_prompt(engine: VlaEngine, store: BlockStore, token_ids: list
         except ValueError as exc:  # authenticated, yet not this prompt's shape
             store.reject("shape", store.path_of(key).name, str(exc))
     engine.set_prompt(token_ids)
-    store.put(key, PROMPT_KIND, engine.prompt_kv())
+    try:
+        store.put(key, PROMPT_KIND, engine.prompt_kv())
+    except OSError as exc:  # a full disk costs the next start a prefill, never this one
+        store.log(f"prompt KV not stored: {exc}")
     return False
 
 

@@ -58,7 +58,7 @@ class BlockStore:
         self._aes_key = aes_key
         self.budget_bytes = budget_bytes
         self.min_free_bytes = min_free_bytes
-        self._log = log or _LOG.warning
+        self.log = log or _LOG.warning  # where rejected blocks are reported (a ROS node passes its logger)
         self._logged: set[tuple[str, str]] = set()
         self.failures: Counter[str] = Counter()
         self.hits = self.misses = self.writes = self.evictions = 0
@@ -102,7 +102,7 @@ class BlockStore:
         self.misses += 1
         if (block, reason) not in self._logged:
             self._logged.add((block, reason))
-            self._log(f"KV block rejected ({reason}), recomputing instead: {message}")
+            self.log(f"KV block rejected ({reason}), recomputing instead: {message}")
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -191,14 +191,17 @@ class BlockStore:
             found.append(Entry(path, info.st_size, info.st_mtime, header, error))
         return sorted(found, key=lambda e: e.path.name)
 
-    def verify(self) -> list[tuple[Path, str]]:
-        """Fully check every block (tag or digest, length, version, its name); [(path, problem)] of the bad ones."""
+    def verify(self, fingerprint: bytes | None = None) -> list[tuple[Path, str]]:
+        """Fully check every block (tag or digest, length, version, its name, and ``fingerprint`` if given).
+
+        Returns [(path, problem)] of the bad ones.
+        """
         problems = []
         for entry in self.entries(read_headers=False):
             try:
                 image = entry.path.read_bytes()
                 expected_key = bytes.fromhex(entry.path.name[:-len(SUFFIX)])
-                header, payload = open_block(image, str(entry.path), key=expected_key, fingerprint=None,
+                header, payload = open_block(image, str(entry.path), key=expected_key, fingerprint=fingerprint,
                                              aes_key=self._aes_key)
                 unpack_arrays(payload, str(entry.path))
             except FileNotFoundError:

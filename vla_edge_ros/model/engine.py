@@ -232,8 +232,9 @@ class VlaEngine:
         pay them at load, not in its first control period.
         """
         size = self.config.vision.image_size
+        prompt = self.prompt_kv()
         self.step(np.zeros((size, size, 3), dtype=np.uint8))
-        self.set_prompt(self._prompt_ids)
+        self.set_prompt(prompt["token_ids"], cached=prompt)
 
     def compact_positions(self) -> None:
         """Re-position the cached tokens to 0..n-1 in their current order, rotating their keys."""

@@ -38,12 +38,14 @@ class Pipeline:
 
     def __init__(self, settings: Settings, *, context: Context | None = None, synthetic_camera: bool = False,
                  camera_rate_hz: float = 30.0) -> None:
-        engine, self.plan = load_engine(settings)  # refuses an over-budget config before any node exists
+        self.loaded = load_engine(settings)  # refuses an over-budget config before any node exists
+        engine, self.plan = self.loaded.engine, self.loaded.plan
         camera = settings["camera_subscriber"]
         self.buffer = FrameBuffer(camera["frame_height"], camera["frame_width"])
         self.slot = ActionSlot()
         self.camera = CameraSubscriber(self.buffer, camera, context=context)
-        self.reasoning = ReasoningNode(engine, self.buffer, self.slot, settings["reasoning"], context=context)
+        self.reasoning = ReasoningNode(engine, self.buffer, self.slot, settings["reasoning"], store=self.loaded.store,
+                                       context=context)
         self.publisher = ActionPublisher(self.slot, settings["action_publisher"], context=context)
         self.nodes = [self.camera, self.reasoning, self.publisher]
         if synthetic_camera:

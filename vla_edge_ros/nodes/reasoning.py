@@ -9,6 +9,10 @@ Live changes reach the engine between cycles, on the reasoning thread: gate knob
 policy knobs (``kv.*``) at the start of the next cycle, and a new ``kv.policy`` at the next episode,
 which the ``~/reset_episode`` service (std_srvs/Trigger) starts: the cache restarts from the pinned
 prompt under the configured policy.
+
+With a KV store configured (``kv_store.dir``), ``~/save_memory`` (std_srvs/Trigger) and shutdown
+save the episode memory; the save runs on the reasoning thread between cycles, and the service
+answers once it is on disk (or with the reason it is not).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from std_srvs.srv import Trigger
 from ..action_slot import ActionSlot
 from ..admission import AdmissionGate, BlockKind
 from ..frame_buffer import Frame, FrameBuffer
+from ..kv_store import BlockStore, load_or_prefill_prompt, save_memory
 from ..memory import make_policy
 from ..model.engine import VlaEngine
 from .diagnostics import ERROR, OK, WARN, DiagnosticsTimer, status
@@ -30,12 +35,13 @@ from .parameters import NodeParameters
 
 _IDLE_S = 0.0005  # how long the loop sleeps when no new frame has arrived
 _RECENT_NS = 1_000_000_000  # a miss or failure this recent sets the diagnostic level (WARN / ERROR)
+_SAVE_WAIT_S = 5.0  # how long ~/save_memory waits for the reasoning thread to write the block
 _GATE_KNOBS = {"ema_alpha": "alpha", "margin_k": "k", "deadline_ms": "deadline_ms", "warmup_cycles": "warmup"}
 
 
 class ReasoningNode(Node):
     def __init__(self, engine: VlaEngine, buffer: FrameBuffer, slot: ActionSlot, settings: dict[str, Any],
-                 **node_kwargs: Any) -> None:
+                 *, store: BlockStore | None = None, **node_kwargs: Any) -> None:
         super().__init__("reasoning", **node_kwargs)
         self.engine = engine
         self.buffer = buffer
@@ -49,6 +55,12 @@ class ReasoningNode(Node):
         self._reset_requested = False
         self.episodes = 1
         self.create_service(Trigger, "~/reset_episode", self._on_reset_episode)
+        self.store = store
+        if store is not None:
+            store.log = self.get_logger().warning
+            self.create_service(Trigger, "~/save_memory", self._on_save_memory)
+        self._save_requests: list[tuple[threading.Event, list[str]]] = []
+        self.memory_saves = 0
         self.cycles = 0
         self.actions = 0
         self.engine_errors = 0
@@ -64,9 +76,35 @@ class ReasoningNode(Node):
             self._thread.start()
 
     def stop(self) -> None:
+        """Stop the reasoning thread, then save the episode memory when the store is configured to."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5.0)
+        if self.store is not None and self.params["kv_store.memory"] and not self._thread.is_alive():
+            outcome = self._save_memory()
+            self.get_logger().info(f"on shutdown: {outcome}")
+
+    def _save_memory(self) -> str:
+        """Write the episode memory to the store (reasoning thread or stopped node only); a one-line outcome."""
+        try:
+            written = save_memory(self.engine, self.store, self.params["kv_store.memory_name"])
+        except (OSError, ValueError) as exc:
+            self.get_logger().error(f"episode memory not saved: {exc}")
+            return f"not saved: {exc}"
+        self.memory_saves += 1
+        return f"episode memory saved ({written} bytes, policy {self.engine.policy.name})"
+
+    def _on_save_memory(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        done, outcome = threading.Event(), []
+        if self._thread.is_alive():
+            with self._pending_lock:
+                self._save_requests.append((done, outcome))
+            done.wait(_SAVE_WAIT_S)
+        else:
+            outcome.append(self._save_memory())
+        response.message = outcome[0] if outcome else f"the reasoning thread did not save within {_SAVE_WAIT_S:g} s"
+        response.success = response.message.startswith("episode memory saved")
+        return response
 
     def _check_memory_knobs(self, values: dict[str, Any]) -> None:
         """Reject kv.* values the policy would refuse (e.g. a protected window as large as the arena)."""
@@ -95,12 +133,18 @@ class ReasoningNode(Node):
         with self._pending_lock:
             knobs, self._pending_knobs = self._pending_knobs, {}
             reset, self._reset_requested = self._reset_requested, False
+            saves, self._save_requests = self._save_requests, []
+        for done, outcome in saves:  # the episode as it was, before any reset asked for with it
+            outcome.append(self._save_memory())
+            done.set()
         if reset:
             values = dict(self.params.values)
             if values["kv.policy"] != self.engine.policy.name:
                 self.engine.set_policy(make_policy(values["kv.policy"], values))
+            elif self.store is not None and values["kv_store.prompt"]:
+                load_or_prefill_prompt(self.engine, self.store, values["prompt_token_ids"])
             else:
-                self.engine.set_prompt(self.params["prompt_token_ids"])
+                self.engine.set_prompt(values["prompt_token_ids"])
             self.episodes += 1
         if knobs:
             self.engine.policy.configure_from(knobs)
@@ -158,4 +202,15 @@ class ReasoningNode(Node):
             "kv_capacity_tokens": self.engine.arena.capacity, "kv_bytes": memory.kv_bytes,
             "memory_state_bytes": memory.state_bytes, "frames_kept": memory.frames_kept,
             "memory_writes": memory.writes, "memory_evictions": memory.evictions,
+            **self._store_report(),
         })
+
+    def _store_report(self) -> dict[str, Any]:
+        if self.store is None:
+            return {"kv_store": "off"}
+        store = self.store
+        failures = ", ".join(f"{reason} {count}" for reason, count in sorted(store.failures.items())) or "none"
+        return {"kv_store": str(store.directory), "kv_store_encrypted": store.encrypted,
+                "kv_store_hits": store.hits, "kv_store_misses": store.misses, "kv_store_writes": store.writes,
+                "kv_store_evictions": store.evictions, "kv_store_failures": failures,
+                "memory_saves": self.memory_saves}
