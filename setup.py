@@ -8,14 +8,14 @@ ignores package_dir mappings of sub-packages).
 
 from glob import glob
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 PACKAGE = "vla_edge_ros"
 
 setup(
     name=PACKAGE,
     version="0.1.0",
-    packages=[PACKAGE, f"{PACKAGE}.model", f"{PACKAGE}.kernels", f"{PACKAGE}.nodes"],
+    packages=find_packages(include=[PACKAGE, f"{PACKAGE}.*"]),  # follows the kernels link
     data_files=[
         ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),
         (f"share/{PACKAGE}", ["package.xml"]),

@@ -30,6 +30,24 @@ def test_ament_index_marker_and_script_dirs():
     assert setup_cfg["install"]["install_scripts"] == "$base/lib/vla_edge_ros"
 
 
+def test_setup_installs_every_subpackage():
+    """A sub-package missing from setup.py works from a checkout and breaks a colcon install."""
+    import os
+    from setuptools import distutils  # noqa: F401  (setuptools' bundled distutils, as on Python 3.12+)
+    from distutils.core import run_setup
+
+    here = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        declared = set(run_setup("setup.py", stop_after="init").packages)
+    finally:
+        os.chdir(here)
+    on_disk = {".".join(Path(folder).relative_to(ROOT).parts)
+               for folder, _, files in os.walk(ROOT / "vla_edge_ros", followlinks=True) if "__init__.py" in files}
+    assert {"vla_edge_ros.memory", "vla_edge_ros.kv_store", "vla_edge_ros.kernels"} <= on_disk
+    assert declared == on_disk
+
+
 def test_installed_package_includes_the_kernels():
     import vla_edge_ros.kernels as kernels
 
