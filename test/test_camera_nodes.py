@@ -225,7 +225,7 @@ def test_a_bug_in_decoding_is_counted_as_internal_error_and_never_raised(camera,
         raise RuntimeError("decoder bug")
 
     with monkeypatch.context() as patch:
-        patch.setattr(camera_subscriber, "decode_raw", broken)
+        patch.setattr(camera_subscriber, "frame_from_message", broken)
         _deliver(executor, raw, _image(_scene()), node)  # spin_once would re-raise a callback's exception
     assert node.dropped[INTERNAL_ERROR] == 1
     _connect(executor, raw, _image(_scene(), stamp_ns=5), node)

@@ -320,6 +320,10 @@ class AdmissionGate:
         with self._lock:
             self._alpha, self._k, self._deadline_ms, self._warmup = new_alpha, new_k, new_deadline, new_warmup
 
+    def now_ns(self) -> int:
+        """The gate's clock (monotonic live, virtual in replay)."""
+        return self._clock()
+
     def start_cycle(self, received_ns: int) -> Decision:
         """Decide whether to work on a frame received at ``received_ns``; its deadline rides in the Decision."""
         with self._lock:

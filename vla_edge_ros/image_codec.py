@@ -148,6 +148,21 @@ def decode_compressed(format: str, data: Buffer) -> np.ndarray:
     return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
 
 
+def frame_from_message(msg: object, compressed: bool, size: tuple[int, int]) -> np.ndarray:
+    """An ``Image`` or ``CompressedImage`` (rclpy or rosbags object: same field names) as an HxWx3 frame.
+
+    Frames of another size are resized to ``size`` (height, width) with area averaging, as the camera
+    node does before the frame buffer, so live and replayed frames are the same pixels.
+    """
+    if compressed:
+        image = decode_compressed(msg.format, msg.data)
+    else:
+        image = decode_raw(msg.encoding, msg.height, msg.width, msg.step, msg.is_bigendian, msg.data)
+    if image.shape[:2] != tuple(size):
+        image = cv2.resize(image, (size[1], size[0]), interpolation=cv2.INTER_AREA)
+    return image
+
+
 def _integer(value: object, reason: str, name: str) -> int:
     """``value`` as a Python int; numpy integers pass, floats and strings do not."""
     if isinstance(value, (int, np.integer)):

@@ -29,18 +29,15 @@ from __future__ import annotations
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import cv2
-import numpy as np
 from diagnostic_msgs.msg import DiagnosticStatus
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image
 
 from ..frame_buffer import FrameBuffer
-from ..image_codec import REASONS, ImageDecodeError, decode_compressed, decode_raw
+from ..image_codec import REASONS, ImageDecodeError, frame_from_message
 from .diagnostics import ERROR, OK, WARN, DiagnosticsTimer, status
 from .parameters import NodeParameters
 
@@ -104,24 +101,19 @@ class CameraSubscriber(Node):
         return dict(self._dropped)
 
     def _on_image(self, msg: Image) -> None:
-        self._receive(msg.header.stamp, self.topic, lambda: decode_raw(
-            msg.encoding, msg.height, msg.width, msg.step, msg.is_bigendian, msg.data))
+        self._receive(msg, self.topic, compressed=False)
 
     def _on_compressed(self, msg: CompressedImage) -> None:
-        self._receive(msg.header.stamp, self._compressed_topic,
-                      lambda: decode_compressed(msg.format, msg.data))
+        self._receive(msg, self._compressed_topic, compressed=True)
 
-    def _receive(self, stamp: TimeMsg, topic: str, decode: Callable[[], np.ndarray]) -> None:
+    def _receive(self, msg: Image | CompressedImage, topic: str, compressed: bool) -> None:
         receive_ns = time.monotonic_ns()
         self.received += 1
         self._arrivals.append(receive_ns)
         while self._arrivals[0] < receive_ns - RATE_WINDOW_S * _NS:
             self._arrivals.popleft()
         try:
-            image = decode()
-            if image.shape[:2] != self.size:
-                image = cv2.resize(image, (self.size[1], self.size[0]), interpolation=cv2.INTER_AREA)
-            self.buffer.write(image, stamp_ns(stamp), receive_ns)
+            self.buffer.write(frame_from_message(msg, compressed, self.size), stamp_ns(msg.header.stamp), receive_ns)
         except ImageDecodeError as exc:
             self._drop(exc.reason, receive_ns, f"{topic}: {exc}")
             return

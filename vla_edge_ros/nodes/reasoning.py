@@ -25,11 +25,12 @@ from rclpy.node import Node
 from std_srvs.srv import Trigger
 
 from ..action_slot import ActionSlot
-from ..admission import AdmissionGate, BlockKind
+from ..admission import AdmissionGate
 from ..frame_buffer import Frame, FrameBuffer
 from ..kv_store import BlockStore, load_or_prefill_prompt, save_memory
 from ..memory import make_policy
 from ..model.engine import VlaEngine
+from ..reasoner import Reasoner
 from .diagnostics import ERROR, OK, WARN, DiagnosticsTimer, status
 from .parameters import NodeParameters
 
@@ -48,6 +49,7 @@ class ReasoningNode(Node):
         self.slot = slot
         self.params = NodeParameters(self, "reasoning", settings)
         self.gate = AdmissionGate(**{knob: self.params[name] for name, knob in _GATE_KNOBS.items()})
+        self.reasoner = Reasoner(engine, self.gate)
         self.params.validate_with(self._check_memory_knobs)
         self.params.on_change(self._reconfigure)
         self._pending_lock = threading.Lock()
@@ -165,21 +167,11 @@ class ReasoningNode(Node):
 
     def _cycle(self, frame: Frame) -> None:
         self.cycles += 1
-        cycle = self.gate.start_cycle(frame.receive_ns)
-        if not cycle:
+        result = self.reasoner.cycle(frame.image, frame.receive_ns)
+        if result.action is None:
             return
-        block = self.gate.admit(BlockKind.ENCODE_PREFILL, cycle.deadline_ns, within=cycle.verdict)
-        if not block:
-            return
-        prefill = self.engine.add_frame(frame.image)
-        self.gate.record(block)
-        decoded = self.engine.decode_action(
-            prefill, admit=lambda: self.gate.admit(BlockKind.DECODE, cycle.deadline_ns, within=cycle.verdict),
-            done=self.gate.record)
-        if decoded is None:
-            return
-        self.slot.put(decoded[0], time.monotonic_ns(), frame.stamp_ns)
-        if self.gate.record(cycle):
+        self.slot.put(result.action, result.ready_ns, frame.stamp_ns)
+        if result.missed:
             self._last_miss_ns = time.monotonic_ns()
         self.actions += 1
 
