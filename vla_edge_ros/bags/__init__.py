@@ -1,0 +1,7 @@
+"""Bags without rosbag2: read any bag rosbags opens (reader.py), command messages as action vectors
+(commands.py), write deterministic sample bags (writer.py, scenarios.py)."""
+
+from .commands import command_vector
+from .reader import COMMAND_TYPES, IMAGE_TYPES, Bag, BagError, BagMessage, TopicInfo
+
+__all__ = ["COMMAND_TYPES", "IMAGE_TYPES", "Bag", "BagError", "BagMessage", "TopicInfo", "command_vector"]
