@@ -42,7 +42,7 @@ class CycleResult:
     verdict: Verdict  # the cycle's verdict (stale, refused, warmup, admitted, probe, recovery)
     action: np.ndarray | None  # None unless every block ran
     ready_ns: int | None  # gate clock when the action was ready
-    missed: bool  # the action came after the frame's deadline
+    missed: bool  # some block of this cycle finished after the frame's deadline (with or without an action)
     refused_block: BlockKind | None = None  # the block the gate refused inside an admitted cycle
 
 
@@ -65,7 +65,7 @@ class Reasoner:
         timer.started(BlockKind.ENCODE_PREFILL)
         prefill = self.engine.add_frame(image)
         timer.finished(BlockKind.ENCODE_PREFILL)
-        gate.record(block)
+        late = [gate.record(block)]
 
         def admit_step():
             step = gate.admit(BlockKind.DECODE, cycle.deadline_ns, within=cycle.verdict)
@@ -75,11 +75,11 @@ class Reasoner:
 
         def finish_step(step) -> None:
             timer.finished(BlockKind.DECODE)
-            gate.record(step)
+            late.append(gate.record(step))
 
         decoded = self.engine.decode_action(prefill, admit=admit_step, done=finish_step)
         if decoded is None:
-            return CycleResult(cycle.verdict, None, None, False, BlockKind.DECODE)
+            return CycleResult(cycle.verdict, None, None, any(late), BlockKind.DECODE)
         ready_ns = gate.now_ns()
-        missed = gate.record(cycle, ready_ns)
-        return CycleResult(cycle.verdict, decoded[0], ready_ns, missed)
+        late.append(gate.record(cycle, ready_ns))
+        return CycleResult(cycle.verdict, decoded[0], ready_ns, any(late))
