@@ -59,3 +59,11 @@ def test_prompt_ids_beyond_the_vocabulary_are_refused(tiny_model):
 def test_checkpoint_header_only(tiny_model):
     checkpoint = load_checkpoint(tiny_model)
     assert checkpoint.weight_bytes() < (tiny_model / "model.safetensors").stat().st_size
+
+
+def test_load_engine_caps_blas_threads(tiny_model):
+    from threadpoolctl import threadpool_info
+
+    load_engine(_settings(tiny_model, blas_threads=1))
+    blas = [pool for pool in threadpool_info() if pool["user_api"] == "blas"]
+    assert blas and all(pool["num_threads"] == 1 for pool in blas)

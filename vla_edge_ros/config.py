@@ -98,6 +98,10 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               "relative paths are resolved against the working directory."),
         Param("backend", "auto", "Compute backend: auto picks cuda when a GPU is present, else numpy.",
               choices=("auto", "numpy", "cuda")),
+        Param("blas_threads", 1, "Threads of the BLAS library under the numpy backend. 1 keeps cycle times "
+              "predictable when the camera, DDS and other processes share the cores (measured: oversubscribed "
+              "BLAS threads spin and stretch a cycle ten-fold); 0 leaves the library default (every core).",
+              minimum=0, maximum=256),
         Param("kv_capacity_tokens", 512, "Slots in the KV arena (prompt + frames + action scratch).",
               minimum=8, maximum=1 << 20),
         Param("budget_bytes", 5_000_000_000, "Memory budget for weights + KV arena + workspace; a plan over "

@@ -6,6 +6,8 @@ import logging
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from threadpoolctl import threadpool_limits
+
 from .config import Settings
 from .kv_store import BlockStore, load_key, load_or_prefill_prompt, model_fingerprint, restore_memory
 from .memory import make_policy
@@ -53,6 +55,8 @@ def load_engine(settings: Settings) -> LoadedEngine:
     node = settings["reasoning"]
     plan, checkpoint = plan_for(settings)
     require_fit(plan)
+    if node["blas_threads"]:
+        threadpool_limits(limits=node["blas_threads"], user_api="blas")  # process-wide, from here on
     prompt = node["prompt_token_ids"]
     vocab = checkpoint.config.vocab_size
     if any(t >= vocab for t in prompt):
