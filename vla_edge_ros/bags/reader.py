@@ -30,6 +30,7 @@ from types import TracebackType
 from rosbags.highlevel import AnyReader
 from rosbags.interfaces import Connection
 from rosbags.typesys import Stores, get_typestore
+from rosbags.typesys.store import Typestore
 
 IMAGE_TYPES: tuple[str, ...] = ("sensor_msgs/msg/Image", "sensor_msgs/msg/CompressedImage")
 COMMAND_TYPES: tuple[str, ...] = ("geometry_msgs/msg/Twist", "std_msgs/msg/Float32MultiArray",
@@ -82,6 +83,7 @@ class Bag:
                 raise BagError(f"{self.path}: the bag is empty (no messages on {len(self.topics)} topics)")
             self.start_ns: int = reader.start_time
             self.end_ns: int = reader.end_time - 1  # rosbags' end time is one past the last message
+            self._cdr_types = _ros2_typestore(reader.typestore) if self.is_ros1 else None
         except BaseException:
             reader.close()
             raise
@@ -119,9 +121,9 @@ class Bag:
     def raw_messages(self, topics: Sequence[str]) -> Iterator[tuple[str, str, int, bytes]]:
         """(topic, msgtype, receive time ns, CDR bytes) of ``topics`` in time order, ready to publish."""
         for connection, time_ns, raw in self._records(topics):
-            if self.is_ros1:
+            if self._cdr_types is not None:
                 try:
-                    raw = self._reader.typestore.ros1_to_cdr(raw, connection.msgtype)
+                    raw = self._cdr_types.ros1_to_cdr(raw, connection.msgtype)
                 except Exception as exc:  # noqa: BLE001 - see _records
                     raise BagError(f"{self.path}: the ROS 1 {connection.msgtype} message on {connection.topic} "
                                    f"at {time_ns} ns does not convert to CDR ({exc})") from exc
@@ -143,6 +145,7 @@ class Bag:
         if absent := sorted(wanted - set(self.topics)):
             raise BagError(f"{self.path}: no topic {', '.join(absent)}; the bag has {self._listing(self.topics.values())}")
         stream = self._reader.messages([c for c in self._reader.connections if c.topic in wanted])
+        read = 0
         while True:
             # rosbags reports a corrupt record with whatever its decoder hit (its own errors, apsw,
             # struct, zstd, lz4, IndexError ...). At this boundary each of them means a bad bag.
@@ -152,8 +155,15 @@ class Bag:
                 raise BagError(f"{self.path}: truncated or corrupt storage while reading messages "
                                f"({type(exc).__name__}: {exc})") from exc
             if record is None:
-                return
+                break
+            read += 1
             yield record
+        # A damaged record can also make rosbags skip messages silently (MCAP chunks carry no
+        # checksum when written by rosbags), so hold the count read against the bag's own index.
+        listed = sum(self.topics[topic].count for topic in wanted)
+        if read != listed:
+            raise BagError(f"{self.path}: truncated or corrupt storage: read {read} messages on "
+                           f"{', '.join(sorted(wanted))}, but the bag lists {listed}")
 
     def _pick(self, requested: str | None, types: tuple[str, ...], kind: str, option: str) -> str | None:
         candidates = [info for info in self.topics.values() if info.msgtype in types]
@@ -201,3 +211,11 @@ def _open_reader(path: Path) -> AnyReader:
     if {c.msgtype for c in reader.connections} - set(known):
         reader.typestore.register({name: fields for name, fields in fallback.fielddefs.items() if name not in known})
     return reader
+
+
+def _ros2_typestore(bag_types: Typestore) -> Typestore:
+    """ROS 2 definitions to convert a ROS 1 bag's messages to CDR with: rosbags converts by the ROS 2
+    layout (a Header without ``seq``); types only the bag knows keep the bag's definitions."""
+    store = get_typestore(Stores.ROS2_KILTED)
+    store.register({name: fields for name, fields in bag_types.fielddefs.items() if name not in store.fielddefs})
+    return store
