@@ -22,6 +22,7 @@ from pathlib import Path
 import rclpy
 from rclpy.context import Context
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.parameter import Parameter
 
 from ..action_slot import ActionSlot
 from ..config import Settings, load_settings
@@ -37,7 +38,7 @@ class Pipeline:
     """The nodes of one process, the objects they share, and their executor."""
 
     def __init__(self, settings: Settings, *, context: Context | None = None, synthetic_camera: bool = False,
-                 camera_rate_hz: float = 30.0) -> None:
+                 camera_rate_hz: float = 30.0, use_sim_time: bool = False) -> None:
         self.loaded = load_engine(settings)  # refuses an over-budget config before any node exists
         engine, self.plan = self.loaded.engine, self.loaded.plan
         camera = settings["camera_subscriber"]
@@ -52,6 +53,9 @@ class Pipeline:
             self.nodes.append(SyntheticCameraPublisher(
                 topic=camera["image_topic"], rate_hz=camera_rate_hz, height=camera["frame_height"],
                 width=camera["frame_width"], context=context))
+        if use_sim_time:  # stamps and the publisher's watchdog follow /clock (a bag played with --clock)
+            for node in self.nodes:
+                node.set_parameters([Parameter("use_sim_time", Parameter.Type.BOOL, True)])
         self.executor = SingleThreadedExecutor(context=context)
         for node in self.nodes:
             self.executor.add_node(node)

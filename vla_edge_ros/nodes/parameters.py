@@ -92,8 +92,8 @@ class NodeParameters:
         accepted = {}
         for parameter in parameters:
             spec = self._specs.get(parameter.name)
-            if spec is None:
-                return SetParametersResult(successful=False, reason=f"{where}: unknown parameter {parameter.name}")
+            if spec is None:  # declared by rclpy itself (use_sim_time, ...): rclpy checks those
+                continue
             try:
                 accepted[spec.name] = spec.check(parameter.value, where)
             except ConfigError as exc:
