@@ -112,8 +112,10 @@ def test_action_error_pairs_each_action_with_the_nearest_command():
     run = PolicyRun("fifo")
     run.actions = [(1_000_000_000, np.array([0.5, 0.0, 1.0], np.float32)),
                    (2_000_000_000, np.array([0.0, 0.0, 0.0], np.float32)),
+                   (5_000_000_000, np.array([5.0, 5.0, 5.0], np.float32)),  # nearest command has no ground truth
                    (9_000_000_000, np.array([9.0, 9.0, 9.0], np.float32))]  # no command within 500 ms
-    commands = [(900_000_000, np.array([0.0, np.nan, 0.0])), (2_100_000_000, np.array([1.0, np.nan, -1.0]))]
+    commands = [(900_000_000, np.array([0.0, np.nan, 0.0])), (2_100_000_000, np.array([1.0, np.nan, -1.0])),
+                (5_000_000_000, np.full(3, np.nan))]
     error = action_error(run, commands)
     assert error["compared"] == 2
     assert error["l1"] == pytest.approx([0.75, 1.0])  # the unmapped middle dimension is left out

@@ -53,7 +53,9 @@ def action_error(run: PolicyRun, commands: list[tuple[int, np.ndarray]]) -> dict
             continue
         recorded = commands[nearest][1]
         dims = min(action.size, recorded.size)
-        diffs.append(action[:dims].astype(np.float64) - recorded[:dims])
+        diff = action[:dims].astype(np.float64) - recorded[:dims]
+        if not np.all(np.isnan(diff)):  # a command without ground truth here (NaN) is no comparison
+            diffs.append(diff)
     if not diffs:
         return None
     width = max(d.size for d in diffs)
