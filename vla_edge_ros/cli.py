@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import kv_store_cli
+from . import bags_cli, kv_store_cli
 from .config import ConfigError, load_settings
 from .memory import POLICIES
 from .memory.cosine import SIGNATURES
@@ -258,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_memory_bench)
 
     kv_store_cli.register(sub)
+    bags_cli.register(sub)
     return parser
 
 
