@@ -205,8 +205,10 @@ def test_make_bag_command_line(tmp_path, capsys):
     assert main([*args, "--force", "--raw", "--size", "32x32"]) == 0
     with Bag(out) as bag:
         assert bag.image_topic() == RAW and next(bag.messages([RAW])).msg.width == 32
-    assert main(["make-bag", "--scenario", "moving", "--out", str(tmp_path), "--force"]) == 2
-    assert "refusing to replace" in capsys.readouterr().err
+    (tmp_path / "notes").write_text("mine")
+    for not_a_bag in (tmp_path, tmp_path / "notes"):
+        assert main(["make-bag", "--scenario", "moving", "--out", str(not_a_bag), "--force"]) == 2
+        assert "refusing to replace" in capsys.readouterr().err
     assert main(["make-bag", "--scenario", "cue-recall", "--out", str(tmp_path / "x.mcap"), "--seconds", "0.5"]) == 2
     assert "needs at least one 1 s episode" in capsys.readouterr().err
     assert main(["make-bag", "--scenario", "moving", "--out", str(tmp_path / "x.bag"), "--storage", "mcap"]) == 2

@@ -52,8 +52,9 @@ class BagWriter:
         if self.out.exists() or self.out.is_symlink():
             if not force:
                 raise ValueError(f"{self.out} exists; pass --force to replace it")
-            if self.out.is_dir() and not (self.out / "metadata.yaml").is_file():
-                raise ValueError(f"refusing to replace {self.out}: it is a directory but not a rosbag2 bag")
+            old_bag = (self.out / "metadata.yaml").is_file() if self.out.is_dir() else self.single_file
+            if not old_bag:
+                raise ValueError(f"refusing to replace {self.out}: it is not a bag")
         self.compression, self.force = compression, force
         self.typestore = get_typestore(Stores.ROS1_NOETIC if self.storage == "ros1" else Stores.ROS2_KILTED)
         self.types = self.typestore.types
