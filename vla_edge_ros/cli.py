@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import bags_cli, kv_store_cli
+from . import bags_cli, kv_store_cli, replay_cli
 from .config import ConfigError, load_settings
 from .memory import POLICIES
 from .memory.cosine import SIGNATURES
@@ -119,7 +119,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     rclpy.init()
     pipeline = None
     try:
-        pipeline = Pipeline(settings, synthetic_camera=args.image_topic is None, camera_rate_hz=args.camera_rate_hz)
+        pipeline = Pipeline(settings, synthetic_camera=args.image_topic is None, camera_rate_hz=args.camera_rate_hz,
+                            use_sim_time=args.use_sim_time)
         engine = pipeline.reasoning.engine
         print(f"vla-edge run: {settings['reasoning']['model_dir']} on {pipeline.plan.backend}, camera "
               f"{settings['camera_subscriber']['image_topic']}"
@@ -232,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image-topic", help="listen to this camera topic instead of starting the synthetic camera")
     p.add_argument("--camera-rate-hz", type=float, default=30.0, help="synthetic camera frame rate")
     p.add_argument("--summary-json", type=Path, help="also write the final summary here")
+    p.add_argument("--use-sim-time", action="store_true",
+                   help="follow /clock, e.g. from `vla-edge play BAG --clock 100` (with --image-topic)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("engine", help="run the engine alone (no ROS, no deadline) on synthetic frames; print timings")
@@ -259,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     kv_store_cli.register(sub)
     bags_cli.register(sub)
+    replay_cli.register(sub)
     return parser
 
 
