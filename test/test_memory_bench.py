@@ -13,7 +13,8 @@ from vla_edge_ros.model.init_model import preset, write_random_model
 from vla_edge_ros.scenes import MAX_CLASSES, CueScene
 
 ROW_KEYS = {"policy", "gate", "gate_rate", "signature", "target_ratio", "distractors", "budget_frames",
-            "kv_capacity_tokens", "protect_recent_frames", "episodes", "cue_kept", "cue_entries_kept", "cue_attention",
+            "kv_capacity_tokens", "protect_recent_frames", "episodes", "cue_kept", "cue_entries_kept", "cue_centre_kept",
+            "cue_attention",
             "uniform_attention", "readout_accuracy", "chance", "compression", "forced_evictions", "writes_per_frame",
             "evictions", "memory_bytes", "kv_bytes", "state_bytes"}
 
@@ -94,9 +95,10 @@ def test_dms_compression_is_measured_per_target_and_judged_from_the_numbers(repo
     assert claim["verdict"] == ("holds" if reached else "fails")
     for row in (r for r in report["rows"] if r["policy"] == "dms"):
         assert 0 <= row["cue_entries_kept"] <= 1 and row["cue_kept"] >= (row["cue_entries_kept"] > 0)
+        assert 0 <= row["cue_centre_kept"] <= 1 and (row["cue_centre_kept"] == 0 or row["cue_kept"] > 0)
         assert row["compression"] >= 1 and row["uniform_attention"] <= 1
         if row["target_ratio"] == 1.0 and row["forced_evictions"] == 0:  # nothing left: the cue is whole
-            assert row["cue_entries_kept"] == 1.0
+            assert row["cue_entries_kept"] == row["cue_centre_kept"] == 1.0
 
 
 def test_fifo_keeps_exactly_the_last_budget_frames(report):
