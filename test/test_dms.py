@@ -404,7 +404,8 @@ def test_dms_generation_with_decoded_tokens_runs_through_the_cuda_simulator_like
         results["cuda"], results["numpy"]
     np.testing.assert_array_equal(cuda_actions, np_actions)  # bins: the same tokens were decoded
     assert cuda_stats == np_stats and cuda_stats.evictions >= 1
-    assert np_report.held_per_head.min() < np_report.held_per_head.max()  # the two heads kept different tokens
+    heads = np_state["policy.head_valid"][0]
+    assert np.any(heads[0] != heads[1])  # the two KV heads read different tokens: the masks mattered
     np.testing.assert_array_equal(cuda_report.held_per_head, np_report.held_per_head)
     for key in ("slots", "positions", "policy.head_valid", "policy.pending_slots"):
         np.testing.assert_array_equal(cuda_state[key], np_state[key])
