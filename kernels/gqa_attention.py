@@ -2,7 +2,9 @@
 
 A slot s is visible to query t iff slot_valid[s] != 0 and slot_pos[s] <= q_pos[t]. New tokens are
 written to the arena before attention, so this single rule is causal inside a prefill, and clearing
-slot_valid evicts a token from anywhere in the arena.
+slot_valid evicts a token from anywhere in the arena. slot_valid may also be given per KV head,
+[Hkv, S] (per-head eviction, ``dms``): KV head hk then reads slot s iff slot_valid[hk, s] != 0. The
+kernel always indexes a [1 or Hkv, S] view, so the shared mask costs one select per block.
 
 One kernel serves prefill and decode. A block owns one KV head and a tile of query rows, where a
 row is a (token, query head of that KV head's group) pair: the K/V chunks it stages in shared
@@ -51,13 +53,13 @@ def _attention_kernel(head_dim: int, tile_rows: int) -> CudaFunction:
     kv_shape = (_CHUNK, head_dim + 1)
 
     @cuda.jit(device=True)
-    def stage_chunk(cache, kv_s, hk, c0, s_end, slot_valid, tid):
+    def stage_chunk(cache, kv_s, hk, c0, s_end, valid_row, slot_valid, tid):
         # Coalesced along head_dim; evicted slots are skipped, so their bandwidth is not spent.
         for p in range(tid, _CHUNK * head_dim, _THREADS):
             j = p // head_dim
             d = p - j * head_dim
             s = c0 + j
-            live = s < s_end and slot_valid[s] != 0
+            live = s < s_end and slot_valid[valid_row, s] != 0
             kv_s[j, d] = cache[hk, s, d] if live else float32(0)
 
     @cuda.jit
@@ -78,6 +80,7 @@ def _attention_kernel(head_dim: int, tile_rows: int) -> CudaFunction:
         group = q_heads // kv_heads
         rows = q.shape[0] * group
         hk = cuda.blockIdx.y
+        valid_row = hk if slot_valid.shape[0] > 1 else 0  # per-head mask, or the one shared row
         split = cuda.blockIdx.z
         r0 = cuda.blockIdx.x * tile_rows
         s_begin = split * split_len
@@ -100,7 +103,7 @@ def _attention_kernel(head_dim: int, tile_rows: int) -> CudaFunction:
         cuda.syncthreads()
 
         for c0 in range(s_begin, s_end, _CHUNK):
-            stage_chunk(k_cache, kv_s, hk, c0, s_end, slot_valid, tid)
+            stage_chunk(k_cache, kv_s, hk, c0, s_end, valid_row, slot_valid, tid)
             cuda.syncthreads()
 
             for p in range(tid, tile_rows * _CHUNK, _THREADS):
@@ -108,7 +111,7 @@ def _attention_kernel(head_dim: int, tile_rows: int) -> CudaFunction:
                 j = p - r * _CHUNK
                 s = c0 + j
                 score = _NEG_INF
-                if r0 + r < rows and s < s_end and slot_valid[s] != 0 and slot_pos[s] <= qpos_s[r]:
+                if r0 + r < rows and s < s_end and slot_valid[valid_row, s] != 0 and slot_pos[s] <= qpos_s[r]:
                     dot = float32(0)
                     for d in range(head_dim):
                         dot += q_s[r, d] * kv_s[j, d]
@@ -132,7 +135,7 @@ def _attention_kernel(head_dim: int, tile_rows: int) -> CudaFunction:
                 stat_s[0, tid] = m_new
                 stat_s[1, tid] = stat_s[1, tid] * rescale + total
                 stat_s[2, tid] = rescale
-            stage_chunk(v_cache, kv_s, hk, c0, s_end, slot_valid, tid)
+            stage_chunk(v_cache, kv_s, hk, c0, s_end, valid_row, slot_valid, tid)
             cuda.syncthreads()
 
             for p in range(tid, tile_rows * head_dim, _THREADS):
@@ -234,6 +237,7 @@ def attention(
 ) -> None:
     """out[T, Hq, D] = softmax(scale * q k^T over visible slots) v, query head h on KV head h // G.
 
+    slot_valid is [S] (one mask for every KV head) or [Hkv, S] (what each KV head reads).
     num_splits overrides how many blocks share a KV head's slots (None: chosen from the shape);
     scratch holds the split partials between calls (None: allocated for this call).
     """
@@ -243,7 +247,11 @@ def attention(
     check_array(k_cache, "k_cache", (kv_heads, capacity, head_dim), (np.float32,))
     check_array(v_cache, "v_cache", (kv_heads, capacity, head_dim), (np.float32,))
     check_array(slot_pos, "slot_pos", (capacity,), (np.int32,))
-    check_array(slot_valid, "slot_valid", (capacity,), (np.uint8,))
+    if len(slot_valid.shape) == 1:
+        check_array(slot_valid, "slot_valid", (capacity,), (np.uint8,))
+        slot_valid = slot_valid.reshape(1, capacity)
+    else:
+        check_array(slot_valid, "slot_valid", (kv_heads, capacity), (np.uint8,))
     check_array(q_pos, "q_pos", (tokens,), (np.int32,))
     check_array(out, "out", (tokens, q_heads, head_dim), (np.float32,))
     check(q_heads % kv_heads == 0, f"{q_heads} query heads do not group over {kv_heads} KV heads")

@@ -67,16 +67,19 @@ def attention(
 ) -> np.ndarray:
     """Grouped-query attention; slot s is visible to query t iff valid and slot_pos[s] <= q_pos[t].
 
-    A query that sees no slot gets zeros.
+    slot_valid is [S], or [Hkv, S] when each KV head reads its own slots. A query that sees no slot
+    gets zeros.
     """
     tokens, q_heads, head_dim = q.shape
-    group = q_heads // k_cache.shape[0]
+    kv_heads = k_cache.shape[0]
+    group = q_heads // kv_heads
+    per_head = np.broadcast_to(np.asarray(slot_valid) != 0, (kv_heads, slot_pos.shape[0]))
     out = np.zeros((tokens, q_heads, head_dim), dtype=F32)
     for t in range(tokens):
-        visible = (slot_valid != 0) & (slot_pos <= q_pos[t])
-        if not visible.any():
-            continue
         for h in range(q_heads):
+            visible = per_head[h // group] & (slot_pos <= q_pos[t])
+            if not visible.any():
+                continue
             keys = k_cache[h // group, visible]
             values = v_cache[h // group, visible]
             scores = (keys @ q[t, h]) * F32(scale)

@@ -373,6 +373,77 @@ def test_attention_twin_matches_dense_masked_softmax() -> None:
     np.testing.assert_allclose(twin, dense, rtol=1e-5, atol=1e-6)
 
 
+def _per_head_masks(valid: np.ndarray, tokens: int) -> np.ndarray:
+    """[2, S] masks of two KV heads that evicted different slots (dms): head 0 every other kept
+    middle slot, head 1 a prompt slot; the newest tokens stay readable by both."""
+    masks = np.stack([valid, valid])
+    middle = np.flatnonzero(valid[: valid.size - tokens])[4:]
+    masks[0, middle[::2]] = 0
+    masks[1, 1] = 0
+    return masks
+
+
+@pytest.mark.parametrize("group", [1, 3])
+@pytest.mark.parametrize(
+    "tokens, splits", [(1, 1), (1, 3), (4, 2)], ids=["decode", "decode-split3", "prefill-split2"]
+)
+def test_attention_with_a_mask_per_kv_head(group: int, tokens: int, splits: int) -> None:
+    rng = _rng(23 + group)
+    k_cache, v_cache, slot_pos, valid, q_pos = _arena(rng, 2, 8, tokens)
+    masks = _per_head_masks(valid, tokens)
+    q = _randn(rng, tokens, 2 * group, 8)
+    got = _run_attention(q, k_cache, v_cache, slot_pos, masks, q_pos, 0.4, num_splits=splits)
+    np.testing.assert_allclose(got, ref.attention(q, k_cache, v_cache, slot_pos, masks, q_pos, 0.4), **TOL)
+    for hk in range(2):  # each KV head's queries read exactly what its own mask shows
+        heads = slice(hk * group, (hk + 1) * group)
+        alone = ref.attention(q, k_cache, v_cache, slot_pos, masks[hk], q_pos, 0.4)
+        np.testing.assert_allclose(got[:, heads], alone[:, heads], **TOL)
+        other = ref.attention(q, k_cache, v_cache, slot_pos, masks[1 - hk], q_pos, 0.4)
+        assert not np.allclose(got[:, heads], other[:, heads], **TOL)  # the masks really differ
+
+
+def test_attention_a_kv_head_that_reads_nothing_outputs_zeros_alone() -> None:
+    rng = _rng(24)
+    k_cache, v_cache, slot_pos, valid, q_pos = _arena(rng, 2, 8, 1)
+    masks = np.stack([np.zeros_like(valid), valid])
+    q = _randn(rng, 1, 4, 8)
+    got = _run_attention(q, k_cache, v_cache, slot_pos, masks, q_pos, 0.5, num_splits=2)
+    np.testing.assert_array_equal(got[:, :2], 0.0)
+    np.testing.assert_allclose(got[:, 2:], ref.attention(q, k_cache, v_cache, slot_pos, valid, q_pos, 0.5)[:, 2:],
+                               **TOL)
+
+
+def test_attention_per_head_twin_matches_dense_masked_softmax() -> None:
+    rng = _rng(25)
+    k_cache, v_cache, slot_pos, valid, q_pos = _arena(rng, 2, 8, 3)
+    masks = _per_head_masks(valid, 3)
+    q = _randn(rng, 3, 4, 8)
+    keys = np.repeat(k_cache, 2, axis=0).astype(np.float64)  # [Hq, S, D]
+    values = np.repeat(v_cache, 2, axis=0).astype(np.float64)
+    scores = np.einsum("thd,hsd->ths", q.astype(np.float64), keys) * 0.4
+    mask = (np.repeat(masks, 2, axis=0)[None] != 0) & (slot_pos[None, None, :] <= q_pos[:, None, None])
+    scores = np.where(mask, scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    dense = np.einsum("ths,hsd->thd", weights / weights.sum(-1, keepdims=True), values)
+    twin = ref.attention(q, k_cache, v_cache, slot_pos, masks, q_pos, 0.4)
+    np.testing.assert_allclose(twin, dense, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_rejects_a_mask_for_the_wrong_number_of_kv_heads() -> None:
+    k = _dev(np.zeros((2, 4, 8), F32))
+    with pytest.raises(ValueError, match="slot_valid"):
+        K.attention(
+            _dev(np.zeros((1, 2, 8), F32)),
+            k,
+            k,
+            _dev(np.zeros(4, np.int32)),
+            _dev(np.ones((3, 4), np.uint8)),
+            _dev(np.zeros(1, np.int32)),
+            1.0,
+            cuda.device_array((1, 2, 8), F32),
+        )
+
+
 def test_attention_rejects_bad_grouping() -> None:
     k = _dev(np.zeros((2, 4, 8), F32))
     with pytest.raises(ValueError, match="group"):

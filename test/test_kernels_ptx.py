@@ -120,17 +120,18 @@ def _exercise_launchers() -> None:
     )
     for head_dim in (64, 128):
         for tokens, splits in ((1, None), (1, 1), (20, None)):
-            caches = [_zeros((2, 300, head_dim), f32) for _ in range(2)]
-            K.attention(
-                _zeros((tokens, 12, head_dim), f32),
-                *caches,
-                _zeros(300, np.int32),
-                _zeros(300, np.uint8),
-                _zeros(tokens, np.int32),
-                0.1,
-                _zeros((tokens, 12, head_dim), f32),
-                num_splits=splits,
-            )
+            for valid_shape in (300, (2, 300)):  # one mask, or one per KV head (dms)
+                caches = [_zeros((2, 300, head_dim), f32) for _ in range(2)]
+                K.attention(
+                    _zeros((tokens, 12, head_dim), f32),
+                    *caches,
+                    _zeros(300, np.int32),
+                    _zeros(valid_shape, np.uint8),
+                    _zeros(tokens, np.int32),
+                    0.1,
+                    _zeros((tokens, 12, head_dim), f32),
+                    num_splits=splits,
+                )
     K.argmax_rows(_zeros(1000, f32))
     K.cosine_similarities(_zeros((16, 64), f32), 9, _zeros(64, f32), _zeros(16, f32))
     for d_v in (1, 40, 1024):  # the step kernel is built per block size

@@ -12,9 +12,11 @@ from vla_edge_ros.memory_bench import AURA_GATES, SCHEMA, BenchSpec, format_tabl
 from vla_edge_ros.model.init_model import preset, write_random_model
 from vla_edge_ros.scenes import MAX_CLASSES, CueScene
 
-ROW_KEYS = {"policy", "gate", "gate_rate", "signature", "distractors", "budget_frames", "kv_capacity_tokens",
-            "protect_recent_frames", "episodes", "cue_kept", "cue_attention", "uniform_attention",
-            "readout_accuracy", "chance", "writes_per_frame", "evictions", "memory_bytes", "kv_bytes", "state_bytes"}
+ROW_KEYS = {"policy", "gate", "gate_rate", "signature", "target_ratio", "distractors", "budget_frames",
+            "kv_capacity_tokens", "protect_recent_frames", "episodes", "cue_kept", "cue_entries_kept", "cue_centre_kept",
+            "cue_attention",
+            "uniform_attention", "readout_accuracy", "chance", "compression", "forced_evictions", "writes_per_frame",
+            "evictions", "memory_bytes", "kv_bytes", "state_bytes"}
 
 
 def mean_abs(a: np.ndarray, b: np.ndarray) -> float:
@@ -59,23 +61,44 @@ def one_layer_model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def report(one_layer_model):
     spec = BenchSpec(episodes=4, distractors=(3, 6), budgets=(2, 8), classes=2, prototypes_per_class=1,
-                     overhead_arena_frames=4, overhead_frames=5)
+                     overhead_arena_frames=4, overhead_frames=5, dms_targets=(1.0, 4.0), dms_window=8,
+                     dms_lead_in=2, compression_frames=24)
     return run_bench(spec, one_layer_model)
 
 
 def test_report_schema(report):
     assert report["schema"] == SCHEMA
-    assert {"config", "rows", "aura_readout_ceiling", "overhead", "claims", "runtime_s"} <= report.keys()
+    assert {"config", "rows", "aura_readout_ceiling", "dms_compression", "overhead", "claims",
+            "runtime_s"} <= report.keys()
     assert all(row.keys() == ROW_KEYS for row in report["rows"])
-    # N x (fifo x F + cosine x 3 signatures x F + aura gates)
-    assert len(report["rows"]) == 2 * (2 + 3 * 2 + len(AURA_GATES))
+    # N x (fifo x F + cosine x 3 signatures x F + aura gates + dms x 2 targets x F)
+    assert len(report["rows"]) == 2 * (2 + 3 * 2 + len(AURA_GATES) + 2 * 2)
     assert {r["signature"] for r in report["rows"] if r["policy"] == "cosine"} == {"keys", "values", "embeddings"}
-    assert [o["policy"] for o in report["overhead"]] == ["fifo", "cosine", "aura"]
+    assert [o["policy"] for o in report["overhead"]] == ["fifo", "cosine", "aura", "dms"]
     assert all(o["policy_ms"] > 0 and o["add_frame_ms"] >= o["policy_ms"] for o in report["overhead"])
-    assert [c["id"] for c in report["claims"]] == ["1", "2a", "2b", "3", "4"]
+    assert [c["id"] for c in report["claims"]] == ["1", "2a", "2b", "3", "4", "4b"]
     assert all(c["verdict"] in ("holds", "fails", "not tested") for c in report["claims"])
-    assert report["claims"][-1]["verdict"] == "not tested" and "not implemented" in report["claims"][-1]["evidence"]
-    assert "claim 2a" in format_table(report)
+    assert "claim 2a" in format_table(report) and "dms target 4x over 24 frames" in format_table(report)
+
+
+def test_dms_compression_is_measured_per_target_and_judged_from_the_numbers(report):
+    keep_all, four = report["dms_compression"]
+    assert (keep_all["target_ratio"], keep_all["frames"], keep_all["tokens_seen"]) == (1.0, 24, 24 * 16)
+    # target 1 keeps every token in every head: nothing compressed, nothing forced
+    assert keep_all["compression"] == keep_all["slot_compression"] == 1.0 and keep_all["forced_evictions"] == 0
+    assert four["forced_evictions"] == 0 and four["slot_compression"] <= four["compression"] <= \
+        four["decision_compression"]
+    assert len(four["held_per_head"]) == 1 and len(four["held_per_head"][0]) == 2  # 1 layer x 2 KV heads
+    claim = report["claims"][4]
+    assert claim["evidence"] == report["dms_compression"]
+    reached = all(c["compression"] >= 0.95 * c["target_ratio"] for c in report["dms_compression"])
+    assert claim["verdict"] == ("holds" if reached else "fails")
+    for row in (r for r in report["rows"] if r["policy"] == "dms"):
+        assert 0 <= row["cue_entries_kept"] <= 1 and row["cue_kept"] >= (row["cue_entries_kept"] > 0)
+        assert 0 <= row["cue_centre_kept"] <= 1 and (row["cue_centre_kept"] == 0 or row["cue_kept"] > 0)
+        assert row["compression"] >= 1 and row["uniform_attention"] <= 1
+        if row["target_ratio"] == 1.0 and row["forced_evictions"] == 0:  # nothing left: the cue is whole
+            assert row["cue_entries_kept"] == row["cue_centre_kept"] == 1.0
 
 
 def test_fifo_keeps_exactly_the_last_budget_frames(report):

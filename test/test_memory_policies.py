@@ -119,7 +119,7 @@ def test_cosine_cached_neighbours_match_a_brute_force_recomputation():
 
 
 def test_policy_names_and_bad_knobs_are_reported():
-    assert POLICIES == ("fifo", "cosine", "aura")
+    assert POLICIES == ("fifo", "cosine", "aura", "dms")
     with pytest.raises(ValueError, match="kv.policy must be one of"):
         make_policy("lru")
     with pytest.raises(ValueError, match="kv.cosine.signature must be one of"):
@@ -211,7 +211,7 @@ def test_aura_needs_its_checkpoint_tensors(tmp_path):
 
 @pytest.mark.parametrize("name", POLICIES)
 def test_memory_state_round_trip_resumes_exactly(micro_model, name):
-    engine = micro_engine(micro_model, make_policy(name, {"kv.cosine.protect_recent_frames": 2}))
+    engine = micro_engine(micro_model, make_policy(name, {"kv.cosine.protect_recent_frames": 2, "kv.dms.window": 8}))
     images = frames(16, seed=5)
     for image in images[:12]:
         engine.step(image)
@@ -221,6 +221,8 @@ def test_memory_state_round_trip_resumes_exactly(micro_model, name):
     engine.set_prompt([5, 6, 7])  # scramble: a new episode
     engine.step(images[0])
     engine.load_memory_state(state)
+    again = engine.memory_state()  # what the KV store would save again: byte for byte the same
+    assert again.keys() == state.keys() and all(np.array_equal(again[k], state[k]) for k in state)
     for image, action in zip(images[12:], expected):
         np.testing.assert_array_equal(engine.step(image).action, action)
     assert engine.memory_stats() == expected_stats
@@ -252,8 +254,8 @@ def nano_model(tmp_path_factory):
 def test_every_policy_runs_through_the_cuda_simulator_like_numpy(nano_model, name):
     results = {}
     for backend in ("numpy", "cuda"):
-        engine = micro_engine(nano_model, make_policy(name, {"kv.cosine.protect_recent_frames": 1}), capacity=20,
-                              backend=backend)
+        engine = micro_engine(nano_model, make_policy(name, {"kv.cosine.protect_recent_frames": 1, "kv.dms.window": 4}),
+                              capacity=20, backend=backend)
         actions = [engine.step(image).action for image in frames(6, seed=6)]
         stats = engine.memory_stats()
         assert stats.evictions >= 1

@@ -99,6 +99,17 @@ def test_a_new_policy_waits_for_the_next_episode(graph):
     assert report["kv_policy"] == "aura" and report["memory_state_bytes"] == "4224"
 
 
+def test_dms_runs_live_and_reports_its_compression(graph):
+    node, set_param, reset_episode, feed_until = graph
+    assert not set_param("kv.dms.target_ratio", 0.5).successful  # 0 or >= 1
+    assert set_param("kv.policy", "dms").successful and set_param("kv.dms.target_ratio", 8.0).successful
+    assert reset_episode().success
+    assert feed_until(lambda: node.engine.policy.name == "dms" and node.engine.memory_stats().frames_seen >= 4)
+    assert node.engine.policy.target_ratio == 8.0
+    report = {kv.key: kv.value for kv in node.report().values}
+    assert report["kv_policy"] == "dms" and float(report["dms_compression"]) > 1.0
+
+
 def test_a_policy_the_checkpoint_cannot_run_is_refused_before_it_is_set(graph, monkeypatch):
     node, set_param, _, _ = graph
     monkeypatch.delitem(node.engine.checkpoint.tensors, "aura.k_proj.weight")

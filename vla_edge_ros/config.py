@@ -117,8 +117,9 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
         Param("warmup_cycles", 3, "Blocks of each kind admitted unconditionally while their cost is learned.",
               minimum=1, maximum=1000, read_only=False),
         Param("kv.policy", "fifo", "KV memory policy: fifo (oldest frame goes), cosine (most redundant frame "
-              "goes), aura (prompt + current frame + constant-size fast weights). A change takes effect at the "
-              "next episode (~/reset_episode), never mid-episode.", choices=("fifo", "cosine", "aura"),
+              "goes), aura (prompt + current frame + constant-size fast weights), dms (keep/evict per token and "
+              "KV head, enforced once the token leaves a window). A change takes effect at the next episode "
+              "(~/reset_episode), never mid-episode.", choices=("fifo", "cosine", "aura", "dms"),
               read_only=False),
         Param("kv.cosine.protect_recent_frames", 4, "cosine: the newest frames that are never evicted (must "
               "leave one frame of the arena evictable).", minimum=0, maximum=1 << 16, read_only=False),
@@ -135,6 +136,17 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               read_only=False),
         Param("kv.aura.use_learned_gate", True, "aura: also write when the checkpoint's learned gate "
               "(aura.gate.*) fires, if it has one.", read_only=False),
+        Param("kv.dms.window", 32, "dms: a token's eviction is enforced only once this many newer tokens have "
+              "entered; until then every KV head reads it (prompt + window + one frame + action tokens must fit "
+              "the arena).", minimum=1, maximum=1 << 20),
+        Param("kv.dms.target_ratio", 4.0, "dms: compression target r (tokens seen / tokens kept); >= 1 sets the "
+              "threshold to the (1 - 1/r) quantile of recent keep scores; 0 uses kv.dms.threshold as is.",
+              minimum=0.0, maximum=1e6, read_only=False),
+        Param("kv.dms.threshold", 0.0, "dms: keep a token in a KV head when its keep score there exceeds this "
+              "(used when kv.dms.target_ratio is 0): key novelty in [0, 2], or minus the learned gate's "
+              "eviction logit.", minimum=-1e6, maximum=1e6, read_only=False),
+        Param("kv.dms.use_learned_gate", True, "dms: decide with the checkpoint's learned gate "
+              "(model.layers.*.self_attn.dms_gate.*) when it has one; false: always key novelty."),
         Param("kv_store.dir", "", "Directory of the persistent KV block store (prompt KV, episode memory); "
               "empty: no store."),
         Param("kv_store.encryption", "aes-256-gcm", "Block encryption: aes-256-gcm, or none (plain blocks with a "

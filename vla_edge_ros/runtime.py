@@ -10,7 +10,7 @@ from threadpoolctl import threadpool_limits
 
 from .config import Settings
 from .kv_store import BlockStore, load_key, load_or_prefill_prompt, model_fingerprint, restore_memory
-from .memory import make_policy
+from .memory import check_knobs, make_policy
 from .model.budget import MemoryPlan, plan_memory, require_fit
 from .model.checkpoint import Checkpoint, load_checkpoint
 from .model.engine import VlaEngine, resolve_backend
@@ -62,6 +62,7 @@ def load_engine(settings: Settings) -> LoadedEngine:
     if any(t >= vocab for t in prompt):
         raise ValueError(f"{settings.source}: reasoning.prompt_token_ids has ids >= vocab_size {vocab}")
     try:
+        check_knobs(node)
         policy = make_policy(node["kv.policy"], node)
         engine = VlaEngine(checkpoint, backend=plan.backend, kv_capacity_tokens=node["kv_capacity_tokens"],
                            policy=policy)

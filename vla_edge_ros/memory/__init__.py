@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from .aura import AuraPolicy
-from .base import FrameTokens, MemoryPolicy, MemoryStats
+from .base import DecodedTokens, FrameTokens, MemoryPolicy, MemoryStats
 from .cosine import CosinePolicy
+from .dms import DmsCompression, DmsPolicy
 from .fifo import FifoPolicy
 
-POLICIES = ("fifo", "cosine", "aura")
+POLICIES = ("fifo", "cosine", "aura", "dms")
 
 
 def make_policy(name: str, knobs: dict[str, Any] | None = None) -> MemoryPolicy:
@@ -22,11 +23,21 @@ def make_policy(name: str, knobs: dict[str, Any] | None = None) -> MemoryPolicy:
                               signature_layers=tuple(knobs.get("kv.cosine.signature_layers", (-1,))))
     elif name == "aura":
         policy = AuraPolicy()
+    elif name == "dms":
+        policy = DmsPolicy(window=knobs.get("kv.dms.window", 32),
+                           use_learned_gate=knobs.get("kv.dms.use_learned_gate", True))
     else:
         raise ValueError(f"kv.policy must be one of {POLICIES}, got {name!r}")
     policy.configure_from(knobs)
     return policy
 
 
-__all__ = ["POLICIES", "AuraPolicy", "CosinePolicy", "FifoPolicy", "FrameTokens", "MemoryPolicy", "MemoryStats",
-           "make_policy"]
+def check_knobs(knobs: dict[str, Any]) -> None:
+    """ValueError for any policy's ``kv.*`` value its policy would refuse, whichever policy runs now: a
+    value the schema's range lets through (``kv.dms.target_ratio`` 0.5) must not wait for a policy switch."""
+    for name in POLICIES:
+        make_policy(name, knobs)
+
+
+__all__ = ["POLICIES", "AuraPolicy", "CosinePolicy", "DecodedTokens", "DmsCompression", "DmsPolicy", "FifoPolicy",
+           "FrameTokens", "MemoryPolicy", "MemoryStats", "check_knobs", "make_policy"]

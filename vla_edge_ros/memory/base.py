@@ -3,9 +3,14 @@
 The engine owns the arena and the backend; a policy owns the bookkeeping of what is in the arena
 beyond the pinned prompt. Each frame, the engine asks the policy for any tokens to prefill before
 the frame (``frame_prefix``), to make room for them (``make_room``: the policy releases slots), and
-then hands it the prefilled frame (``add_frame``). After evictions the engine re-positions every
-kept token by its order in the cache (pinned prompt first, then the rest in arrival order) by
-rotating cached keys, so positions stay below the arena capacity for an episode that never ends.
+then hands it the prefilled frame (``add_frame``). Decoded action tokens are scratch that leaves at
+the end of the step, unless the policy ``keeps_decoded`` (dms): then each one is handed over
+(``add_decoded``) like a frame. After evictions the engine re-positions every kept token by its
+order in the cache (pinned prompt first, then the rest in arrival order) by rotating cached keys,
+so positions stay below the arena capacity for an episode that never ends.
+
+A policy that decides per KV head (``per_kv_head``, dms) gets head masks in the arena
+(``KVArena.head_valid``), which attention honours per KV head; the others cost nothing per head.
 
 Switching policy takes effect at an episode boundary: ``VlaEngine.set_policy`` installs the new
 policy together with a fresh prompt prefill, because one policy cannot interpret another's state
@@ -33,6 +38,16 @@ class FrameTokens:
     positions: np.ndarray  # their RoPE positions
     embeddings: np.ndarray  # [tokens_per_frame, hidden] frame-encoder output (the transformer's input)
     prefix_slots: np.ndarray  # slots of the tokens ``frame_prefix`` asked for (empty if none)
+    layer_inputs: list[np.ndarray] | None = None  # each layer's input [tokens_per_frame, hidden], if asked for
+
+
+@dataclass(frozen=True)
+class DecodedTokens:
+    """Decoded action tokens just written to the arena, for a policy that ``keeps_decoded``."""
+
+    slots: np.ndarray
+    positions: np.ndarray
+    layer_inputs: list[np.ndarray] | None = None  # each layer's input [n, hidden], if asked for
 
 
 @dataclass(frozen=True)
@@ -45,8 +60,8 @@ class MemoryStats:
     kv_tokens: int  # cache slots in use, pinned prompt included
     kv_bytes: int  # bytes of those tokens' keys and values (all layers)
     state_bytes: int  # policy state outside the KV cache (aura's fast weights; 0 for the others)
-    evictions: int  # frames evicted this episode
-    writes: int  # writes into the memory this episode (frames stored; aura: fast-weight updates)
+    evictions: int  # frames evicted this episode (dms: tokens evicted from every head)
+    writes: int  # writes into the memory this episode (frames stored; aura: fast-weight updates; dms: tokens)
 
     @property
     def memory_bytes(self) -> int:
@@ -61,6 +76,8 @@ class MemoryPolicy(ABC):
 
     name: str
     needs_prefix = False  # True when ``frame_prefix`` may return tokens
+    per_kv_head = False  # True when the policy evicts per KV head: the arena then keeps head masks
+    keeps_decoded = False  # True when decoded action tokens are handed to ``add_decoded`` instead of dropped
 
     def __init__(self) -> None:
         self.engine: VlaEngine | None = None
@@ -71,6 +88,15 @@ class MemoryPolicy(ABC):
     def attach(self, engine: VlaEngine) -> None:
         """Bind to the engine whose arena this policy manages (called once, before the first episode)."""
         self.engine = engine
+
+    @property
+    def needs_layer_inputs(self) -> bool:
+        """True when ``FrameTokens.layer_inputs`` / ``DecodedTokens.layer_inputs`` must be filled in."""
+        return False
+
+    def reserved_tokens(self) -> int:
+        """Tokens beside the prompt the policy holds that no ``make_room`` can free (aura's memory token)."""
+        return int(self.needs_prefix)
 
     def configure_from(self, knobs: dict[str, Any]) -> None:
         """Apply this policy's live ``kv.*`` knobs (ValueError, changing nothing, when one is out of range)."""
@@ -85,11 +111,15 @@ class MemoryPolicy(ABC):
 
     @abstractmethod
     def make_room(self, tokens: int) -> int:
-        """Release slots until ``tokens`` more fit in the arena; return how many frames were evicted."""
+        """Release slots until ``tokens`` more fit in the arena; return how many frames (dms: tokens) were evicted."""
 
     @abstractmethod
     def add_frame(self, frame: FrameTokens) -> None:
         """Take ownership of a frame that has just been prefilled."""
+
+    def add_decoded(self, tokens: DecodedTokens) -> None:
+        """Take ownership of decoded action tokens (only called when ``keeps_decoded``)."""
+        raise NotImplementedError(f"{self.name} does not keep decoded tokens")
 
     @abstractmethod
     def frames_kept(self) -> int:
@@ -97,6 +127,10 @@ class MemoryPolicy(ABC):
 
     def state_bytes(self) -> int:
         return 0
+
+    def diagnostics(self) -> dict[str, Any]:
+        """Policy-specific figures for the reasoning node's diagnostics (dms: its compression)."""
+        return {}
 
     def stats(self) -> MemoryStats:
         engine = self._engine()

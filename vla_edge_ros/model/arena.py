@@ -4,6 +4,11 @@ The arena is a fixed number of slots allocated once. Each slot holds one token's
 in every layer (the storage lives in the backend) and carries the position that token was
 rotated to. Tokens can leave from anywhere (eviction), and positions can be re-assigned later,
 so a robot episode that never resets never needs more positions than there are slots.
+
+A policy that evicts per KV head (``dms``) turns on *head masks*: ``head_valid[layer, kv_head, slot]``
+says which heads still read a slot's token. A slot stays allocated (``valid``, one position for all
+heads) while any head reads it and is released when the last one stops. Without head masks (every
+other policy) nothing per head is stored or computed.
 """
 
 from __future__ import annotations
@@ -24,6 +29,15 @@ class KVArena:
         self.capacity = capacity
         self.positions = np.full(capacity, -1, dtype=np.int32)
         self.valid = np.zeros(capacity, dtype=bool)
+        self.head_valid: np.ndarray | None = None  # [layers, kv_heads, capacity] with head masks on
+
+    def set_head_masks(self, heads: tuple[int, int] | None) -> None:
+        """Turn head masks on for (layers, kv_heads), every valid slot readable by every head; None: off."""
+        if heads is None:
+            self.head_valid = None
+            return
+        self.head_valid = np.zeros((*heads, self.capacity), dtype=bool)
+        self.head_valid[:, :, self.valid] = True
 
     @property
     def used(self) -> int:
@@ -40,11 +54,26 @@ class KVArena:
         """Mark ``slots`` as holding tokens at ``positions``."""
         self.positions[slots] = positions
         self.valid[slots] = True
+        if self.head_valid is not None:
+            self.head_valid[:, :, slots] = True
 
     def release(self, slots: np.ndarray) -> None:
         """Evict tokens: their slots become free and invisible to attention."""
         self.valid[slots] = False
         self.positions[slots] = -1
+        if self.head_valid is not None:
+            self.head_valid[:, :, slots] = False
+
+    def hide(self, slots: np.ndarray, hidden: np.ndarray) -> np.ndarray:
+        """Stop the heads where ``hidden[layer, kv_head, j]`` from reading ``slots[j]`` (head masks only);
+        slots no head reads any more are released. Returns those released slots."""
+        if self.head_valid is None:
+            raise RuntimeError("hide needs head masks (set_head_masks)")
+        slots = np.asarray(slots, dtype=np.int32)
+        self.head_valid[:, :, slots] &= ~hidden
+        unread = slots[~self.head_valid[:, :, slots].any(axis=(0, 1))]
+        self.release(unread)
+        return unread
 
     def next_position(self) -> int:
         """One past the highest position in use (0 for an empty arena)."""
@@ -63,3 +92,7 @@ class KVArena:
     def visible(self, query_positions: np.ndarray, span: slice) -> np.ndarray:
         """[T, len(span)] mask: slot is valid and not after the query (causality by position)."""
         return self.valid[span][None, :] & (self.positions[span][None, :] <= query_positions[:, None])
+
+    def visible_per_head(self, layer: int, visible: np.ndarray, span: slice) -> np.ndarray:
+        """[kv_heads, T, len(span)]: ``visible`` (as ``visible`` returned it) narrowed to what each head reads."""
+        return self.head_valid[layer][:, None, span] & visible[None]

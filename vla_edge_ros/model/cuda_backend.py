@@ -135,7 +135,8 @@ class CudaBackend(Backend):
         positions_dev, slots_dev = cuda.to_device(positions), cuda.to_device(slots)
         self.arena.commit(slots, positions)
         slot_pos = cuda.to_device(self.arena.positions)
-        slot_valid = cuda.to_device(self.arena.valid.view(np.uint8))
+        head_valid = self.arena.head_valid  # [layers, kv_heads, S] when KV heads evict on their own (dms)
+        slot_valid = cuda.to_device((self.arena.valid if head_valid is None else head_valid).view(np.uint8))
         layer_hidden = [x.copy_to_host()] if collect_layers else None
         for index, layer in enumerate(self.layers):
             kernels.rmsnorm(x, layer.input_norm, c.rms_norm_eps, h)
@@ -145,7 +146,8 @@ class CudaBackend(Backend):
             kernels.rope(q_heads, positions_dev, self.inv_freq)
             kernels.rope(k_heads, positions_dev, self.inv_freq)
             kernels.kv_write(k_heads, v_heads, self.k_cache[index], self.v_cache[index], slots_dev)
-            kernels.attention(q_heads, self.k_cache[index], self.v_cache[index], slot_pos, slot_valid,
+            kernels.attention(q_heads, self.k_cache[index], self.v_cache[index], slot_pos,
+                              slot_valid if head_valid is None else slot_valid[index],
                               positions_dev, self.scale, attn_heads, scratch=self.scratch)
             kernels.linear(attn, layer.o_weight, None, tmp)
             kernels.add_inplace(x, tmp)

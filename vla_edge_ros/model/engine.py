@@ -3,10 +3,10 @@
 The prompt is prefilled once and pinned at the front of the cache. Every ``step`` encodes one
 frame, prefills its ``tokens_per_frame`` tokens (after any prefix its memory policy asks for)
 after what is already cached, and decodes the action. Decoded action tokens are scratch: they
-leave the cache when the step ends. What else the cache keeps is the memory policy's decision
-(``vla_edge_ros.memory``: fifo, cosine, aura); after evictions the kept tokens are re-positioned
-0..n-1 in cache order by rotating their keys, so positions stay below the arena capacity however
-long the episode runs.
+leave the cache when the step ends, unless the policy keeps them (dms decides on each). What else
+the cache keeps is the memory policy's decision (``vla_edge_ros.memory``: fifo, cosine, aura, dms);
+after evictions the kept tokens are re-positioned 0..n-1 in cache order by rotating their keys, so
+positions stay below the arena capacity however long the episode runs.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..memory.base import FrameTokens, MemoryPolicy, MemoryStats
+from ..memory.base import DecodedTokens, FrameTokens, MemoryPolicy, MemoryStats
 from ..memory.fifo import FifoPolicy
 from .action_head import ActionHead
 from .arena import KVArena
-from .backend import Backend
+from .backend import Backend, ForwardResult
 from .checkpoint import Checkpoint
 from .vision import FrameEncoder
 
@@ -133,6 +133,12 @@ class VlaEngine:
         self.scratch_tokens = scratch
         self.policy = policy or FifoPolicy()
         self.policy.attach(self)
+        self._use_head_masks()
+
+    def _use_head_masks(self) -> None:
+        """Head masks in the arena exactly when the policy evicts per KV head."""
+        c = self.config
+        self.arena.set_head_masks((c.num_hidden_layers, c.num_key_value_heads) if self.policy.per_kv_head else None)
 
     def set_prompt(self, token_ids: list[int] | np.ndarray, cached: dict[str, np.ndarray] | None = None) -> None:
         """Start an episode: clear the cache and prefill (and pin) the instruction tokens.
@@ -142,10 +148,10 @@ class VlaEngine:
         attention workspace at chunk x arena instead of prompt x arena.
         """
         ids = np.asarray(token_ids, dtype=np.int32)
-        prefix = 1 if self.policy.needs_prefix else 0
-        if ids.size + prefix + self.tokens_per_frame + self.scratch_tokens > self.arena.capacity:
+        reserved = self.policy.reserved_tokens()
+        if ids.size + reserved + self.tokens_per_frame + self.scratch_tokens > self.arena.capacity:
             raise ValueError(f"prompt of {ids.size} tokens leaves no room for a frame in a "
-                             f"{self.arena.capacity}-token arena")
+                             f"{self.arena.capacity}-token arena ({self.policy.name} holds {reserved} more)")
         if cached is not None:
             self._check_prompt_kv(ids, cached)
         self.arena.release(np.arange(self.arena.capacity))
@@ -187,6 +193,7 @@ class VlaEngine:
         """Install another memory policy; an episode boundary: the cache restarts from the pinned prompt."""
         policy.attach(self)
         self.policy = policy
+        self._use_head_masks()
         self.set_prompt(self._prompt_ids)
 
     def memory_stats(self) -> MemoryStats:
@@ -263,9 +270,11 @@ class VlaEngine:
         slots = self.arena.allocate(count)
         start = self.arena.next_position()
         positions = np.arange(start, start + count, dtype=np.int32)
-        out = self.backend.forward(positions, slots, embeddings=inputs, collect_attention=probe_attention)
+        out = self.backend.forward(positions, slots, embeddings=inputs, collect_attention=probe_attention,
+                                   collect_layers=self.policy.needs_layer_inputs)
         n_prefix = count - self.tokens_per_frame
-        self.policy.add_frame(FrameTokens(slots[n_prefix:], positions[n_prefix:], embeddings, slots[:n_prefix]))
+        self.policy.add_frame(FrameTokens(slots[n_prefix:], positions[n_prefix:], embeddings, slots[:n_prefix],
+                                          _layer_inputs(out, n_prefix)))
         t2 = time.perf_counter()
         return FramePrefill(out.hidden[-1], int(positions[-1]) + 1, evicted, (t1 - t0) * 1e3, (t2 - t1) * 1e3,
                             slots[n_prefix:], out.last_attention)
@@ -279,9 +288,10 @@ class VlaEngine:
         """
         if self.config.action.head == "linear":
             return self.head.from_hidden(prefill.hidden), []
-        head, dof = self.head, self.config.action.dof
+        head, dof, policy = self.head, self.config.action.dof, self.policy
         bins = [self.backend.greedy(prefill.hidden, head.bin_rows)]
         scratch = self.arena.allocate(dof - 1)
+        handed = 0  # scratch slots now owned by a policy that keeps decoded tokens
         try:
             for i in range(dof - 1):
                 ticket = admit()
@@ -289,11 +299,15 @@ class VlaEngine:
                     return None
                 token = np.array([head.first_bin_token + bins[-1]], dtype=np.int32)
                 position = np.array([prefill.next_position + i], dtype=np.int32)
-                out = self.backend.forward(position, scratch[i:i + 1], token_ids=token)
+                out = self.backend.forward(position, scratch[i:i + 1], token_ids=token,
+                                           collect_layers=policy.keeps_decoded and policy.needs_layer_inputs)
+                if policy.keeps_decoded:
+                    policy.add_decoded(DecodedTokens(scratch[i:i + 1], position, _layer_inputs(out, 0)))
+                    handed = i + 1
                 bins.append(self.backend.greedy(out.hidden[-1], head.bin_rows))
                 done(ticket)
         finally:
-            self.arena.release(scratch)
+            self.arena.release(scratch[handed:])
         return head.from_bins(bins), [head.first_bin_token + b for b in bins]
 
     def step(self, image: np.ndarray) -> StepResult:
@@ -303,3 +317,10 @@ class VlaEngine:
         action, tokens = self.decode_action(prefill)
         decode_ms = (time.perf_counter() - t0) * 1e3
         return StepResult(action, tokens, prefill.encode_ms, prefill.prefill_ms, decode_ms, prefill.evicted_frames)
+
+
+def _layer_inputs(out: ForwardResult, skip: int) -> list[np.ndarray] | None:
+    """Each layer's input hidden states from a forward that collected them, without the first ``skip`` tokens."""
+    if out.layer_hidden is None:
+        return None
+    return [hidden[skip:] for hidden in out.layer_hidden[:-1]]

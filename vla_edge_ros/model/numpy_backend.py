@@ -75,12 +75,16 @@ class NumpyBackend(Backend):
         cos, sin = ops.rope_cos_sin(positions, self.inv_freq)
         self.arena.commit(slots, positions)
         span = self.arena.span()
-        bias = ops.attention_bias(self.arena.visible(positions, span))
+        visible = self.arena.visible(positions, span)
+        per_head = self.arena.head_valid is not None
+        bias = None if per_head else ops.attention_bias(visible)
         q_end, k_end = c.q_dim, c.q_dim + c.kv_dim
         layer_hidden = [x.copy()] if collect_layers else None
         attention = np.zeros((len(self.layers), c.num_attention_heads, self.arena.capacity), np.float32) \
             if collect_attention else None
         for index, layer in enumerate(self.layers):
+            if per_head:  # each KV head reads the slots it still keeps
+                bias = ops.attention_bias(self.arena.visible_per_head(index, visible, span))
             h = ops.rms_norm(x, layer.input_norm, c.rms_norm_eps)
             qkv = h @ layer.qkv_t + layer.qkv_bias
             q = ops.apply_rope(qkv[:, :q_end].reshape(tokens, c.num_attention_heads, c.head_dim), cos, sin)
@@ -89,7 +93,8 @@ class NumpyBackend(Backend):
             self.v_cache[index][:, slots] = qkv[:, k_end:].reshape(tokens, c.num_key_value_heads, c.head_dim).transpose(1, 0, 2)
             attn = ops.gqa_attention(q, self.k_cache[index][:, span], self.v_cache[index][:, span], bias, self.scale)
             if attention is not None:
-                attention[index, :, span] = ops.attention_weights(q[-1], self.k_cache[index][:, span], bias[-1], self.scale)
+                attention[index, :, span] = ops.attention_weights(q[-1], self.k_cache[index][:, span], bias[..., -1, :],
+                                                                  self.scale)
             x += attn @ layer.o_t
             h = ops.rms_norm(x, layer.post_norm, c.rms_norm_eps)
             gate_up = h @ layer.gate_up_t

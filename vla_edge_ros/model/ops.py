@@ -52,7 +52,8 @@ def attention_bias(visible: np.ndarray) -> np.ndarray:
 def gqa_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray, scale: float) -> np.ndarray:
     """Grouped-query attention of q [T, Hq, D] over cached k, v [Hkv, S, D].
 
-    ``bias`` [T, S] is the additive mask from ``attention_bias`` (which slots each query may read).
+    ``bias`` [T, S] is the additive mask from ``attention_bias`` (which slots each query may read), or
+    [Hkv, T, S] when KV heads read different slots (per-head eviction, ``dms``).
     Query head h reads KV head h // (Hq // Hkv); a query that may read nothing gets zeros.
     Scores are computed as k @ q^T (a tall product BLAS handles well) and reduced along rows.
     Returns [T, Hq * D].
@@ -65,7 +66,7 @@ def gqa_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray,
     for head in range(kv_heads):
         rows = queries[:, head].reshape(tokens * group, dim)
         scores = np.ascontiguousarray((k[head] @ rows.T).T).reshape(tokens, group, slots)
-        scores += bias[:, None, :]
+        scores += (bias[head] if bias.ndim == 3 else bias)[:, None, :]
         peak = scores.max(axis=-1, keepdims=True)
         scores -= np.where(np.isfinite(peak), peak, np.float32(0.0))
         np.exp(scores, out=scores)
@@ -76,11 +77,12 @@ def gqa_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray,
 
 
 def attention_weights(q: np.ndarray, k: np.ndarray, bias: np.ndarray, scale: float) -> np.ndarray:
-    """Softmax weights [Hq, S] of one token's queries q [Hq, D] over cached k [Hkv, S, D] (bias [S])."""
+    """Softmax weights [Hq, S] of one token's queries q [Hq, D] over cached k [Hkv, S, D] (bias [S], or
+    [Hkv, S] per KV head)."""
     q_heads, kv_heads = q.shape[0], k.shape[0]
     group = q_heads // kv_heads
     scores = np.einsum("hgd,hsd->hgs", q.reshape(kv_heads, group, -1), k).reshape(q_heads, -1) * np.float32(scale)
-    scores = scores + bias[None, :]
+    scores = scores + (np.repeat(bias, group, axis=0) if bias.ndim == 2 else bias[None, :])
     peak = scores.max(axis=-1, keepdims=True)
     weights = np.exp(scores - np.where(np.isfinite(peak), peak, 0.0))
     total = weights.sum(axis=-1, keepdims=True)

@@ -28,7 +28,7 @@ from ..action_slot import ActionSlot
 from ..admission import AdmissionGate
 from ..frame_buffer import Frame, FrameBuffer
 from ..kv_store import BlockStore, load_or_prefill_prompt, save_memory
-from ..memory import make_policy
+from ..memory import check_knobs, make_policy
 from ..model.engine import VlaEngine
 from ..reasoner import Reasoner
 from .diagnostics import ERROR, OK, WARN, DiagnosticsTimer, status
@@ -109,7 +109,8 @@ class ReasoningNode(Node):
         return response
 
     def _check_memory_knobs(self, values: dict[str, Any]) -> None:
-        """Reject kv.* values the policy would refuse (e.g. a protected window as large as the arena)."""
+        """Reject kv.* values a policy would refuse (e.g. a protected window as large as the arena)."""
+        check_knobs(values)
         candidate = make_policy(values["kv.policy"], values)
         candidate.attach(self.engine)  # validates against this engine's arena and checkpoint; changes nothing
 
@@ -194,7 +195,7 @@ class ReasoningNode(Node):
             "kv_capacity_tokens": self.engine.arena.capacity, "kv_bytes": memory.kv_bytes,
             "memory_state_bytes": memory.state_bytes, "frames_kept": memory.frames_kept,
             "memory_writes": memory.writes, "memory_evictions": memory.evictions,
-            **self._store_report(),
+            **self.engine.policy.diagnostics(), **self._store_report(),
         })
 
     def _store_report(self) -> dict[str, Any]:

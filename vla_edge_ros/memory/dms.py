@@ -1,0 +1,276 @@
+"""``dms``: Dynamic Memory Sparsification-style delayed eviction, decided per token and KV head.
+
+After Łańcucki et al. 2025, "Inference-Time Hyper-Scaling with KV Cache Compression". Every token
+that enters the cache (each frame token, and each decoded action token) gets a keep/evict decision
+per (layer, KV head): its keep score there (``dms_scores``: the checkpoint's learned gate, or key
+novelty) above the threshold (``dms_threshold``: fixed, or driven by ``target_ratio``) means keep.
+
+Delayed eviction. A decision is enforced only once its token has left the window of the newest
+``window`` tokens, so until then every head still reads it: the model gets to use a token for a
+while before it goes, instead of losing it the moment it is judged. Exactly: after every forward
+pass (a frame's prefill, or one decoded token) the pending tokens older than the newest ``window``
+are enforced, so a token is read by every token whose forward starts while fewer than ``window``
+tokens have arrived after it, and by none later unless a head keeps it. The pinned prompt is never
+judged and never evicted.
+
+Per-head memory. The arena keeps one slot per token and turns on head masks
+(``KVArena.head_valid``): a head that evicts a token stops reading it at once (attention masks it
+per KV head, in the NumPy path and in the CUDA kernel), and the slot is released when the last
+(layer, KV head) has evicted it. Per-head lengths (what each head reads) differ; the memory held is
+the union of what the heads keep. ``compression()`` reports both: tokens seen / tokens a head keeps
+(DMS's ratio: what each head reads), and tokens seen / slots held (what memory holds).
+
+When the arena lacks room for the next frame, tokens are forced out whole, every head at once: the
+held token outside the window whose best keep score, over the heads still reading it, is lowest goes
+first; ties go to the older.
+
+Positions. A token has one position, shared by every layer and KV head of its slot; a head that
+evicted a token just does not read that position, so the distances between the tokens a head
+reads stay what they were when they were written. The engine re-numbers the held slots in cache
+order (prompt first) when the next frame would reach the arena capacity, as for every policy, so
+no position ever reaches the capacity in an episode that never resets.
+
+Decoded action tokens enter the memory like frame tokens (decisions per head, the same window) and
+stay while a head keeps them, so the robot can remember what it did; the other policies drop them
+at the end of the step. ``writes`` and ``evictions`` count tokens, not frames.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .base import DecodedTokens, FrameTokens, MemoryPolicy, _array
+from .dms_scores import KeyNovelty, LearnedGate, has_gate
+from .dms_threshold import KeepThreshold, check_knobs
+
+
+@dataclass(frozen=True)
+class DmsCompression:
+    """How much dms has compressed this episode (the pinned prompt is not counted anywhere)."""
+
+    tokens_seen: int  # tokens that entered the memory (frame and decoded tokens)
+    held_per_head: np.ndarray  # [layers, kv_heads] tokens each head reads now, window included
+    slots_held: int  # tokens at least one head still reads: what the arena holds
+    decided: int  # tokens whose decisions were enforced (they left the window)
+    kept_per_head: np.ndarray  # [layers, kv_heads] of those, how many each head decided to keep
+    forced_evictions: int  # tokens forced out of every head for room
+    threshold: float  # the threshold that decided the newest tokens
+
+    @property
+    def ratio_per_head(self) -> np.ndarray:
+        """Tokens seen / tokens the head keeps (inf for a head that keeps none)."""
+        with np.errstate(divide="ignore"):
+            return self.tokens_seen / self.held_per_head.astype(np.float64)
+
+    @property
+    def ratio(self) -> float:
+        """Tokens seen / tokens kept, pooled over every (layer, KV head): the compression of what heads read."""
+        held = int(self.held_per_head.sum())
+        return self.tokens_seen * self.held_per_head.size / held if held else float("inf")
+
+    @property
+    def decision_ratio(self) -> float:
+        """Tokens decided / keep decisions, pooled over heads: the compression the threshold asked for,
+        without the window's share."""
+        kept = int(self.kept_per_head.sum())
+        return self.decided * self.kept_per_head.size / kept if kept else float("inf")
+
+    @property
+    def slot_ratio(self) -> float:
+        """Tokens seen / slots held: the compression of the memory itself."""
+        return self.tokens_seen / self.slots_held if self.slots_held else float("inf")
+
+
+class DmsPolicy(MemoryPolicy):
+    name = "dms"
+    per_kv_head = True
+    keeps_decoded = True
+
+    def __init__(self, *, window: int = 32, threshold: float = 0.0, target_ratio: float = 4.0,
+                 use_learned_gate: bool = True) -> None:
+        super().__init__()
+        if window < 1:
+            raise ValueError(f"kv.dms.window must be >= 1, got {window}")
+        check_knobs(threshold, target_ratio)
+        self.window = window
+        self.threshold, self.target_ratio = float(threshold), float(target_ratio)
+        self.use_learned_gate = use_learned_gate
+        self.source: LearnedGate | KeyNovelty | None = None
+        self.limits: KeepThreshold | None = None
+
+    @property
+    def needs_layer_inputs(self) -> bool:
+        return self.source is not None and self.source.needs_layer_inputs
+
+    def reserved_tokens(self) -> int:
+        return self.window  # the window is never evicted, so it can never make room
+
+    def configure_from(self, knobs: dict) -> None:
+        threshold = knobs.get("kv.dms.threshold", self.threshold)
+        target_ratio = knobs.get("kv.dms.target_ratio", self.target_ratio)
+        check_knobs(threshold, target_ratio)  # both checked before either is applied
+        self.threshold, self.target_ratio = float(threshold), float(target_ratio)
+        if self.limits is not None:
+            self.limits.configure(self.threshold, self.target_ratio)
+
+    def attach(self, engine) -> None:
+        super().attach(engine)
+        c, arena = engine.config, engine.arena
+        limit = (arena.capacity - engine.prompt_slots.size - engine.tokens_per_frame - engine.scratch_tokens)
+        if self.window > limit:
+            raise ValueError(f"kv.dms.window={self.window} must be in [1, {limit}]: the {arena.capacity}-slot arena "
+                             f"holds the prompt ({engine.prompt_slots.size}), the window, one frame "
+                             f"({engine.tokens_per_frame}) and the action tokens ({engine.scratch_tokens})")
+        gated = self.use_learned_gate and has_gate(engine.checkpoint)
+        self.source = LearnedGate(engine.checkpoint) if gated else KeyNovelty(engine, self.window)
+        layers, heads = c.num_hidden_layers, c.num_key_value_heads
+        self.limits = KeepThreshold(layers, heads, threshold=self.threshold, target_ratio=self.target_ratio)
+        self._slot_score = np.full((layers, heads, arena.capacity), -np.inf, dtype=np.float32)
+        self._slot_frame = np.full(arena.capacity, -1, dtype=np.int64)
+        self._clear()
+
+    def _clear(self) -> None:
+        heads = self._slot_score.shape[:2]
+        self._pending_slots = np.empty(0, dtype=np.int32)  # tokens inside the window, oldest first
+        self._pending_keep = np.empty((0, *heads), dtype=bool)  # their decisions, [n, layers, kv_heads]
+        self._kept_decisions = np.zeros(heads, dtype=np.int64)
+        self._decided = self._forced = 0
+
+    def reset(self) -> None:
+        super().reset()
+        engine = self._engine()
+        self._clear()
+        self._slot_score.fill(-np.inf)
+        self._slot_frame.fill(-1)
+        self._limits().reset()
+        self._source().reset(engine)
+
+    def _source(self) -> LearnedGate | KeyNovelty:
+        if self.source is None:
+            raise RuntimeError("dms policy is not attached to an engine")
+        return self.source
+
+    def _limits(self) -> KeepThreshold:
+        if self.limits is None:
+            raise RuntimeError("dms policy is not attached to an engine")
+        return self.limits
+
+    def make_room(self, tokens: int) -> int:
+        """Force out whole tokens (see the module doc) until ``tokens`` slots are free; returns how many."""
+        engine = self._engine()
+        arena = engine.arena
+        need = tokens - (arena.capacity - arena.used)
+        if need <= 0:
+            return 0
+        evictable = arena.valid.copy()
+        evictable[engine.prompt_slots] = evictable[self._pending_slots] = False
+        candidates = np.flatnonzero(evictable).astype(np.int32)
+        if candidates.size < need:
+            raise RuntimeError(f"dms: {tokens} tokens do not fit beside the prompt and the {self.window}-token window")
+        reading = arena.head_valid[:, :, candidates]
+        best = np.where(reading, self._slot_score[:, :, candidates], -np.inf).max(axis=(0, 1))
+        victims = candidates[np.lexsort((arena.positions[candidates], best))[:need]]
+        arena.release(victims)
+        self._forced += need
+        self.evictions += need
+        return need
+
+    def add_frame(self, frame: FrameTokens) -> None:
+        self.frames_seen += 1
+        scores = self._source().scores(self._engine(), frame.slots, frame.positions, frame.layer_inputs)
+        self.admit(frame.slots, scores, frame=self.frames_seen - 1)
+
+    def add_decoded(self, tokens: DecodedTokens) -> None:
+        scores = self._source().scores(self._engine(), tokens.slots, tokens.positions, tokens.layer_inputs)
+        self.admit(tokens.slots, scores, frame=-1)
+
+    def admit(self, slots: np.ndarray, scores: np.ndarray, *, frame: int) -> None:
+        """Decide new tokens in ``slots`` from their keep scores [T, layers, kv_heads]; enforce what left the window.
+
+        ``frame`` is the index of the frame they belong to this episode (-1: decoded tokens).
+        """
+        slots = np.asarray(slots, dtype=np.int32)
+        keep = scores > self._limits().update(scores)
+        self._slot_score[:, :, slots] = scores.transpose(1, 2, 0)
+        self._slot_frame[slots] = frame
+        self._pending_slots = np.concatenate([self._pending_slots, slots])
+        self._pending_keep = np.concatenate([self._pending_keep, keep])
+        self.writes += slots.size
+        excess = self._pending_slots.size - self.window
+        if excess > 0:
+            self._enforce(excess)
+
+    def _enforce(self, count: int) -> None:
+        """Apply the decisions of the ``count`` oldest pending tokens: each head that did not keep one stops reading it."""
+        slots, keep = self._pending_slots[:count], self._pending_keep[:count]
+        self._pending_slots, self._pending_keep = self._pending_slots[count:], self._pending_keep[count:]
+        freed = self._engine().arena.hide(slots, ~keep.transpose(1, 2, 0))
+        self.evictions += freed.size
+        self._decided += count
+        self._kept_decisions += keep.sum(axis=0)
+
+    def pending_slots(self) -> np.ndarray:
+        """Slots of the tokens inside the window, oldest first: every head still reads them."""
+        return self._pending_slots.copy()
+
+    def entries_of_frame(self, frame: int) -> np.ndarray:
+        """[layers, kv_heads] how many tokens of this episode's frame number ``frame`` (0: the first)
+        each head still reads."""
+        arena = self._engine().arena
+        return arena.head_valid[:, :, (self._slot_frame == frame) & arena.valid].sum(axis=-1)
+
+    def slots_of_frame(self, frame: int) -> np.ndarray:
+        """Slots that still hold tokens of frame number ``frame`` (slot numbers are reused after evictions)."""
+        return np.flatnonzero((self._slot_frame == frame) & self._engine().arena.valid).astype(np.int32)
+
+    def frames_kept(self) -> int:
+        frames = self._slot_frame[self._engine().arena.valid]
+        return int(np.unique(frames[frames >= 0]).size)
+
+    def compression(self) -> DmsCompression:
+        engine = self._engine()
+        arena = engine.arena
+        prompt = engine.prompt_slots.size
+        return DmsCompression(
+            tokens_seen=self.writes, held_per_head=arena.head_valid.sum(axis=-1) - prompt,
+            slots_held=arena.used - prompt, decided=self._decided, kept_per_head=self._kept_decisions.copy(),
+            forced_evictions=self._forced, threshold=self._limits().current)
+
+    def diagnostics(self) -> dict[str, Any]:
+        report = self.compression()
+        return {"dms_compression": report.ratio, "dms_slot_compression": report.slot_ratio,
+                "dms_threshold": report.threshold, "dms_forced_evictions": report.forced_evictions}
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        state = super().snapshot()
+        state.update(self._limits().snapshot())
+        state.update(self._source().snapshot())
+        state.update(head_valid=self._engine().arena.head_valid.astype(np.uint8), slot_scores=self._slot_score.copy(),
+                     slot_frames=self._slot_frame.copy(), pending_slots=self._pending_slots.copy(),
+                     pending_keep=self._pending_keep.astype(np.uint8), kept_decisions=self._kept_decisions.copy(),
+                     dms_counters=np.array([self._decided, self._forced], dtype=np.int64))
+        return state
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        engine = self._engine()
+        arena = engine.arena
+        heads, capacity = self._slot_score.shape[:2], arena.capacity
+        pending = _array(state, "pending_slots", np.int32, (None,))
+        if pending.size > self.window:
+            raise ValueError(f"memory snapshot's window ({pending.size} tokens) does not fit kv.dms.window={self.window}")
+        head_valid = _array(state, "head_valid", np.uint8, (*heads, capacity)) != 0
+        if not np.array_equal(head_valid.any(axis=(0, 1)), arena.valid) or not arena.valid[pending].all():
+            raise ValueError("memory snapshot's per-head masks and window do not match its slots")
+        super().restore(state)
+        arena.head_valid[:] = head_valid
+        self._slot_score = _array(state, "slot_scores", np.float32, (*heads, capacity)).copy()
+        self._slot_frame = _array(state, "slot_frames", np.int64, (capacity,)).copy()
+        self._pending_slots = pending.copy()
+        self._pending_keep = _array(state, "pending_keep", np.uint8, (pending.size, *heads)) != 0
+        self._kept_decisions = _array(state, "kept_decisions", np.int64, heads).copy()
+        self._decided, self._forced = (int(x) for x in _array(state, "dms_counters", np.int64, (2,)))
+        self._limits().restore(state)
+        self._source().restore(state, engine)
