@@ -9,19 +9,19 @@ from pathlib import Path
 from .config import SCHEMA, load_settings
 from .replay import parse_cost, replay_bag
 
-_POLICY_CHOICES = next(p.choices for p in SCHEMA["reasoning"] if p.name == "kv.policy")
+POLICY_CHOICES = next(p.choices for p in SCHEMA["reasoning"] if p.name == "kv.policy")
 
 
-def _policies(text: str) -> list[str]:
+def policy_list(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in _POLICY_CHOICES]
+    unknown = [name for name in names if name not in POLICY_CHOICES]
     if not names or unknown:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(_POLICY_CHOICES)}, "
+        raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(POLICY_CHOICES)}, "
                                          f"got {text!r}")
     return names
 
 
-def _cost(text: str):
+def cost_model(text: str):
     try:
         return parse_cost(text)
     except ValueError as exc:
@@ -52,11 +52,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("bags", nargs="+", type=Path, metavar="BAG",
                    help="rosbag2 directory, .mcap, .db3 or ROS 1 .bag")
     p.add_argument("--config", type=Path, help="YAML config (default: built-in defaults)")
-    p.add_argument("--policy", type=_policies, default=["fifo", "cosine", "aura"],
-                   help=f"comma-separated policies to compare ({','.join(_POLICY_CHOICES)})")
+    p.add_argument("--policy", type=policy_list, default=list(POLICY_CHOICES),
+                   help=f"comma-separated policies to compare ({','.join(POLICY_CHOICES)})")
     p.add_argument("--image-topic", help="camera topic (default: the bag's only Image/CompressedImage topic)")
     p.add_argument("--command-topic", help="recorded command topic to compare actions with (default: auto)")
-    p.add_argument("--cost", type=_cost, default=parse_cost("measured"),
+    p.add_argument("--cost", type=cost_model, default=parse_cost("measured"),
                    help="block costs: measured (default) or fixed:encode=4ms,decode=1ms (deterministic)")
     p.add_argument("--realtime", action="store_true", help="pace by the wall clock instead of a virtual clock")
     p.add_argument("--out", type=Path, default=Path("replay_report"), help="report directory")
