@@ -1,0 +1,230 @@
+"""The cue-reach simulator: deterministic, exact in its rules, and needing memory where it says so."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from vla_edge_ros.sim import TASKS, CueReachEnv, TaskSpec
+from vla_edge_ros.sim import render
+from vla_edge_ros.sim.world import path_clearance
+
+CUE = TaskSpec()
+REACH = TaskSpec(name="reach")
+CLEAN = TaskSpec(noise_sigma=0.0)
+
+
+def run(env: CueReachEnv, command=None) -> list:
+    """Step until done with the expert (or a fixed command); the outcomes."""
+    outcomes = [env.step(env.expert_command() if command is None else command)]
+    while not outcomes[-1].done:
+        outcomes.append(env.step(env.expert_command() if command is None else command))
+    return outcomes
+
+
+def target_patches(env: CueReachEnv, frame: np.ndarray) -> list[np.ndarray]:
+    """Each target's square of pixels, cut with the stencil the renderer uses."""
+    size = env.spec.image_size
+    half = max(1, round(render.TARGET_HALF * size))
+    return [frame[row - half:row + half + 1, col - half:col + half + 1]
+            for col, row in np.floor(env.targets * size).astype(int)]
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_same_seed_replays_the_same_episode_and_reset_restarts_it(name):
+    spec = TaskSpec(name=name)
+    first, second = CueReachEnv(spec, 7), CueReachEnv(spec, 7)
+    frames = [first.reset()]
+    outcomes = run(first)
+    assert np.array_equal(second.reset(), frames[0])
+    for outcome in outcomes:
+        again = second.step(second.expert_command())
+        assert np.array_equal(again.frame, outcome.frame)
+        assert (again.done, again.success, again.time_s, again.path_length) == \
+            (outcome.done, outcome.success, outcome.time_s, outcome.path_length)
+    assert np.array_equal(first.reset(), frames[0])
+    assert first.time_s == 0 and first.path_length == 0 and np.array_equal(first.robot, first.start)
+    assert np.array_equal(first.step(first.expert_command()).frame, outcomes[0].frame)
+
+
+def test_different_seeds_give_different_layouts():
+    envs = [CueReachEnv(CUE, seed) for seed in range(10)]
+    layouts = {(env.goal, env.targets.tobytes(), env.start.tobytes()) for env in envs}
+    assert len(layouts) == 10
+    assert len({env.goal for env in envs}) == CUE.targets
+    assert not np.array_equal(envs[0].reset(), envs[1].reset())
+
+
+def test_layout_keeps_targets_apart_off_each_others_paths_and_in_view():
+    for seed in range(50):
+        env = CueReachEnv(CUE, seed)
+        points = np.vstack([env.start, env.targets])
+        gaps = np.linalg.norm(points[:, None] - points[None], axis=-1)[np.triu_indices(len(points), 1)]
+        assert (gaps > 3 * CUE.reach_radius).all()
+        assert path_clearance(env.start, env.targets) > 2 * CUE.reach_radius
+        assert ((points > 0.05) & (points < 0.95)).all()
+        assert env.targets.shape == (CUE.targets, 2) and 0 <= env.goal < CUE.targets
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("name", "fetch"), ("image_size", 0), ("image_size", 96.0), ("targets", 1), ("rate_hz", 0.0),
+    ("rate_hz", float("nan")), ("cue_s", 0.0), ("cue_s", 0.01), ("hold_s", -1.0), ("time_limit_s", -1.0),
+    ("time_limit_s", 1.8), ("reach_radius", 0.0), ("reach_radius", 0.5), ("max_speed", 0.0),
+    ("noise_sigma", -0.1)])
+def test_bad_spec_fields_are_named(field, value):
+    spec = dataclasses.replace(CUE, **{field: value})
+    with pytest.raises(ValueError, match=field):
+        spec.validate()
+    with pytest.raises(ValueError, match=field):
+        CueReachEnv(spec, 0)
+
+
+def test_a_layout_that_cannot_fit_is_refused():
+    with pytest.raises(ValueError, match="targets"):
+        CueReachEnv(TaskSpec(targets=12, reach_radius=0.1), 0)
+
+
+def test_the_cue_is_visible_for_cue_s_in_cue_reach_and_always_in_reach():
+    env = CueReachEnv(CUE, 3)
+    env.reset()
+    visible = [env.cue_visible]
+    for _ in range(30):
+        env.step(np.zeros(2))
+        visible.append(env.cue_visible)
+    assert visible == [True] * 9 + [False] * 22          # 0.3 s at 30 Hz = 9 frames
+    env = CueReachEnv(REACH, 3)
+    env.reset()
+    visible = [env.cue_visible]
+    while not env.step(env.expert_command()).done:
+        visible.append(env.cue_visible)
+    assert len(visible) > 10 and all(visible)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_cue_ring_marks_only_the_goal_and_then_leaves_nothing_behind(seed):
+    env = CueReachEnv(CLEAN, seed)
+    cued = env.reset()
+    after = [env.step(np.ones(2)).frame for _ in range(20)][-1]
+    changed = (cued != after).any(axis=-1)
+    rows, cols = np.nonzero(changed)
+    centres = (np.stack([cols, rows], axis=1) + 0.5) / CLEAN.image_size
+    distance = np.linalg.norm(centres - env.targets[env.goal], axis=1)
+    assert changed.any() and (np.abs(distance - render.RING_RADIUS) <= render.RING_WIDTH / 2 + 1e-6).all()
+    assert (cued[changed] == render.CUE_COLOUR).all()
+    patches = target_patches(env, after)
+    assert all(np.array_equal(patch, patches[0]) for patch in patches)
+    assert len(np.unique(patches[0].reshape(-1, 3), axis=0)) == 1      # one flat colour, no trace of the cue
+    assert np.array_equal(target_patches(env, cued)[env.goal], patches[0])
+
+
+def test_after_the_cue_the_frame_does_not_depend_on_which_target_is_the_goal():
+    env = CueReachEnv(CLEAN, 11)
+    others = []
+    for goal in range(CLEAN.targets):
+        env.goal = goal
+        env.reset()
+        others.append([env.step(np.zeros(2)).frame for _ in range(12)])
+    for frames in others[1:]:
+        assert not np.array_equal(frames[0], others[0][0])             # cue frames: goals differ
+        assert np.array_equal(frames[-1], others[0][-1])                # after the cue: identical
+
+
+def test_the_robot_is_held_through_cue_and_hold_then_moves():
+    env = CueReachEnv(CUE, 5)
+    env.reset()
+    release = CUE.frames(CUE.cue_s) + CUE.frames(CUE.hold_s)
+    for _ in range(release):
+        assert env.held
+        outcome = env.step(np.array([1.0, -1.0]))
+        assert np.array_equal(env.robot, env.start) and outcome.path_length == 0
+    assert not env.held and outcome.time_s == pytest.approx(1.8)
+    env.step(np.array([1.0, 0.0]))
+    assert not np.array_equal(env.robot, env.start)
+
+
+def test_reach_moves_from_the_first_step():
+    env = CueReachEnv(REACH, 5)
+    env.reset()
+    assert not env.held
+    env.step(np.array([0.0, 1.0]))
+    assert env.robot == pytest.approx(env.start + [0.0, REACH.max_speed / REACH.rate_hz])
+
+
+def test_commands_are_clipped_per_component_and_nan_means_zero():
+    dt_speed = REACH.max_speed / REACH.rate_hz
+    env = CueReachEnv(REACH, 2)
+    for command, expected in [((5.0, -3.0), (1.0, -1.0)), ((np.nan, 0.5), (0.0, 0.5)),
+                              ((np.inf, -np.inf), (1.0, -1.0)), ((-0.25, np.nan), (-0.25, 0.0))]:
+        env.reset()
+        env.step(np.array(command))
+        assert env.robot == pytest.approx(env.start + dt_speed * np.array(expected))
+    with pytest.raises(ValueError, match="shape"):
+        env.step(np.zeros(3))
+
+
+def test_path_length_adds_what_the_robot_moved_and_walls_stop_it():
+    env = CueReachEnv(REACH, 4)
+    env.reset()
+    positions, outcome = [env.robot.copy()], None
+    for command in [(1.0, 0.0)] * 5 + [(0.5, 0.5)] * 5 + [(-1.0, 0.0)] * 120:
+        outcome = env.step(np.array(command))
+        positions.append(env.robot.copy())
+    steps = np.linalg.norm(np.diff(positions, axis=0), axis=1)
+    assert outcome.path_length == pytest.approx(steps.sum())
+    assert steps[:5] == pytest.approx(REACH.max_speed / REACH.rate_hz)
+    assert steps[5:10] == pytest.approx(np.hypot(0.5, 0.5) * REACH.max_speed / REACH.rate_hz)
+    assert env.robot[0] == 0.0 and steps[-1] == 0.0                       # pressed against the left wall
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_the_expert_reaches_the_goal_in_every_episode(name):
+    spec = TaskSpec(name=name)
+    for seed in range(20):
+        env = CueReachEnv(spec, seed)
+        env.reset()
+        outcome = run(env)[-1]
+        assert outcome.done and outcome.success and not outcome.touched_wrong
+        assert outcome.time_s < spec.time_limit_s
+        assert np.linalg.norm(env.robot - env.targets[env.goal]) <= spec.reach_radius
+        with pytest.raises(RuntimeError, match="reset"):
+            env.step(np.zeros(2))
+
+
+def test_the_expert_is_saturated_far_away_and_stops_close_in():
+    env = CueReachEnv(CUE, 0)
+    env.reset()
+    command = env.expert_command()
+    towards = env.targets[env.goal] - env.robot
+    assert np.linalg.norm(command) == pytest.approx(1.0)
+    assert command == pytest.approx(towards / np.linalg.norm(towards))
+    env.robot = env.targets[env.goal] + [0.3 * CUE.reach_radius, 0.0]
+    assert np.array_equal(env.expert_command(), np.zeros(2))
+    env.robot = env.targets[env.goal] + [0.06, 0.0]
+    assert env.expert_command() == pytest.approx([-0.6, 0.0])
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_standing_still_runs_into_the_time_limit_and_fails(name):
+    spec = TaskSpec(name=name)
+    for seed in range(3):
+        env = CueReachEnv(spec, seed)
+        env.reset()
+        outcomes = run(env, np.zeros(2))
+        assert len(outcomes) == 240 and not any(o.done for o in outcomes[:-1])
+        last = outcomes[-1]
+        assert last.done and not last.success and last.time_s == spec.time_limit_s and last.path_length == 0
+
+
+def test_driving_onto_a_wrong_target_is_recorded_but_does_not_end_the_episode():
+    env = CueReachEnv(REACH, 1)
+    env.reset()
+    wrong = (env.goal + 1) % REACH.targets
+    outcome = env.step(np.zeros(2))
+    while not outcome.touched_wrong:
+        outcome = env.step(np.clip(10 * (env.targets[wrong] - env.robot), -1, 1))
+    assert np.linalg.norm(env.robot - env.targets[wrong]) <= REACH.reach_radius
+    assert not outcome.done and not outcome.success
+    outcome = run(env)[-1]                                   # the expert recovers from there
+    assert outcome.success and outcome.touched_wrong
