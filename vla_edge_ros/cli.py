@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import bags_cli, kv_store_cli, replay_cli
+from . import bags_cli, evaluate_cli, kv_store_cli, replay_cli
 from .config import ConfigError, load_settings
 from .memory import POLICIES
 from .memory.cosine import SIGNATURES
@@ -263,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     kv_store_cli.register(sub)
     bags_cli.register(sub)
     replay_cli.register(sub)
+    evaluate_cli.register(sub)
     return parser
 
 

@@ -1,0 +1,59 @@
+"""``vla-edge evaluate``: closed-loop task success per KV policy and memory budget in the simulator."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .config import load_settings
+from .evaluate import evaluate, format_table, write_report
+from .replay_cli import POLICY_CHOICES, cost_model, policy_list
+from .sim.world import TASKS, TaskSpec
+
+
+def _budgets(text: str) -> list[int | None]:
+    """Comma-separated frame budgets; ``all`` is an arena that holds every frame of an episode."""
+    budgets: list[int | None] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if part == "all":
+            budgets.append(None)
+            continue
+        try:
+            value = int(part)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"budgets are positive frame counts or 'all', got {part!r}")
+        budgets.append(value)
+    if not budgets:
+        raise argparse.ArgumentTypeError("at least one budget is needed")
+    return budgets
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    settings = load_settings(args.config)
+    spec = TaskSpec(name=args.task, time_limit_s=args.time_limit_s)
+    report = evaluate(settings, spec, args.policy, args.budgets, args.episodes, args.seed, args.cost,
+                      record_dir=args.record, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(format_table(report))
+    print(f"wrote {write_report(report, args.out)} and success.png ({report['runtime_s']:.0f} s)")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("evaluate", help="closed-loop task success per KV policy and budget in the 2-D simulator")
+    p.add_argument("--task", choices=TASKS, default="cue-reach")
+    p.add_argument("--policy", type=policy_list, default=list(POLICY_CHOICES),
+                   help=f"comma-separated policies ({','.join(POLICY_CHOICES)})")
+    p.add_argument("--budgets", type=_budgets, default=[4, 16, None],
+                   help="comma-separated memory budgets in frames, 'all' for an arena that holds a whole episode")
+    p.add_argument("--episodes", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--time-limit-s", type=float, default=TaskSpec().time_limit_s)
+    p.add_argument("--config", type=Path, help="YAML config (model, deadline, action mapping)")
+    p.add_argument("--cost", type=cost_model, default=cost_model("measured"),
+                   help="block costs: measured (default) or fixed:encode=4ms,decode=1ms (deterministic)")
+    p.add_argument("--record", type=Path, help="also write each episode (camera + expert command) as a bag here")
+    p.add_argument("--out", type=Path, default=Path("evaluate_report"))
+    p.set_defaults(func=cmd_evaluate)
