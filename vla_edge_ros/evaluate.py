@@ -21,10 +21,12 @@ from typing import Any
 import numpy as np
 
 from .action_output import clip
-from .admission import AdmissionGate
+from .admission import AdmissionGate, Verdict
 from .config import Settings
 from .frame_buffer import FrameBuffer
-from .model.engine import VlaEngine
+from .memory import MemoryPolicy, make_policy
+from .model.config import ModelConfig, load_model_config
+from .model.engine import VlaEngine, scratch_tokens_for
 from .reasoner import Reasoner
 from .replay.clock import NS_PER_MS, CostModel, VirtualClock, VirtualTimer
 from .runtime import load_engine
@@ -84,10 +86,12 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def capacity_for(engine: VlaEngine, prompt_tokens: int, budget_frames: int | None, spec: TaskSpec) -> int:
+def capacity_for(config: ModelConfig, policy: MemoryPolicy, prompt_tokens: int, budget_frames: int | None,
+                 spec: TaskSpec) -> int:
     """KV slots for ``budget_frames`` frames after the prompt (None: every frame of an episode fits)."""
     frames = budget_frames if budget_frames is not None else math.ceil(spec.time_limit_s * spec.rate_hz) + 1
-    return prompt_tokens + engine.policy.reserved_tokens() + frames * engine.tokens_per_frame + engine.scratch_tokens
+    return (prompt_tokens + policy.reserved_tokens() + frames * config.vision.tokens_per_frame
+            + scratch_tokens_for(config))
 
 
 def run_episode(env: CueReachEnv, seed: int, settings: Settings, reasoner: Reasoner | None,
@@ -119,7 +123,7 @@ def run_episode(env: CueReachEnv, seed: int, settings: Settings, reasoner: Reaso
                 result = reasoner.cycle(taken.image, taken.receive_ns)
                 episode.missed += result.missed
                 if result.action is None:
-                    episode.refused += result.verdict.value != "stale"
+                    episode.refused += result.verdict is not Verdict.STALE
                 else:
                     episode.actions += 1
                     ready.append((result.ready_ns, clip(result.action, publisher["action_min"],
@@ -202,11 +206,10 @@ def _runtime(settings: Settings, spec: TaskSpec, policy: str, budget: int | None
              ) -> tuple[VlaEngine, AdmissionGate, VirtualClock]:
     """An engine sized for ``budget`` frames under ``policy``, and a gate on a fresh virtual clock."""
     node = dict(settings["reasoning"], **{"kv.policy": policy, "kv_store.dir": ""})
+    config = load_model_config(node["model_dir"])
+    node["kv_capacity_tokens"] = capacity_for(config, make_policy(policy, node), len(node["prompt_token_ids"]),
+                                              budget, spec)
     engine = load_engine(Settings({**settings.values, "reasoning": node}, settings.source)).engine
-    capacity = capacity_for(engine, len(node["prompt_token_ids"]), budget, spec)
-    if capacity != engine.arena.capacity:
-        node["kv_capacity_tokens"] = capacity
-        engine = load_engine(Settings({**settings.values, "reasoning": node}, settings.source)).engine
     clock = VirtualClock(0)
     gate = AdmissionGate(alpha=node["ema_alpha"], k=node["margin_k"], deadline_ms=node["deadline_ms"],
                          warmup=node["warmup_cycles"], clock=clock)

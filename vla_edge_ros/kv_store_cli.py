@@ -9,7 +9,6 @@ from pathlib import Path
 
 from .kv_store import BlockStore, load_key, model_fingerprint
 from .kv_store.keys import write_new_key
-from .kv_store.store import SUFFIX
 from .model.checkpoint import load_checkpoint
 
 
@@ -78,17 +77,9 @@ def cmd_rm(args: argparse.Namespace) -> int:
         unmatched = [p for p in args.blocks if not any(e.path.name.startswith(p) for e in entries)]
         if unmatched:
             raise ValueError(f"no block matches {', '.join(unmatched)}")
-    removed = sum(store.remove(bytes.fromhex(e.path.name[:-len(SUFFIX)])) for e in chosen
-                  if _is_key_name(e.path.name))
+    removed = sum(store.remove(e.path) for e in chosen)
     print(f"removed {removed} blocks")
     return 0
-
-
-def _is_key_name(name: str) -> bool:
-    try:
-        return len(bytes.fromhex(name[:-len(SUFFIX)])) == 32
-    except ValueError:
-        return False
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:

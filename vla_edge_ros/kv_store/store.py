@@ -224,8 +224,9 @@ class BlockStore:
                 removed.append(entry.path)
         return removed
 
-    def remove(self, key: bytes) -> bool:
-        return self._unlink(self.path_of(key))
+    def remove(self, path: Path) -> bool:
+        """Delete one block file of this store (False if another process removed it first)."""
+        return self._unlink(path)
 
     def remove_stale_temp_files(self) -> int:
         """Delete temp files whose writer died (a crash mid-write); a live writer's are left alone."""

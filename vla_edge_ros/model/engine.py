@@ -23,6 +23,7 @@ from .action_head import ActionHead
 from .arena import KVArena
 from .backend import Backend, ForwardResult
 from .checkpoint import Checkpoint
+from .config import ModelConfig
 from .vision import FrameEncoder
 
 BACKENDS = ("auto", "numpy", "cuda")
@@ -76,6 +77,11 @@ def make_backend(name: str, checkpoint: Checkpoint, arena: KVArena) -> Backend:
 PREFILL_CHUNK_TOKENS = 1024  # prompt tokens per forward pass: bounds the attention workspace
 
 
+def scratch_tokens_for(config: ModelConfig) -> int:
+    """Arena slots a decoded action needs besides the frame (bins head: one per action dimension)."""
+    return config.action.dof if config.action.head == "bins" else 0
+
+
 @dataclass
 class FramePrefill:
     """A frame now in memory: the last hidden state to decode the action from, and where it ends."""
@@ -116,7 +122,7 @@ class VlaEngine:
         self.checkpoint = checkpoint
         self.config = config
         self.tokens_per_frame = config.vision.tokens_per_frame
-        scratch = config.action.dof if config.action.head == "bins" else 0
+        scratch = scratch_tokens_for(config)
         if kv_capacity_tokens < self.tokens_per_frame + scratch + 1:
             raise ValueError(f"kv_capacity_tokens={kv_capacity_tokens} cannot hold one frame "
                              f"({self.tokens_per_frame} tokens) plus {scratch} action tokens")

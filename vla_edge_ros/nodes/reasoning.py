@@ -83,18 +83,18 @@ class ReasoningNode(Node):
         if self._thread.is_alive():
             self._thread.join(timeout=5.0)
         if self.store is not None and self.params["kv_store.memory"] and not self._thread.is_alive():
-            outcome = self._save_memory()
-            self.get_logger().info(f"on shutdown: {outcome}")
+            _, message = self._save_memory()
+            self.get_logger().info(f"on shutdown: {message}")
 
-    def _save_memory(self) -> str:
-        """Write the episode memory to the store (reasoning thread or stopped node only); a one-line outcome."""
+    def _save_memory(self) -> tuple[bool, str]:
+        """Write the episode memory to the store (reasoning thread or stopped node only): (saved, one line)."""
         try:
             written = save_memory(self.engine, self.store, self.params["kv_store.memory_name"])
         except (OSError, ValueError) as exc:
             self.get_logger().error(f"episode memory not saved: {exc}")
-            return f"not saved: {exc}"
+            return False, f"not saved: {exc}"
         self.memory_saves += 1
-        return f"episode memory saved ({written} bytes, policy {self.engine.policy.name})"
+        return True, f"episode memory saved ({written} bytes, policy {self.engine.policy.name})"
 
     def _on_save_memory(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
         done, outcome = threading.Event(), []
@@ -104,8 +104,8 @@ class ReasoningNode(Node):
             done.wait(_SAVE_WAIT_S)
         else:
             outcome.append(self._save_memory())
-        response.message = outcome[0] if outcome else f"the reasoning thread did not save within {_SAVE_WAIT_S:g} s"
-        response.success = response.message.startswith("episode memory saved")
+        response.success, response.message = outcome[0] if outcome else (
+            False, f"the reasoning thread did not save within {_SAVE_WAIT_S:g} s")
         return response
 
     def _check_memory_knobs(self, values: dict[str, Any]) -> None:
