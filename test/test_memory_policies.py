@@ -15,6 +15,7 @@ from vla_edge_ros.model.checkpoint import load_checkpoint
 from vla_edge_ros.model.config import ActionConfig, VisionConfig
 from vla_edge_ros.model.engine import VlaEngine
 from vla_edge_ros.model.init_model import preset, write_random_model
+from vla_edge_ros.model.safetensors_io import StoredTensor
 from vla_edge_ros.synthetic import SyntheticCamera
 
 TPF = 2  # tokens per frame in the hand-built cases
@@ -194,6 +195,48 @@ def test_aura_threshold_rises_until_writes_meet_the_target_rate(micro_model):
     late_rate = (policy.writes - early_writes) / 200
     assert policy.effective_threshold > policy.threshold  # it had to rise: nearly every frame surprised it
     assert late_rate <= 0.2 + 0.05
+
+
+def with_aura_gate(checkpoint, weight: np.ndarray, bias: float):
+    """The checkpoint plus a learned aura gate (in memory: the module's model stays gate-free)."""
+    gate = {"aura.gate.weight": StoredTensor("F32", np.asarray(weight, np.float32).reshape(1, 64)),
+            "aura.gate.bias": StoredTensor("F32", np.array([bias], np.float32))}
+    return replace(checkpoint, tensors={**checkpoint.tensors, **gate})
+
+
+@pytest.mark.parametrize("bias, threshold, use_learned_gate, writes", [
+    (-10.0, 0.0, True, 0),  # the gate says no, the surprise would say yes on every frame
+    (10.0, 1e6, True, 20),  # the gate says yes, the surprise would never
+    (-10.0, 0.0, False, 20),  # the gate switched off: the threshold decides
+    (10.0, 1e6, False, 0),
+])
+def test_the_learned_gate_alone_decides_when_it_is_used(micro_model, bias, threshold, use_learned_gate, writes):
+    policy = AuraPolicy(threshold=threshold, use_learned_gate=use_learned_gate)
+    engine = micro_engine(with_aura_gate(micro_model, np.zeros(64), bias), policy)
+    for image in frames(20, seed=4):
+        engine.add_frame(image)
+    assert policy.writes == writes
+    assert policy.last_surprise > 0  # reported whichever source decides
+    if writes == 0:  # an empty memory predicts 0: the surprise is ||v|| / ||v||
+        assert policy.last_surprise == pytest.approx(1.0)
+
+
+def test_target_write_rate_lowers_the_learned_gate_toward_it(micro_model):
+    weight = np.random.default_rng(0).standard_normal(64) * 2
+    checkpoint = with_aura_gate(micro_model, weight, 3.0)  # fires on nearly every frame unadapted
+    images = frames(400, seed=2)
+    late_rates = []
+    for target in (0.0, 0.2):
+        policy = AuraPolicy(threshold=0.0, beta=0.9, target_write_rate=target)  # threshold 0 would write always
+        engine = micro_engine(checkpoint, policy)
+        for image in images[:200]:
+            engine.add_frame(image)
+        early_writes = policy.writes
+        for image in images[200:]:
+            engine.add_frame(image)
+        late_rates.append((policy.writes - early_writes) / 200)
+    assert late_rates[0] > 0.9
+    assert late_rates[1] == pytest.approx(0.2, abs=0.05)
 
 
 def test_aura_needs_its_checkpoint_tensors(tmp_path):

@@ -128,14 +128,16 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
         Param("kv.cosine.signature_layers", [-1], "cosine: layers whose keys/values form the signature "
               "(negative: from the last).", minimum=-1024, maximum=1023, item=int),
         Param("kv.aura.threshold", 0.5, "aura: write when the memory's prediction error ||v - (W k + b)|| "
-              "exceeds this fraction of ||v||.", minimum=0.0, maximum=1e6, read_only=False),
+              "exceeds this fraction of ||v|| (unused while the checkpoint's learned gate decides).",
+              minimum=0.0, maximum=1e6, read_only=False),
         Param("kv.aura.beta", 0.5, "aura: delta-rule step size of a write.", minimum=1e-6, maximum=1.0,
               read_only=False),
-        Param("kv.aura.target_write_rate", 0.0, "aura: if > 0, the threshold rises while the write rate "
-              "exceeds this fraction of frames (one-sided); 0 keeps it fixed.", minimum=0.0, maximum=1.0,
+        Param("kv.aura.target_write_rate", 0.0, "aura: if > 0, the gate tightens while the write rate "
+              "exceeds this fraction of frames (one-sided: the threshold rises, or the learned logit is "
+              "lowered); 0 keeps it fixed.", minimum=0.0, maximum=1.0, read_only=False),
+        Param("kv.aura.use_learned_gate", True, "aura: the checkpoint's learned gate (aura.gate.*), when it "
+              "has one, alone decides the writes (logit > 0); false, or no gate: kv.aura.threshold decides.",
               read_only=False),
-        Param("kv.aura.use_learned_gate", True, "aura: also write when the checkpoint's learned gate "
-              "(aura.gate.*) fires, if it has one.", read_only=False),
         Param("kv.dms.window", 32, "dms: a token's eviction is enforced only once this many newer tokens have "
               "entered; until then every KV head reads it (prompt + window + one frame + action tokens must fit "
               "the arena).", minimum=1, maximum=1 << 20),

@@ -9,18 +9,20 @@ q = normalise(W_q z). Per frame, in this order:
 2. the memory token W_out r is prefilled right before the frame's tokens, so every layer of the
    frame and every action token can attend to what the memory returned: that is how the read feeds
    the action head;
-3. write: surprise = ||v - (W k + b)||; the gate writes when surprise > threshold * ||v||, or when
-   the learned gate fires (logit = w . [k, v - (W k + b)] + c > 0, when the checkpoint has one). A write
-   is one delta-rule step: W += beta (v - W k - b) k^T, b += beta (v - W k - b).
+3. write: surprise = ||v - (W k + b)||. One source decides, as in ``dms``: the checkpoint's learned
+   gate when it has one and ``use_learned_gate`` is true (write iff logit = w . [k, v - (W k + b)] + c
+   > 0), otherwise the surprise threshold (write iff surprise > threshold * ||v||). A write is one
+   delta-rule step: W += beta (v - W k - b) k^T, b += beta (v - W k - b).
 
 The threshold is relative to ||v|| so that one default means the same on every checkpoint: 0.5
 writes when the memory mispredicts the value by more than half its length. ``last_surprise`` is
-reported in the same relative units.
+reported in the same relative units whichever source decides.
 
-With ``target_write_rate`` rho > 0 the threshold adapts one-sidedly: an EMA of the write rate over
-about ``RATE_WINDOW_FRAMES`` frames drives a multiplier exp(lambda), lambda += RATE_STEP * (rate - rho),
-lambda >= 0: the threshold rises while writes exceed rho and relaxes back to the configured value
-when they do not, never below it.
+With ``target_write_rate`` rho > 0 the gate adapts one-sidedly: an EMA of the write rate over about
+``RATE_WINDOW_FRAMES`` frames drives lambda += RATE_STEP * (rate - rho), lambda >= 0, which multiplies
+the threshold by exp(lambda) or is subtracted from the learned logit (write iff logit - lambda > 0):
+the gate tightens while writes exceed rho and relaxes back to its configured self when they do not,
+never beyond it.
 
 State: W [d_v, d_k] and b [d_v] in fp32, (d_k * d_v + d_v) * 4 bytes (4,224 B at d_k = d_v = 32),
 the same at frame 1 and at frame 10^6. Positions: prompt 0..P-1, memory token P, frame P+1..P+n,
@@ -32,8 +34,9 @@ Checkpoint tensors (``vla-edge init-model`` writes random ones; training writes 
 [1, d_k + d_v] and ``aura.gate.bias`` [1].
 
 The ``random`` and ``periodic`` gates exist for the memory benchmark's baselines (same write budget,
-no notion of surprise; the periodic gate's phase is drawn from the seed, so it is not lined up with
-the episode's first frame); a robot runs ``surprise``.
+no notion of surprise, and they ignore the learned gate too; the periodic gate's phase is drawn from
+the seed, so it is not lined up with the episode's first frame); a robot runs ``surprise``, i.e. the
+learned gate or the threshold as above.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ class AuraPolicy(MemoryPolicy):
         self.use_learned_gate = use_learned_gate
         self.gate, self.gate_rate, self.seed = gate, gate_rate, seed
         self.memory: FastWeights | None = None
+        self.learned_gate: tuple[np.ndarray, np.ndarray] | None = None  # (weight, bias) once attached, if any
         self.current: np.ndarray = np.empty(0, dtype=np.int32)  # slots of the memory token and current frame
         self._pending: tuple[np.ndarray, np.ndarray] | None = None  # (k, v) of the frame being prefilled
         self._lambda = 0.0
@@ -121,6 +125,7 @@ class AuraPolicy(MemoryPolicy):
 
     @property
     def effective_threshold(self) -> float:
+        """The surprise threshold after the write-rate adaptation (the learned gate is offset by lambda instead)."""
         return self.threshold * math.exp(self._lambda)
 
     def reset(self) -> None:
@@ -167,27 +172,26 @@ class AuraPolicy(MemoryPolicy):
         self.current = np.concatenate([frame.prefix_slots, frame.slots]).astype(np.int32)
         self.frames_seen += 1
         memory = self._memory()
-        force = self._gate_fires(memory, k, v)
         scale = float(np.linalg.norm(v))
-        threshold = math.inf if self.gate != "surprise" else self.effective_threshold * scale
-        surprise, written = memory.step(k, v, self.beta, threshold, force)
+        surprise, written = memory.step(k, v, self.beta, *self._decision(memory, k, v, scale))
         self.last_surprise = surprise / scale if scale > 0 else 0.0
         self.writes += int(written)
         if self.target_write_rate > 0:
             self._rate += (float(written) - self._rate) / RATE_WINDOW_FRAMES
             self._lambda = max(0.0, self._lambda + RATE_STEP * (self._rate - self.target_write_rate))
 
-    def _gate_fires(self, memory: FastWeights, k: np.ndarray, v: np.ndarray) -> bool:
-        """Writes decided outside the surprise threshold: the learned gate, or a baseline gate."""
+    def _decision(self, memory: FastWeights, k: np.ndarray, v: np.ndarray, scale: float) -> tuple[float, bool]:
+        """(threshold on the surprise, forced write) for ``FastWeights.step``: exactly one source decides."""
         if self.gate == "random":
-            return bool(self._rng.random() < self.gate_rate)
+            return math.inf, bool(self._rng.random() < self.gate_rate)
         if self.gate == "periodic":
-            return (self.frames_seen - 1 + self._phase) % self._period == 0
-        if self.learned_gate is None or not self.use_learned_gate:
-            return False
-        weight, bias = self.learned_gate
-        error = v - memory.read(k)
-        return bool(float(weight[0] @ np.concatenate([k, error]) + bias[0]) > 0)
+            return math.inf, (self.frames_seen - 1 + self._phase) % self._period == 0
+        learned = self.learned_gate if self.use_learned_gate else None
+        if learned is not None:
+            weight, bias = learned
+            logit = float(weight[0] @ np.concatenate([k, v - memory.read(k)]) + bias[0])
+            return math.inf, logit - self._lambda > 0
+        return self.effective_threshold * scale, False
 
     def frames_kept(self) -> int:
         return int(self.current.size > 0)
