@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -180,17 +179,6 @@ def _seed(text: str) -> int:
     return _count(text, minimum=0)
 
 
-def _subset_of(choices: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
-    """An argparse type: a non-empty comma-separated subset of ``choices``."""
-    def parse(text: str) -> tuple[str, ...]:
-        names = tuple(part.strip() for part in text.split(",") if part.strip())
-        unknown = [name for name in names if name not in choices]
-        if not names or unknown:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(choices)}, got {text!r}")
-        return names
-    return parse
-
-
 def cmd_memory_bench(args: argparse.Namespace) -> int:
     spec = BenchSpec(episodes=args.episodes, distractors=args.distractors, budgets=args.budgets,
                      policies=args.policies, cosine_signatures=args.cosine_signatures, classes=args.classes,
@@ -251,8 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated numbers of distractor frames N to sweep")
     p.add_argument("--budgets", type=_counts, default=bench.budgets,
                    help="comma-separated memory budgets F in frames (fifo, cosine)")
-    p.add_argument("--policies", type=_subset_of(POLICIES), default=bench.policies)
-    p.add_argument("--cosine-signatures", type=_subset_of(SIGNATURES), default=bench.cosine_signatures,
+    p.add_argument("--policies", type=replay_cli.subset_of(POLICIES), default=bench.policies)
+    p.add_argument("--cosine-signatures", type=replay_cli.subset_of(SIGNATURES), default=bench.cosine_signatures,
                    help="cosine signatures to compare (the first is judged by the claims)")
     p.add_argument("--classes", type=int, choices=range(2, MAX_CLASSES + 1), default=bench.classes, metavar="K",
                    help=f"cue classes, 2..{MAX_CLASSES}")

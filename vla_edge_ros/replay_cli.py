@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .config import SCHEMA, load_settings
@@ -12,13 +13,20 @@ from .replay import parse_cost, replay_bag
 POLICY_CHOICES = next(p.choices for p in SCHEMA["reasoning"] if p.name == "kv.policy")
 
 
-def policy_list(text: str) -> list[str]:
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in POLICY_CHOICES]
-    if not names or unknown:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(POLICY_CHOICES)}, "
-                                         f"got {text!r}")
-    return names
+def subset_of(choices: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
+    """An argparse type: a non-empty comma-separated subset of ``choices`` (the error names them all)."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(name.strip() for name in text.split(",") if name.strip())
+        if not names or any(name not in choices for name in names):
+            raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(choices)}, "
+                                             f"got {text!r}")
+        return names
+
+    return parse
+
+
+policy_list = subset_of(POLICY_CHOICES)
 
 
 def cost_model(text: str):
