@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import shutil
+
+import numpy as np
 import pytest
 
 from vla_edge_ros.bags import Bag
-from vla_edge_ros.cli import main
+from vla_edge_ros.cli import build_parser, main
 from vla_edge_ros.config import parse_settings
-from vla_edge_ros.evaluate import EXPERT, evaluate, run_episode, wilson_interval, write_report
+from vla_edge_ros.evaluate import (AURA_NOTE, EXPERT, evaluate, format_table, run_episode, run_order, wilson_interval,
+                                   write_report)
+from vla_edge_ros.model.config import load_model_config
+from vla_edge_ros.model.safetensors_io import StoredTensor, read_safetensors, write_safetensors
 from vla_edge_ros.replay import parse_cost
 from vla_edge_ros.sim.world import CueReachEnv, TaskSpec
 
@@ -44,9 +50,9 @@ def test_fixed_cost_evaluation_is_deterministic_and_records_bags(tiny_model, tmp
     for run in runs:
         run.pop("runtime_s")
     assert runs[0] == runs[1]
-    cells = {(c["policy"], c["budget_frames"]): c for c in runs[0]["cells"]}
+    cells = {(c["variant"], c["budget_frames"]): c for c in runs[0]["cells"]}
     assert cells[(EXPERT, None)]["episodes"] == 2
-    fifo, aura = cells[("fifo", 2)], cells[("aura", 2)]
+    fifo, aura = cells[("fifo", 2)], cells[("aura", 1)]
     assert fifo["actions"] > 0 and aura["actions"] > 0
     assert aura["memory_peak_bytes"] < fifo["memory_peak_bytes"]
     bags = sorted((tmp_path / "bags").iterdir())
@@ -71,3 +77,73 @@ def test_cli_refuses_bad_budgets(capsys):
     with pytest.raises(SystemExit):
         main(["evaluate", "--budgets", "0,all"])
     assert "positive frame counts" in capsys.readouterr().err
+
+
+def test_variants_parse_and_a_bad_one_names_the_choices(capsys):
+    args = build_parser().parse_args(["evaluate", "--policy", "dms:novelty, aura:random"])
+    assert args.policy == ("dms:novelty", "aura:random")
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--policy", "aura,aura:learned"])
+    assert "fifo,cosine,aura,aura:surprise,aura:random,aura:periodic,dms,dms:novelty" in capsys.readouterr().err
+
+
+def test_aura_runs_before_the_rows_matched_to_its_rate_and_is_added_when_missing():
+    assert run_order(["fifo", "aura:random", "cosine", "aura"]) == (["fifo", "aura", "aura:random", "cosine"], False)
+    assert run_order(["aura", "fifo", "aura:periodic"]) == (["aura", "fifo", "aura:periodic"], False)
+    assert run_order(["dms:novelty", "aura:surprise"]) == (["dms:novelty", "aura", "aura:surprise"], True)
+    assert run_order(["dms", "dms:novelty"]) == (["dms", "dms:novelty"], False)
+    with pytest.raises(ValueError, match="unknown variants"):
+        run_order(["aura:learned"])
+
+
+def test_gate_baselines_write_at_the_rate_the_aura_row_measured_and_aura_rows_run_once(tiny_model):
+    lines: list[str] = []
+    report = evaluate(_settings(tiny_model), TaskSpec(name="reach", time_limit_s=1.0),
+                      ["aura:periodic", "fifo", "aura:random"], [2, 3], episodes=2, seed=0, costs=FIXED,
+                      progress=lines.append)
+    assert [(c["variant"], c["budget_frames"]) for c in report["cells"]] == [
+        (EXPERT, None), ("aura", 1), ("aura:periodic", 1), ("fifo", 2), ("fifo", 3), ("aura:random", 1)]
+    assert lines[0].startswith("aura added") and AURA_NOTE in report["notes"]
+    cells = {c["variant"]: c for c in report["cells"]}
+    aura, periodic = cells["aura"], cells["aura:periodic"]
+    rate = aura["memory_writes"] / aura["memory_frames"]
+    assert 0 < rate < 1 and aura["gate_rate"] is None and aura["note"] is None
+    assert periodic["gate_rate"] == cells["aura:random"]["gate_rate"] == pytest.approx(rate)
+    period = round(1 / rate)  # each episode writes every period-th frame from a seeded phase: within 1 of frames/period
+    assert abs(periodic["memory_writes"] - periodic["memory_frames"] / period) < 2
+    table = format_table(report)
+    assert "aura:periodic" in table and "w rate:" in table
+
+
+def _with_gates(model, out, *, aura_bias: float, dms_bias: float):
+    """A copy of ``model`` with learned aura and dms gates whose logits are their biases (zero weights)."""
+    config = load_model_config(model)
+    tensors = {name: StoredTensor(t.dtype, np.array(t.array))
+               for name, t in read_safetensors(model / "model.safetensors").items()}
+    d_k, d_v = tensors["aura.k_proj.weight"].shape[0], tensors["aura.v_proj.weight"].shape[0]
+    gates = {"aura.gate.weight": np.zeros((1, d_k + d_v), np.float32),
+             "aura.gate.bias": np.array([aura_bias], np.float32)}
+    for layer in range(config.num_hidden_layers):
+        prefix = f"model.layers.{layer}.self_attn.dms_gate."
+        gates[prefix + "weight"] = np.zeros((config.num_key_value_heads, config.hidden_size), np.float32)
+        gates[prefix + "bias"] = np.full(config.num_key_value_heads, dms_bias, np.float32)
+    out.mkdir()
+    shutil.copy(model / "config.json", out / "config.json")
+    write_safetensors(out / "model.safetensors", {**tensors, **{n: StoredTensor("F32", a) for n, a in gates.items()}})
+    return out
+
+
+def test_learned_gates_decide_aura_and_dms_and_their_score_variants_ignore_them(tiny_model, tmp_path):
+    """The aura gate never writes and the dms gate evicts every token; the score variants decide otherwise."""
+    gated = _with_gates(tiny_model, tmp_path / "gated", aura_bias=-10.0, dms_bias=10.0)
+    settings = _settings(gated, kv={"dms": {"target_ratio": 0.0, "threshold": 0.0}})
+    report = evaluate(settings, TaskSpec(name="reach", time_limit_s=1.0), ["aura:surprise", "dms", "dms:novelty"],
+                      [None], episodes=1, seed=0, costs=FIXED)
+    cells = {c["variant"]: c for c in report["cells"]}
+    aura, surprise = cells["aura"], cells["aura:surprise"]
+    frames = aura["memory_frames"]
+    assert aura["memory_writes"] == 0 and frames > 0  # the threshold alone would write the first frame
+    assert surprise["memory_writes"] > 0 and surprise["gate_rate"] == pytest.approx(1 / frames)
+    assert surprise["note"] == f"aura wrote nothing in {frames} frames: matched to 1/{frames}, the smallest rate > 0"
+    # the gate evicts every token once it leaves the window; key novelty keeps most of an arena that holds them all
+    assert cells["dms"]["memory_peak_bytes"] < cells["dms:novelty"]["memory_peak_bytes"]

@@ -1,4 +1,4 @@
-"""``vla-edge evaluate``: closed-loop task success per KV policy and memory budget in the simulator."""
+"""``vla-edge evaluate``: closed-loop task success per KV policy variant and memory budget in the simulator."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from .config import load_settings
-from .evaluate import evaluate, format_table, write_report
-from .replay_cli import POLICY_CHOICES, cost_model, policy_list
+from .evaluate import VARIANTS, evaluate, format_table, write_report
+from .replay_cli import POLICY_CHOICES, cost_model, subset_of
 from .sim.world import TASKS, TaskSpec
 
 
@@ -44,8 +44,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="closed-loop task success per KV policy and budget in the 2-D simulator")
     p.add_argument("--task", choices=TASKS, default="cue-reach")
-    p.add_argument("--policy", type=policy_list, default=list(POLICY_CHOICES),
-                   help=f"comma-separated policies ({','.join(POLICY_CHOICES)})")
+    p.add_argument("--policy", type=subset_of(VARIANTS), default=list(POLICY_CHOICES),
+                   help=f"comma-separated policy variants ({','.join(VARIANTS)}): aura and dms use the checkpoint's "
+                        "learned gate if it has one, aura:surprise and dms:novelty their scores, aura:random and "
+                        "aura:periodic no score; the aura:* rows write at the rate the aura row measured (aura is "
+                        "added if missing)")
     p.add_argument("--budgets", type=_budgets, default=[4, 16, None],
                    help="comma-separated memory budgets in frames, 'all' for an arena that holds a whole episode")
     p.add_argument("--episodes", type=int, default=20)
