@@ -89,6 +89,7 @@ from typing import Any
 import numpy as np
 
 from .memory import POLICIES, AuraPolicy, DmsPolicy, MemoryPolicy, make_policy
+from .memory.aura import frame_feature
 from .memory.cosine import SIGNATURES
 from .model.checkpoint import Checkpoint, load_checkpoint
 from .model.engine import VlaEngine
@@ -320,7 +321,7 @@ def _unit(x: np.ndarray) -> np.ndarray:
 def aura_read(engine: VlaEngine, image: np.ndarray) -> np.ndarray:
     """What the aura memory adds to ``image`` right now: r - v, r = W q + b with q and v as ``AuraPolicy`` makes them."""
     policy = engine.policy
-    z = engine.encoder.encode(image).mean(axis=0, dtype=np.float32)
+    z = frame_feature(engine.encoder.encode(image))
     return policy.memory.read(_unit(policy.q_proj @ z)) - policy.v_proj @ z
 
 
@@ -363,7 +364,7 @@ def readout_ceiling(checkpoint: Checkpoint, spec: BenchSpec, tests: list[Episode
     encoder, v_proj = FrameEncoder.from_checkpoint(checkpoint), checkpoint.float32("aura.v_proj.weight")
 
     def value(image: np.ndarray) -> np.ndarray:
-        return v_proj @ encoder.encode(image).mean(axis=0, dtype=np.float32)
+        return v_proj @ frame_feature(encoder.encode(image))
 
     def values(episodes: list[Episode]) -> list[dict[str, Any]]:
         return [{"cls": e.cls, "read": value(e.frames[0]) - value(e.frames[-1])} for e in episodes]

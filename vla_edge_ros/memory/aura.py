@@ -1,9 +1,12 @@
 """``aura``: constant memory. Past frames are not kept as KV; what matters of them lives in fast weights.
 
 The KV cache holds the pinned prompt, one *memory token* and the current frame, nothing else. Each
-frame's pooled feature z (the mean of its frame-encoder embeddings, i.e. the transformer's input
-for that frame) is projected to a key k = normalise(W_k z), a value v = W_v z and a query
-q = normalise(W_q z). Per frame, in this order:
+frame's feature z (its frame-encoder embeddings, i.e. the transformer's input for that frame,
+concatenated in token order: tokens_per_frame * hidden values) is projected to a key
+k = normalise(W_k z), a value v = W_v z and a query q = normalise(W_q z). Concatenated, not
+averaged: the encoder is linear, so the mean of its tokens is a projection of the mean image patch,
+which no longer says *where* anything is (a cue at one target or another looks the same).
+Per frame, in this order:
 
 1. read: r = W q + b from the memory as it was before this frame;
 2. the memory token W_out r is prefilled right before the frame's tokens, so every layer of the
@@ -29,9 +32,9 @@ the same at frame 1 and at frame 10^6. Positions: prompt 0..P-1, memory token P,
 the same every frame, so nothing is ever re-rotated.
 
 Checkpoint tensors (``vla-edge init-model`` writes random ones; training writes learned ones):
-``aura.k_proj.weight`` [d_k, hidden], ``aura.q_proj.weight`` [d_k, hidden], ``aura.v_proj.weight``
-[d_v, hidden], ``aura.out_proj.weight`` [hidden, d_v]; optional learned gate ``aura.gate.weight``
-[1, d_k + d_v] and ``aura.gate.bias`` [1].
+``aura.k_proj.weight`` [d_k, feature], ``aura.q_proj.weight`` [d_k, feature], ``aura.v_proj.weight``
+[d_v, feature] with feature = tokens_per_frame * hidden, ``aura.out_proj.weight`` [hidden, d_v];
+optional learned gate ``aura.gate.weight`` [1, d_k + d_v] and ``aura.gate.bias`` [1].
 
 The ``random`` and ``periodic`` gates exist for the memory benchmark's baselines (same write budget,
 no notion of surprise, and they ignore the learned gate too; the periodic gate's phase is drawn from
@@ -46,6 +49,7 @@ import math
 import numpy as np
 
 from ..model.checkpoint import Checkpoint, CheckpointError, check_tensors
+from ..model.config import ModelConfig
 from .base import FrameTokens, MemoryPolicy, _array
 from .memory_math import FastWeights, MemoryMath
 
@@ -56,9 +60,20 @@ PROJECTIONS = ("aura.k_proj.weight", "aura.q_proj.weight", "aura.v_proj.weight",
 GATE_TENSORS = ("aura.gate.weight", "aura.gate.bias")
 
 
-def aura_shapes(hidden: int, d_k: int, d_v: int, *, learned_gate: bool) -> dict[str, tuple[int, ...]]:
-    shapes = {"aura.k_proj.weight": (d_k, hidden), "aura.q_proj.weight": (d_k, hidden),
-              "aura.v_proj.weight": (d_v, hidden), "aura.out_proj.weight": (hidden, d_v)}
+def aura_feature_size(config: ModelConfig) -> int:
+    """Length of a frame's feature z: its embeddings, concatenated."""
+    return config.vision.tokens_per_frame * config.hidden_size
+
+
+def frame_feature(embeddings: np.ndarray) -> np.ndarray:
+    """z of a frame: its [tokens_per_frame, hidden] embeddings concatenated in token order."""
+    return embeddings.reshape(-1).astype(np.float32, copy=False)
+
+
+def aura_shapes(config: ModelConfig, d_k: int, d_v: int, *, learned_gate: bool) -> dict[str, tuple[int, ...]]:
+    feature = aura_feature_size(config)
+    shapes = {"aura.k_proj.weight": (d_k, feature), "aura.q_proj.weight": (d_k, feature),
+              "aura.v_proj.weight": (d_v, feature), "aura.out_proj.weight": (config.hidden_size, d_v)}
     if learned_gate:
         shapes.update({"aura.gate.weight": (1, d_k + d_v), "aura.gate.bias": (1,)})
     return shapes
@@ -117,7 +132,7 @@ class AuraPolicy(MemoryPolicy):
                                   "`vla-edge init-model` writes them (random), training writes learned ones")
         d_k, d_v = checkpoint.tensors["aura.k_proj.weight"].shape[0], checkpoint.tensors["aura.v_proj.weight"].shape[0]
         has_gate = any(name in checkpoint.tensors for name in GATE_TENSORS)
-        check_tensors(checkpoint.tensors, aura_shapes(engine.config.hidden_size, d_k, d_v, learned_gate=has_gate),
+        check_tensors(checkpoint.tensors, aura_shapes(engine.config, d_k, d_v, learned_gate=has_gate),
                       checkpoint.path)
         self.k_proj, self.q_proj, self.v_proj, self.out_proj = (checkpoint.float32(n) for n in PROJECTIONS)
         self.learned_gate = tuple(checkpoint.float32(n) for n in GATE_TENSORS) if has_gate else None
@@ -149,7 +164,7 @@ class AuraPolicy(MemoryPolicy):
         return self.memory
 
     def frame_prefix(self, embeddings: np.ndarray) -> np.ndarray:
-        z = embeddings.mean(axis=0, dtype=np.float32)
+        z = frame_feature(embeddings)
         k, q, v = _normalise(self.k_proj @ z), _normalise(self.q_proj @ z), (self.v_proj @ z).astype(np.float32)
         self._pending = (k, v)
         return (self.out_proj @ self._memory().read(q))[None, :].astype(np.float32)

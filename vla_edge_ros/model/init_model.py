@@ -3,7 +3,8 @@
 Besides the decoder and the VLA parts, every checkpoint carries the aura memory's projections
 (``aura.*``, random like the rest; no learned gate) so that every KV policy runs on it.
 
-``tiny`` is the embedded default (fast on a 2-core CPU; untied embeddings, because a random tied
+``sim`` is the shape ``vla-edge train`` fits to the 2-D simulator (continuous 2-D velocity head;
+the trained checkpoint in models/sim is the embedded default); ``tiny`` was the random default (fast on a 2-core CPU; untied embeddings, because a random tied
 model greedily repeats its input token and every action dimension would read the same bin);
 ``qwen2.5-1.5b-shape`` has the exact shapes of Qwen2.5-1.5B (28 layers, 12 query / 2 KV heads of
 128, vocab 151,936, tied) for timing and memory work. The same seed always gives the same bytes.
@@ -29,6 +30,13 @@ PRESETS: dict[str, ModelConfig] = {
         tie_word_embeddings=False, max_position_embeddings=4096,
         vision=VisionConfig(image_size=64, patch_size=8, tokens_per_frame=16),
         action=ActionConfig(head="bins", dof=7),
+    ),
+    "sim": ModelConfig(
+        hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, vocab_size=2048, rope_theta=10000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, max_position_embeddings=8192,
+        vision=VisionConfig(image_size=64, patch_size=16, tokens_per_frame=16),
+        action=ActionConfig(head="linear", dof=2),
     ),
     "qwen2.5-1.5b-shape": ModelConfig(
         hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
@@ -60,20 +68,25 @@ def random_tensor(name: str, shape: tuple[int, ...], rng: np.random.Generator) -
 
 def write_random_model(out: str | Path, config: ModelConfig, *, seed: int = 0, dtype: str = "bfloat16") -> Path:
     """Write config.json and model.safetensors for ``config`` with seeded random weights."""
-    if dtype not in STORAGE_DTYPES:
-        raise ValueError(f"dtype must be one of {STORAGE_DTYPES}, got {dtype!r}")
     config.validate()
     config.validate_vla()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     shapes = {**language_model_shapes(config), **vla_shapes(config),
-              **aura_shapes(config.hidden_size, AURA_DIM, AURA_DIM, learned_gate=False)}
-    tensors = {name: _encode(random_tensor(name, shape, rng), dtype) for name, shape in shapes.items()}
+              **aura_shapes(config, AURA_DIM, AURA_DIM, learned_gate=False)}
+    return write_model(out, config, {name: random_tensor(name, shape, rng) for name, shape in shapes.items()}, dtype)
+
+
+def write_model(out: str | Path, config: ModelConfig, arrays: dict[str, np.ndarray], dtype: str,
+                metadata: dict[str, str] | None = None) -> Path:
+    """Write ``arrays`` (fp32, checkpoint names) as model.safetensors in ``dtype``, and config.json."""
+    if dtype not in STORAGE_DTYPES:
+        raise ValueError(f"dtype must be one of {STORAGE_DTYPES}, got {dtype!r}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
     hf = config.to_hf_dict()
     hf["torch_dtype"] = dtype
     (out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-    write_safetensors(out / "model.safetensors", tensors)
+    write_safetensors(out / "model.safetensors", {name: _encode(a, dtype) for name, a in arrays.items()}, metadata)
     return out
 
 
