@@ -20,6 +20,13 @@ class FrameError(ValueError):
     """An image the encoder cannot use (wrong shape, dtype or size)."""
 
 
+def resize_frame(image: np.ndarray, size: int) -> np.ndarray:
+    """The frame at the encoder's SxS (area interpolation); training resizes its demonstrations with it too."""
+    if image.shape[:2] == (size, size):
+        return image
+    return cv2.resize(image, (size, size), interpolation=cv2.INTER_AREA)
+
+
 class FrameEncoder:
     def __init__(self, vision: VisionConfig, patch_weight: np.ndarray, patch_bias: np.ndarray, pos_embed: np.ndarray) -> None:
         self.vision = vision
@@ -43,10 +50,7 @@ class FrameEncoder:
             raise FrameError(f"frame must be an HxWx3 uint8 array, got shape {shape} dtype {dtype}")
         if image.shape[0] == 0 or image.shape[1] == 0:
             raise FrameError(f"frame is empty: shape {image.shape}")
-        size = self.vision.image_size
-        if image.shape[:2] != (size, size):
-            image = cv2.resize(image, (size, size), interpolation=cv2.INTER_AREA)
-        return (image.astype(np.float32) - self.mean) * self.inv_std
+        return (resize_frame(image, self.vision.image_size).astype(np.float32) - self.mean) * self.inv_std
 
     def encode(self, image: np.ndarray) -> np.ndarray:
         """[tokens_per_frame, hidden] fp32 embeddings of one frame."""

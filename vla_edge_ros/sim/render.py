@@ -16,7 +16,8 @@ import numpy as np
 TARGET_HALF = 0.04      # half the side of a target square
 RING_RADIUS = 0.08      # centre line of the cue ring around the goal (outside the square's corners)
 RING_WIDTH = 0.025
-ROBOT_RADIUS = 0.035    # white disc ...
+ROBOT_RADIUS = 0.07     # white disc (a 16-px patch of a 64-px view must see it: at 0.035 a
+                        # learned encoder needed >1,000 steps to find it at all, at 0.07 ~300) ...
 ROBOT_RIM = 0.012       # ... with a dark rim: the same from every side
 CLUTTER_BLOBS = 4
 

@@ -156,6 +156,14 @@ class CueReachEnv:
         self._done = success or self._steps >= self._limit_frames
         return StepOutcome(self._frame(), self._done, success, self.time_s, self.path_length, self._touched_wrong)
 
+    def place_robot(self, position: np.ndarray) -> np.ndarray:
+        """Put the robot at ``position`` (x, y), clipped into the world, and return the camera's view.
+
+        For training data: single frames with the robot anywhere, not only where some policy drove
+        it. Time, path length and the episode's outcome are left as they were."""
+        self.robot = np.clip(np.asarray(position, dtype=np.float64), 0.0, 1.0)
+        return self._frame()
+
     def expert_command(self) -> np.ndarray:
         """The scripted (privileged: it knows the goal) command: toward the goal, proportional with the
         magnitude saturated at 1, zero within reach_radius / 2. It also points at the goal while the
