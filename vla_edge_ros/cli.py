@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import bags_cli, evaluate_cli, kv_store_cli, replay_cli
+from . import bags_cli, evaluate_cli, kv_store_cli, replay_cli, train_cli
 from .config import ConfigError, load_settings
 from .memory import POLICIES
 from .memory.cosine import SIGNATURES
@@ -252,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     bags_cli.register(sub)
     replay_cli.register(sub)
     evaluate_cli.register(sub)
+    train_cli.register(sub)
     return parser
 
 

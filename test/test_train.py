@@ -1,0 +1,174 @@
+"""Training: the PyTorch model is the engine's model, its memory parts make the engine's decisions, and
+``vla-edge train`` writes a checkpoint every policy runs on, the same bytes for the same seed."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from vla_edge_ros.memory import AuraPolicy, DmsPolicy, FifoPolicy
+from vla_edge_ros.model.checkpoint import load_checkpoint
+from vla_edge_ros.model.engine import VlaEngine
+from vla_edge_ros.model.init_model import preset
+from vla_edge_ros.model.vision import resize_frame
+from vla_edge_ros.sim.world import CueReachEnv, TaskSpec
+from vla_edge_ros.train.demos import perception_samples, record_demo, sample_frames
+from vla_edge_ros.train.stages import StageSpec, aura_actions, behaviour_cloning, sequence_actions
+from vla_edge_ros.train.torch_model import DmsMask, VlaModel
+from vla_edge_ros.train.trainer import TrainSpec, export, train
+
+PROMPT = (151, 9, 402, 77, 1030, 12)
+CONFIG = preset("sim", layers=2)
+
+
+def random_model(seed: int, gate_bias: float = 0.0) -> VlaModel:
+    """Weights large enough that every part of the forward pass moves the action (HF's 0.02 barely does)."""
+    torch.manual_seed(seed)
+    model = VlaModel(CONFIG, 32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.uniform_(0.8, 1.2)
+            else:
+                param.normal_(0.0, 0.08)
+        for layer in model.model.layers:
+            layer.self_attn.dms_gate.bias.fill_(gate_bias)
+    return model
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return record_demo(TaskSpec(name="cue-reach", hold_s=0.3), seed=3, image_size=CONFIG.vision.image_size)
+
+
+def engine_for(model: VlaModel, tmp_path, policy, capacity: int = 1024) -> VlaEngine:
+    export(model, CONFIG, tmp_path, TrainSpec(dtype="float32"))
+    engine = VlaEngine(load_checkpoint(tmp_path), backend="numpy", kv_capacity_tokens=capacity, policy=policy)
+    engine.set_prompt(list(PROMPT))
+    return engine
+
+
+def torch_frames(demo, count: int) -> torch.Tensor:
+    return torch.from_numpy(demo.frames[None, :count])
+
+
+def test_the_torch_model_is_the_engine_frame_by_frame(tmp_path, demo):
+    model = random_model(0)
+    frames = 12
+    with torch.no_grad():
+        expected, _ = sequence_actions(model, torch.tensor(PROMPT), torch_frames(demo, frames))
+    engine = engine_for(model, tmp_path, FifoPolicy())
+    actions = np.stack([engine.step(demo.frames[i]).action for i in range(frames)])
+    assert np.abs(expected[0].numpy()).max() > 0.05  # the comparison is not between two near-zero outputs
+    np.testing.assert_allclose(actions, expected[0].numpy(), atol=2e-5)
+
+
+def test_aura_training_forward_makes_the_policys_writes_and_actions(tmp_path, demo):
+    model = random_model(1)
+    frames = 14
+    with torch.no_grad():
+        model.aura.gate.bias.fill_(0.0)
+        expected, writes = aura_actions(model, torch.tensor(PROMPT), torch_frames(demo, frames), 0.5,
+                                        torch.arange(frames)[None])
+    policy = AuraPolicy(beta=0.5, use_learned_gate=True)
+    engine = engine_for(model, tmp_path, policy)
+    actions, written = [], []
+    for i in range(frames):
+        before = policy.writes
+        actions.append(engine.step(demo.frames[i]).action)
+        written.append(policy.writes > before)
+    assert 0 < sum(written) < frames  # the gate both wrote and declined
+    np.testing.assert_array_equal(written, writes[0].numpy() > 0.5)
+    np.testing.assert_allclose(np.stack(actions), expected[0].numpy(), atol=2e-5)
+
+
+def test_dms_training_mask_is_the_policys_delayed_eviction(tmp_path, demo):
+    model = random_model(2)
+    frames, window = 10, 32
+    prompt = torch.tensor(PROMPT)
+    mask = DmsMask.for_frames(len(PROMPT), frames, CONFIG.vision.tokens_per_frame, window)
+    with torch.no_grad():
+        expected, keeps = sequence_actions(model, prompt, torch_frames(demo, frames), mask)
+        full, _ = sequence_actions(model, prompt, torch_frames(demo, frames))
+    kept = torch.stack(keeps)[:, 0, len(PROMPT):] > 0.5
+    assert kept.any() and not kept.all()  # the gates both kept and evicted
+    policy = DmsPolicy(window=window, use_learned_gate=True)
+    policy.configure_from({"kv.dms.target_ratio": 0.0, "kv.dms.threshold": 0.0})
+    engine = engine_for(model, tmp_path, policy)
+    actions = np.stack([engine.step(demo.frames[i]).action for i in range(frames)])
+    assert not np.allclose(expected.numpy(), full.numpy(), atol=1e-3)  # evictions changed the actions
+    np.testing.assert_allclose(actions, expected[0].numpy(), atol=2e-5)
+
+
+def test_dms_mask_reads_the_window_and_the_prompt_whatever_was_decided():
+    mask = DmsMask.for_frames(prompt_tokens=2, frames=3, tokens_per_frame=2, window=3)
+    # tokens: prompt 0-1, frame 0: 2-3, frame 1: 4-5, frame 2: 6-7; frame 2 starts at 6, window covers 3..5
+    assert mask.always[6].tolist() == [True, True, False, True, True, True, True, False]
+    assert mask.causal[6].tolist() == [True] * 7 + [False]
+    assert mask.always[4].tolist() == [True] * 5 + [False] * 3  # frame 1 reads all of frame 0 (window 3)
+
+
+def test_sampled_frames_keep_order_and_the_start_when_they_keep_the_cue(demo):
+    rng = np.random.default_rng(0)
+    picks = [sample_frames(demo, rng, 100) for _ in range(200)]
+    assert all((np.diff(p) > 0).all() and p[-1] == len(demo.frames) - 1 for p in picks)
+    assert any(p.size == len(demo.frames) for p in picks)
+    assert any(p[0] > 0 for p in picks)  # sliding windows
+    assert any(p[0] == 0 and (np.diff(p) > 1).any() for p in picks)  # start + recent past
+
+
+def test_perception_views_are_labelled_with_the_expert_where_the_robot_stands():
+    frames, commands, where = perception_samples(seed=11, image_size=64, count=5)
+    assert frames.shape == (5, 64, 64, 3) and commands.shape == (5, 2) and where.shape == (5, 4)
+    env = CueReachEnv(TaskSpec(name="reach"), 11)
+    assert np.allclose(where[:, 2:], env.targets[env.goal])  # one layout, one goal
+    for frame, command, place in zip(frames, commands, where):
+        view = env.place_robot(place[:2])
+        np.testing.assert_allclose(command, env.expert_command(), atol=1e-6)
+        assert np.abs(frame.astype(int) - resize_frame(view, 64).astype(int)).mean() < 10  # same scene, own noise
+    assert len({tuple(np.round(p[:2], 3)) for p in where}) == 5
+
+
+def test_behaviour_cloning_fits_a_few_demonstrations(demo):
+    model = random_model(3)
+    with torch.no_grad():
+        for name, param in model.named_parameters():  # from HF's init, as training starts
+            param.normal_(0.0, 0.02) if not name.endswith("norm.weight") else param.fill_(1.0)
+    losses: list[float] = []
+    behaviour_cloning(model, [demo, demo], torch.tensor(PROMPT), StageSpec(steps=40, batch=2, lr=3e-3),
+                      np.random.default_rng(0), 100, lambda step, figures: losses.append(figures["action"]))
+    assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
+
+
+def test_where_head_is_trained_but_not_exported(tmp_path):
+    model = random_model(4)
+    export(model, CONFIG, tmp_path, TrainSpec(dtype="float32"))
+    names = set(load_checkpoint(tmp_path).tensors)
+    assert not any(name.startswith("where_head") for name in names)
+    assert names == set(model.exported_state())
+
+
+def test_train_writes_a_checkpoint_every_policy_runs_on_and_repeats_itself(tmp_path):
+    spec = replace(TrainSpec(tasks=("cue-reach",)), episodes=4, max_frames=12, dms_max_frames=8,
+                   perception=StageSpec(2, 8, 1e-3), bc=StageSpec(2, 2, 1e-3), aura=StageSpec(2, 2, 1e-3), dms=StageSpec(2, 2, 1e-3),
+                   aura_scored_frames=3)
+    first = train(spec, tmp_path / "a")
+    train(spec, tmp_path / "b")
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+    assert set(first.stages) == {"perception", "bc", "aura", "dms"}
+    assert all(len(rows) == 2 for rows in first.stages.values())
+    log = json.loads((tmp_path / "a" / "train_log.json").read_text())
+    assert log["schema"] == "vla_edge_ros.train/1" and log["spec"]["seed"] == 0
+    assert (tmp_path / "a" / "loss.png").stat().st_size > 0
+    checkpoint = load_checkpoint(tmp_path / "a")
+    assert "aura.gate.weight" in checkpoint.tensors and checkpoint.storage_dtype == "BF16"
+    frame = np.zeros((96, 96, 3), np.uint8)
+    for policy in (FifoPolicy(), AuraPolicy(), DmsPolicy(window=32)):
+        engine = VlaEngine(checkpoint, backend="numpy", kv_capacity_tokens=256, policy=policy)
+        engine.set_prompt(list(PROMPT))
+        action = engine.step(frame).action
+        assert action.shape == (2,) and np.isfinite(action).all()

@@ -1,0 +1,98 @@
+"""Demonstrations from the scripted expert, and the frame subsets the decoder is trained on.
+
+An episode is driven by the expert's command plus temporally correlated noise (an Ornstein-Uhlenbeck
+process), and every frame is labelled with the clean expert command for the state it shows: the
+policy then sees states off the expert's straight line and learns how to come back (DART, Laskey
+et al. 2017). Frames are stored at the model's image size, resized exactly as the engine resizes.
+
+A training sequence is a subset of an episode's frames in their order, re-numbered contiguously as
+the engine's compaction re-numbers what a memory policy kept: all of them (an unbounded cache), a
+suffix (a sliding window: fifo), or the first frames plus a suffix (a memory that kept the start and
+forgot the middle: cosine, dms). In ``cue-reach`` a suffix that lost the cue leaves the label
+unknowable from the sequence; the model learns what a memory-less policy can do there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model.vision import resize_frame
+from ..sim.world import PLACEMENT_MARGIN, CueReachEnv, TaskSpec
+
+NOISE_SIGMA = 0.3       # stationary std of the OU command noise, per component
+NOISE_THETA = 0.2       # OU mean reversion per step (~5 steps of correlation at 30 Hz)
+MOVING_FRAMES = 45      # frames recorded after the release at most (the expert needs ~25)
+
+
+@dataclass(frozen=True)
+class Demo:
+    """One demonstration: frames at the model's image size and the expert's command for each."""
+
+    task: str
+    frames: np.ndarray     # [F, S, S, 3] uint8
+    commands: np.ndarray   # [F, 2] float32 in [-1, 1]
+    where: np.ndarray      # [F, 4] float32: robot (x, y) and goal (x, y) in world units, privileged
+    cue_frames: int        # leading frames that show the cue (every frame in reach)
+    success: bool
+
+
+def record_demo(spec: TaskSpec, seed: int, image_size: int, noise_sigma: float = NOISE_SIGMA) -> Demo:
+    """Run one expert episode with command noise; stop at success or ``MOVING_FRAMES`` after release."""
+    env = CueReachEnv(spec, seed)
+    rng = np.random.default_rng([seed, 1])
+    frame = env.reset()
+    noise = np.zeros(2)
+    frames, commands, where = [], [], []
+    success = False
+    for _ in range(spec.release_frames + MOVING_FRAMES):
+        frames.append(resize_frame(frame, image_size))
+        command = env.expert_command()
+        commands.append(command)
+        where.append(np.concatenate([env.robot, env.targets[env.goal]]))
+        noise += -NOISE_THETA * noise + noise_sigma * np.sqrt(2 * NOISE_THETA) * rng.standard_normal(2)
+        outcome = env.step(command + noise)
+        frame = outcome.frame
+        if outcome.done:
+            success = outcome.success
+            break
+    cue = spec.frames(spec.cue_s) if spec.name == "cue-reach" else len(frames)
+    return Demo(spec.name, np.stack(frames), np.asarray(commands, np.float32), np.asarray(where, np.float32), cue,
+                success)
+
+
+def record_demos(specs: list[TaskSpec], episodes: int, seed: int, image_size: int) -> list[Demo]:
+    """``episodes`` demonstrations, tasks alternating, episode seeds disjoint from evaluation's (which
+    start at 0): ``seed * 1_000_003 + 10**6 + i``."""
+    return [record_demo(specs[i % len(specs)], seed * 1_000_003 + 10**6 + i, image_size) for i in range(episodes)]
+
+
+def perception_samples(seed: int, image_size: int, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``count`` frames of one fresh ``reach`` layout that show what to do (the goal marked, the robot
+    anywhere), [count, S, S, 3], the expert's command for each, [count, 2], and where the robot and
+    the goal are, [count, 4] (as ``Demo.where``): endless layouts, so
+    the encoder learns where things are, not which floor it saw (several views per layout because
+    building a layout costs ~5x rendering a view)."""
+    env = CueReachEnv(TaskSpec(name="reach"), seed)
+    positions = np.random.default_rng([seed, 2]).uniform(PLACEMENT_MARGIN / 2, 1 - PLACEMENT_MARGIN / 2, size=(count, 2))
+    frames, commands = [], []
+    for position in positions:
+        frames.append(resize_frame(env.place_robot(position), image_size))
+        commands.append(env.expert_command())
+    where = np.concatenate([positions, np.broadcast_to(env.targets[env.goal], positions.shape)], axis=1)
+    return np.stack(frames), np.asarray(commands, np.float32), where.astype(np.float32)
+
+
+def sample_frames(demo: Demo, rng: np.random.Generator, max_frames: int) -> np.ndarray:
+    """Indices of the frames one training sequence keeps (see the module doc), at most ``max_frames``."""
+    count = len(demo.frames)
+    kind = rng.choice(3, p=(0.5, 0.25, 0.25))
+    if kind == 1 and count > 1:  # sliding window
+        index = np.arange(rng.integers(1, count), count)
+    elif kind == 2 and count > 2:  # the start and the recent past
+        head = int(rng.integers(1, min(demo.cue_frames, count - 2) + 1))
+        index = np.concatenate([np.arange(head), np.arange(rng.integers(head + 1, count), count)])
+    else:
+        index = np.arange(count)
+    return index[-max_frames:] if index.size > max_frames else index

@@ -1,0 +1,229 @@
+"""The three training stages: behaviour cloning, then the aura memory and the dms gates on the frozen decoder.
+
+1. Behaviour cloning: decoder, frame encoder and action head regress the expert's command at the
+   last token of every frame (MSE on the normalised command), in two parts. ``perception`` sees
+   single frames whose command the frame itself determines (the goal marked, the robot anywhere),
+   each from a fresh layout: the frames of one episode are nearly alike, so sequence batches carry
+   little variety (the model needs ~10x more steps on them to learn where the robot and the goal
+   are), and a few hundred layouts are memorised rather than understood (held-out loss 5x the
+   training loss). ``behaviour_cloning`` then trains on whole and partial episodes, where the
+   decoder learns to carry the cue through the hold.
+2. ``train_aura``: only the aura projections and write gate learn. Each frame is seen as the engine's
+   aura policy shows it: prompt, one memory token (what the fast weights return before this frame's
+   write), the frame. Loss: the action error plus a one-sided penalty on the write rate above rho.
+3. ``train_dms``: only the per-layer dms gates learn. The student reads the whole episode with
+   per-KV-head evictions enforced once a token has left the window; the teacher is the same frozen
+   model reading everything. Loss: the student's action error against the teacher's plus a one-sided
+   penalty on the fraction of decisions that keep a token above 1 / target ratio.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .demos import Demo, perception_samples, sample_frames
+from .torch_model import DmsMask, VlaModel, straight_through
+
+Progress = Callable[[int, dict[str, float]], None]
+VIEWS_PER_LAYOUT = 8
+WHERE_WEIGHT = 1.0
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    steps: int
+    batch: int
+    lr: float
+
+
+@dataclass
+class Batch:
+    frames: torch.Tensor   # [B, F, S, S, 3] uint8, zero frames after a sequence's end
+    labels: torch.Tensor   # [B, F, 2]
+    where: torch.Tensor    # [B, F, 4] robot and goal position, mapped to [-1, 1]
+    valid: torch.Tensor    # [B, F] bool
+
+
+def make_batch(demos: list[Demo], picks: list[np.ndarray]) -> Batch:
+    """Pad the picked frames of each demo to the longest pick."""
+    length = max(p.size for p in picks)
+    size = demos[0].frames.shape[1]
+    frames = np.zeros((len(demos), length, size, size, 3), np.uint8)
+    labels = np.zeros((len(demos), length, 2), np.float32)
+    where = np.zeros((len(demos), length, 4), np.float32)
+    valid = np.zeros((len(demos), length), bool)
+    for row, (demo, pick) in enumerate(zip(demos, picks)):
+        frames[row, :pick.size] = demo.frames[pick]
+        labels[row, :pick.size] = demo.commands[pick]
+        where[row, :pick.size] = demo.where[pick]
+        valid[row, :pick.size] = True
+    return Batch(torch.from_numpy(frames), torch.from_numpy(labels), torch.from_numpy(2 * where - 1),
+                 torch.from_numpy(valid))
+
+
+def batches(demos: list[Demo], spec: StageSpec, rng: np.random.Generator, max_frames: int, partial: bool
+            ) -> Iterator[Batch]:
+    """``spec.steps`` batches of random demos; ``partial`` samples frame subsets, else whole episodes."""
+    for _ in range(spec.steps):
+        chosen = [demos[i] for i in rng.choice(len(demos), size=spec.batch, replace=False)]
+        picks = [sample_frames(d, rng, max_frames) if partial else np.arange(min(len(d.frames), max_frames))
+                 for d in chosen]
+        yield make_batch(chosen, picks)
+
+
+def masked_mse(predicted: torch.Tensor, target: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    return ((predicted - target) ** 2).sum(-1)[valid].mean()
+
+
+def sequence_hidden(model: VlaModel, prompt_ids: torch.Tensor, frames: torch.Tensor,
+                    dms: DmsMask | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Final-norm hidden states [B, F, H] at each frame's last token of prompt + frames (where the
+    engine reads the action), and the dms gates' keep probabilities."""
+    batch, count = frames.shape[:2]
+    tokens = model.vision(frames).reshape(batch, -1, model.c.hidden_size)
+    prompt = model.prompt_embeddings(prompt_ids).expand(batch, -1, -1)
+    hidden, keeps = model.model(torch.cat([prompt, tokens], dim=1), dms)
+    per_frame = model.c.vision.tokens_per_frame
+    last = prompt_ids.numel() + per_frame * torch.arange(count) + per_frame - 1
+    return hidden[:, last], keeps
+
+
+def sequence_actions(model: VlaModel, prompt_ids: torch.Tensor, frames: torch.Tensor,
+                     dms: DmsMask | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Actions [B, F, dof] the engine would decode after each frame, and the dms keep probabilities."""
+    hidden, keeps = sequence_hidden(model, prompt_ids, frames, dms)
+    return model.actions(hidden), keeps
+
+
+def _schedule(optimiser: torch.optim.Optimizer, spec: StageSpec) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up over 5 % of the steps, then cosine decay to a tenth."""
+    warmup = max(1, spec.steps // 20)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / max(1, spec.steps - warmup)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimiser, factor)
+
+
+def _fit(params: list[torch.nn.Parameter], spec: StageSpec, steps: Iterator[Batch],
+         loss_of: Callable[[Batch], tuple[torch.Tensor, dict[str, float]]], progress: Progress) -> None:
+    optimiser = torch.optim.AdamW(params, lr=spec.lr, weight_decay=0.0)
+    schedule = _schedule(optimiser, spec)
+    for step, batch in enumerate(steps):
+        loss, figures = loss_of(batch)
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimiser.step()
+        schedule.step()
+        progress(step, {"loss": float(loss.detach()), **figures})
+
+
+def _freeze(model: VlaModel, trainable: list[torch.nn.Parameter]) -> None:
+    keep = {id(p) for p in trainable}
+    for param in model.parameters():
+        param.requires_grad_(id(param) in keep)
+
+
+def perception_batches(spec: StageSpec, rng: np.random.Generator, image_size: int) -> Iterator[Batch]:
+    """Single frames that show what to do, ``VIEWS_PER_LAYOUT`` from each fresh layout."""
+    layouts = max(1, spec.batch // VIEWS_PER_LAYOUT)
+    for _ in range(spec.steps):
+        samples = [perception_samples(int(seed), image_size, VIEWS_PER_LAYOUT)
+                   for seed in rng.integers(2**31, 2**62, size=layouts)]
+        frames, labels, where = (torch.from_numpy(np.concatenate(parts)[:, None]) for parts in zip(*samples))
+        yield Batch(frames, labels, 2 * where - 1, torch.ones(frames.shape[0], 1, dtype=torch.bool))
+
+
+def perception(model: VlaModel, prompt_ids: torch.Tensor, spec: StageSpec, rng: np.random.Generator,
+               progress: Progress) -> None:
+    _fit_actions(model, prompt_ids, spec, perception_batches(spec, rng, model.c.vision.image_size), progress)
+
+
+def _fit_actions(model: VlaModel, prompt_ids: torch.Tensor, spec: StageSpec, steps: Iterator[Batch],
+                 progress: Progress) -> None:
+    """Decoder, encoder and head on the action error of every valid frame of ``steps``' batches, plus
+    ``WHERE_WEIGHT`` x the error of ``where_head``'s robot and goal positions (see ``VlaModel``)."""
+    params = model.decoder_parameters() + list(model.where_head.parameters())
+    _freeze(model, params)
+
+    def loss_of(batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        hidden, _ = sequence_hidden(model, prompt_ids, batch.frames)
+        action = masked_mse(model.actions(hidden), batch.labels, batch.valid)
+        where = masked_mse(model.where_head(hidden), batch.where, batch.valid)
+        return action + WHERE_WEIGHT * where, {"action": float(action.detach()), "where": float(where.detach())}
+
+    _fit(params, spec, steps, loss_of, progress)
+
+
+def behaviour_cloning(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: StageSpec,
+                      rng: np.random.Generator, max_frames: int, progress: Progress) -> None:
+    _fit_actions(model, prompt_ids, spec, batches(demos, spec, rng, max_frames, partial=True), progress)
+
+
+def aura_actions(model: VlaModel, prompt_ids: torch.Tensor, frames: torch.Tensor, beta: float, scored: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Actions [B, S, dof] of the ``scored`` frames [B, S] (indices), each seen as the aura policy shows
+    it, and the write decisions [B, F] of every frame (the memory runs over all of them)."""
+    batch = frames.shape[0]
+    with torch.no_grad():
+        tokens = model.vision(frames)  # [B, F, T, H]; the encoder is frozen
+    memory, writes = model.aura(tokens.flatten(-2), beta)
+    rows = torch.arange(batch)[:, None]
+    memory, tokens = memory[rows, scored], tokens[rows, scored]  # [B, S, H], [B, S, T, H]
+    count = scored.shape[1]
+    prompt = model.prompt_embeddings(prompt_ids).detach().expand(batch * count, -1, -1)
+    sequence = torch.cat([prompt, memory.reshape(batch * count, 1, -1), tokens.flatten(0, 1)], dim=1)
+    hidden, _ = model.model(sequence)
+    return model.actions(hidden[:, -1]).reshape(batch, count, -1), writes
+
+
+def train_aura(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: StageSpec,
+               rng: np.random.Generator, max_frames: int, beta: float, rho: float, penalty: float,
+               scored_frames: int, progress: Progress) -> None:
+    """The memory runs over whole episodes; the action loss is taken on ``scored_frames`` random valid
+    frames of each (the decoder pass per frame is what costs)."""
+    params = list(model.aura.parameters())
+    _freeze(model, params)
+
+    def loss_of(batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        lengths = batch.valid.sum(1).numpy()
+        scored = torch.from_numpy(np.stack([rng.integers(0, n, size=scored_frames) for n in lengths]))
+        actions, writes = aura_actions(model, prompt_ids, batch.frames, beta, scored)
+        rate = writes[batch.valid].mean()
+        labels = batch.labels[torch.arange(len(lengths))[:, None], scored]
+        action_loss = ((actions - labels) ** 2).sum(-1).mean()
+        return action_loss + penalty * F.relu(rate - rho), {"action": float(action_loss.detach()), "write_rate": float(rate.detach())}
+
+    _fit(params, spec, batches(demos, spec, rng, max_frames, partial=False), loss_of, progress)
+
+
+def train_dms(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: StageSpec,
+              rng: np.random.Generator, max_frames: int, window: int, target_ratio: float, penalty: float,
+              progress: Progress) -> None:
+    params = model.dms_parameters()
+    _freeze(model, params)
+    per_frame = model.c.vision.tokens_per_frame
+    prompt = prompt_ids.numel()
+
+    def loss_of(batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        count = batch.frames.shape[1]
+        with torch.no_grad():
+            teacher, _ = sequence_actions(model, prompt_ids, batch.frames)
+        mask = DmsMask.for_frames(prompt, count, per_frame, window)
+        student, keeps = sequence_actions(model, prompt_ids, batch.frames, mask)
+        frame_tokens = batch.valid.repeat_interleave(per_frame, dim=1)  # [B, F * T]
+        keep_rate = torch.stack([straight_through(k, k > 0.5)[:, prompt:][frame_tokens].mean() for k in keeps]).mean()
+        distill = masked_mse(student, teacher, batch.valid)
+        loss = distill + penalty * F.relu(keep_rate - 1.0 / target_ratio)
+        return loss, {"distill": float(distill.detach()), "keep_rate": float(keep_rate.detach())}
+
+    _fit(params, spec, batches(demos, spec, rng, max_frames, partial=False), loss_of, progress)

@@ -1,0 +1,310 @@
+"""The VLA model in PyTorch, for training: the engine's forward pass written for whole sequences.
+
+The math is the NumPy reference's (``model/ops.py``, ``model/numpy_backend.py``): Qwen2 decoder
+(RMSNorm, rotate-half RoPE, grouped-query attention with q/k/v bias, SwiGLU), the frame encoder
+(normalise, cut into patches, pool per cell, project, add a per-token position embedding) and the
+linear action head tanh(W h + b) on the final-norm hidden state. Module names are the checkpoint's
+tensor names, so ``state_dict()`` is what ``export`` writes and what the engine loads.
+
+Two learned memory parts sit beside the decoder, each trained on the frozen decoder:
+
+- ``AuraMemory``: the fast-weight memory of ``memory/aura.py`` unrolled over an episode, with the
+  write gate hard in the forward pass and its sigmoid's gradient in the backward (straight-through);
+- ``dms_gate`` in every attention layer: per-KV-head eviction logits alpha = W norm(x) + b; a token
+  outside the window stays readable in a head iff alpha < 0 there (hard forward, sigmoid(-alpha)'s
+  gradient backward), exactly the decisions ``memory/dms.py`` enforces with its learned gate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..model.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rope_tables(head_dim: int, theta: float, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, D/2] of positions * 1/theta^(2i/D) (fp32, as the engine computes them)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (i, i + D/2) of x [B, heads, T, D]."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def straight_through(soft: torch.Tensor, hard: torch.Tensor) -> torch.Tensor:
+    """``hard`` in the forward pass, the gradient of ``soft`` in the backward."""
+    return hard.to(soft.dtype) + soft - soft.detach()
+
+
+@dataclass
+class DmsMask:
+    """Which keys the dms gates may hide: those older than the window, outside the pinned prompt.
+
+    ``always`` [T, T] is true where a query reads a key whatever the decision (the prompt, and keys
+    inside the window of the query's frame); ``causal`` [T, T] where it may read it at all.
+    """
+
+    always: torch.Tensor
+    causal: torch.Tensor
+
+    @classmethod
+    def for_frames(cls, prompt_tokens: int, frames: int, tokens_per_frame: int, window: int) -> DmsMask:
+        """A frame's queries read, whatever was decided, every key of the prompt, of their own frame and
+        every key with fewer than ``window`` tokens after it when their frame's forward started (the
+        engine enforces decisions after each forward, on what is older than the newest ``window``)."""
+        total = prompt_tokens + frames * tokens_per_frame
+        index = torch.arange(total)
+        frame_start = prompt_tokens + (index - prompt_tokens).div(tokens_per_frame, rounding_mode="floor") * tokens_per_frame
+        frame_start = torch.where(index < prompt_tokens, index, frame_start)
+        causal = index[None, :] <= index[:, None]
+        in_window = index[None, :] >= (frame_start[:, None] - window)
+        always = causal & (in_window | (index[None, :] < prompt_tokens))
+        return cls(always, causal)
+
+
+class Attention(nn.Module):
+    def __init__(self, c: ModelConfig) -> None:
+        super().__init__()
+        self.c = c
+        self.q_proj = nn.Linear(c.hidden_size, c.q_dim)
+        self.k_proj = nn.Linear(c.hidden_size, c.kv_dim)
+        self.v_proj = nn.Linear(c.hidden_size, c.kv_dim)
+        self.o_proj = nn.Linear(c.q_dim, c.hidden_size, bias=False)
+        self.dms_gate: nn.Linear | None = None
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dms: DmsMask | None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attention output [B, T, H], and the soft keep probabilities [B, T, kv_heads] when ``dms``."""
+        c = self.c
+        batch, tokens, _ = h.shape
+        q = self.q_proj(h).view(batch, tokens, c.num_attention_heads, c.head_dim).transpose(1, 2)
+        k = self.k_proj(h).view(batch, tokens, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        v = self.v_proj(h).view(batch, tokens, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        group = c.num_attention_heads // c.num_key_value_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # query head h reads h // group
+        keep_soft = None
+        if dms is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            alpha = self.dms_gate(h)  # [B, T, kv_heads] eviction logits
+            keep_soft = torch.sigmoid(-alpha)
+            keep = straight_through(keep_soft, alpha < 0).repeat_interleave(group, dim=2)  # [B, T, Hq]
+            readable = torch.where(dms.always, torch.ones(()), keep.transpose(1, 2)[:, :, None, :])
+            readable = readable * dms.causal  # [B, Hq, T(query), T(key)]
+            scores = (q @ k.transpose(-1, -2)) / c.head_dim ** 0.5
+            weights = torch.exp(scores - scores.amax(-1, keepdim=True).detach()) * readable
+            out = (weights / weights.sum(-1, keepdim=True)) @ v
+        return self.o_proj(out.transpose(1, 2).reshape(batch, tokens, c.q_dim)), keep_soft
+
+
+class MLP(nn.Module):
+    def __init__(self, c: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Attention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = MLP(c)
+
+    def forward(self, x, cos, sin, dms):
+        attn, keep = self.self_attn(self.input_layernorm(x), cos, sin, dms)
+        x = x + attn
+        return x + self.mlp(self.post_attention_layernorm(x)), keep
+
+
+class Decoder(nn.Module):
+    """HuggingFace's ``Qwen2Model``: token embeddings, layers, final norm."""
+
+    def __init__(self, c: ModelConfig) -> None:
+        super().__init__()
+        self.c = c
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, dms: DmsMask | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Final-norm hidden states [B, T, H] of input embeddings x at positions 0..T-1, and the dms
+        gates' soft keep probabilities per layer (empty without ``dms``)."""
+        cos, sin = rope_tables(self.c.head_dim, self.c.rope_theta, torch.arange(x.shape[1]))
+        keeps = []
+        for layer in self.layers:
+            x, keep = layer(x, cos, sin, dms)
+            if keep is not None:
+                keeps.append(keep)
+        return self.norm(x), keeps
+
+
+class FrameEncoder(nn.Module):
+    """``model/vision.py``'s encoder on frames already at the model's image size: [..., S, S, 3] uint8
+    -> [..., tokens_per_frame, H]."""
+
+    def __init__(self, c: ModelConfig) -> None:
+        super().__init__()
+        self.v = c.vision
+        self.patch_proj = nn.Linear(self.v.patch_dim, c.hidden_size)
+        self.pos_embed = nn.Parameter(torch.zeros(self.v.tokens_per_frame, c.hidden_size))
+        self.register_buffer("mean", torch.tensor(self.v.mean) * 255.0, persistent=False)
+        self.register_buffer("std", torch.tensor(self.v.std) * 255.0, persistent=False)
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:
+        v = self.v
+        lead = frames.shape[:-3]
+        pixels = (frames.float() - self.mean) / self.std
+        grid, patch = v.pool_grid, v.patch_size
+        per_cell = v.image_size // patch // grid
+        cells = pixels.reshape(-1, grid, per_cell, patch, grid, per_cell, patch, 3).mean(dim=(2, 5))
+        cells = cells.permute(0, 1, 3, 2, 4, 5).reshape(*lead, v.tokens_per_frame, v.patch_dim)
+        return self.patch_proj(cells) + self.pos_embed
+
+
+def smooth_patch_filters(hidden: int, patch: int, blur_px: float = 2.5, std: float = 0.02) -> torch.Tensor:
+    """[hidden, patch * patch * 3] random filters, blurred over the tile (rows in (row, column, channel)
+    order, as the encoder flattens a tile). With white-noise filters a small object's embedding is an
+    unrelated random vector at every pixel offset, so where it sits in its patch must be memorised
+    offset by offset (a 4-pixel robot took >1,000 steps to be found at all); smooth filters make the
+    embedding a smooth function of the offset, which the decoder reads off like a coordinate."""
+    noise = torch.randn(hidden * 3, 1, patch, patch)
+    radius = int(2 * blur_px)
+    taps = torch.exp(-0.5 * (torch.arange(-radius, radius + 1, dtype=torch.float32) / blur_px) ** 2)
+    taps = (taps / taps.sum()).view(1, 1, 1, -1)
+    blurred = F.conv2d(F.pad(noise, (radius, radius, 0, 0), mode="circular"), taps)
+    blurred = F.conv2d(F.pad(blurred, (0, 0, radius, radius), mode="circular"), taps.transpose(2, 3))
+    filters = blurred.view(hidden, 3, patch, patch).permute(0, 2, 3, 1).reshape(hidden, -1)
+    return filters / filters.std() * std
+
+
+def grid_position_code(grid: int, hidden: int, scale: float = 0.5) -> torch.Tensor:
+    """[grid^2, hidden] 2-D sine-cosine code of each token's (row, column), as ViT-style encoders start
+    from: neighbouring cells get similar codes, and the code is as strong as a frame token's content
+    (a random N(0, 0.02) start leaves position ~10x weaker, and attention cannot tell cells apart)."""
+    quarter = hidden // 4
+    frequencies = 1.0 / (grid ** (torch.arange(quarter, dtype=torch.float32) / quarter)) * torch.pi / 2
+    row, col = torch.meshgrid(torch.arange(grid, dtype=torch.float32), torch.arange(grid, dtype=torch.float32),
+                              indexing="ij")
+    parts = [f(axis.reshape(-1, 1) * frequencies) for axis in (row, col) for f in (torch.sin, torch.cos)]
+    code = torch.cat(parts, dim=1)
+    return F.pad(code, (0, hidden - code.shape[1])) * scale
+
+
+class AuraMemory(nn.Module):
+    """``memory/aura.py``'s projections and learned gate, and its fast-weight memory unrolled in time."""
+
+    def __init__(self, feature_size: int, hidden: int, d_k: int, d_v: int) -> None:
+        super().__init__()
+        self.k_proj = nn.Linear(feature_size, d_k, bias=False)
+        self.q_proj = nn.Linear(feature_size, d_k, bias=False)
+        self.v_proj = nn.Linear(feature_size, d_v, bias=False)
+        self.out_proj = nn.Linear(d_v, hidden, bias=False)
+        self.gate = nn.Linear(d_k + d_v, 1)
+
+    def forward(self, features: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Memory tokens [B, F, H] (what frame f reads before its own write) and the hard-forward,
+        soft-backward write decisions [B, F] of frames' features [B, F, feature_size]."""
+        k = F.normalize(self.k_proj(features), dim=-1)
+        q = F.normalize(self.q_proj(features), dim=-1)
+        v = self.v_proj(features)
+        batch, frames, d_k = k.shape
+        weights = features.new_zeros(batch, v.shape[-1], d_k)
+        bias = features.new_zeros(batch, v.shape[-1])
+        reads, writes = [], []
+        for f in range(frames):
+            reads.append(torch.einsum("bvk,bk->bv", weights, q[:, f]) + bias)
+            error = v[:, f] - (torch.einsum("bvk,bk->bv", weights, k[:, f]) + bias)
+            logit = self.gate(torch.cat([k[:, f], error], dim=-1))[:, 0]
+            write = straight_through(torch.sigmoid(logit), logit > 0)
+            step = beta * write[:, None] * error
+            weights = weights + step[:, :, None] * k[:, f, None, :]
+            bias = bias + step
+            writes.append(write)
+        return self.out_proj(torch.stack(reads, dim=1)), torch.stack(writes, dim=1)
+
+
+class VlaModel(nn.Module):
+    """Decoder + frame encoder + linear action head, aura memory and dms gates.
+
+    ``where_head`` is for training only and is not exported: from the same hidden state as the
+    action it regresses where the robot and the goal are (the simulator's privileged state). The
+    action needs both, and without this direct signal the decoder first learns to find the cued
+    goal and heads there from the image centre for hundreds of steps before it looks for the robot.
+    """
+
+    def __init__(self, c: ModelConfig, aura_dim: int) -> None:
+        super().__init__()
+        if c.action.head != "linear":
+            raise ValueError("training fits the continuous 'linear' action head; this config asks for "
+                             f"{c.action.head!r}")
+        self.c = c
+        self.model = Decoder(c)
+        self.vision = FrameEncoder(c)
+        self.action_head = nn.Linear(c.hidden_size, c.action.dof)
+        self.where_head = nn.Linear(c.hidden_size, 4)
+        self.aura = AuraMemory(c.vision.tokens_per_frame * c.hidden_size, c.hidden_size, aura_dim, aura_dim)
+        for layer in self.model.layers:
+            layer.self_attn.dms_gate = nn.Linear(c.hidden_size, c.num_key_value_heads)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """HF's initialisation (N(0, 0.02), zero biases, unit norms); dms gates start at keep-everything."""
+        for name, param in self.named_parameters():
+            if name.endswith("norm.weight"):
+                nn.init.ones_(param)
+            elif name.endswith("bias"):
+                nn.init.zeros_(param)
+            else:
+                nn.init.normal_(param, std=0.02)
+        for layer in self.model.layers:
+            nn.init.constant_(layer.self_attn.dms_gate.bias, -2.0)  # alpha < 0: keep, as DMS starts
+        with torch.no_grad():
+            self.vision.pos_embed.copy_(grid_position_code(self.c.vision.pool_grid, self.c.hidden_size))
+            self.vision.patch_proj.weight.copy_(smooth_patch_filters(self.c.hidden_size, self.c.vision.patch_size))
+
+    
+
+    def prompt_embeddings(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(prompt_ids)
+
+    def actions(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Normalised actions in [-1, 1] from final-norm hidden states."""
+        return torch.tanh(self.action_head(hidden))
+
+    def exported_state(self) -> dict[str, torch.Tensor]:
+        """Every tensor the checkpoint carries (all but the training-only ``where_head``)."""
+        return {name: t for name, t in self.state_dict().items() if not name.startswith("where_head.")}
+
+    def decoder_parameters(self) -> list[nn.Parameter]:
+        """Everything the behaviour-cloning stage trains: decoder, frame encoder, action head."""
+        decoder = [p for name, p in self.model.named_parameters() if ".dms_gate." not in name]
+        return [*decoder, *self.vision.parameters(), *self.action_head.parameters()]
+
+    def dms_parameters(self) -> list[nn.Parameter]:
+        return [p for layer in self.model.layers for p in layer.self_attn.dms_gate.parameters()]

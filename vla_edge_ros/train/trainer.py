@@ -1,0 +1,160 @@
+"""``vla-edge train`` end to end: demonstrations -> three stages -> an HF checkpoint the engine loads.
+
+Seeded and repeatable: the demonstrations, the initial weights and every sampled batch follow from
+``TrainSpec.seed`` (torch runs single-threaded per op order, so the same machine gives the same
+bytes). The output directory gets config.json + model.safetensors (decoder, frame encoder, action
+head, aura projections and gate, dms gates), train_log.json with every step's figures, and loss.png.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..model.config import ModelConfig
+from ..model.init_model import AURA_DIM, preset, write_model
+from ..sim.world import TaskSpec
+from .demos import Demo, record_demos
+from .stages import StageSpec, behaviour_cloning, perception, train_aura, train_dms
+from .torch_model import VlaModel
+
+SCHEMA = "vla_edge_ros.train/1"
+DEFAULT_PROMPT = (151, 9, 402, 77, 1030, 12)  # the default config's instruction tokens
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """Everything that decides the trained weights. Defaults: ~20 min on a 2-core x86 CPU."""
+
+    seed: int = 0
+    preset: str = "sim"
+    episodes: int = 1200           # demonstrations, reach and cue-reach alternating
+    max_frames: int = 100          # frames per training sequence at most (a cue-reach demo has <= 99)
+    prompt_ids: tuple[int, ...] = DEFAULT_PROMPT
+    perception: StageSpec = StageSpec(steps=1000, batch=64, lr=1e-3)
+    bc: StageSpec = StageSpec(steps=900, batch=4, lr=1e-3)
+    aura: StageSpec = StageSpec(steps=500, batch=8, lr=3e-3)
+    aura_scored_frames: int = 16   # frames per episode the aura action loss is taken on
+    dms: StageSpec = StageSpec(steps=100, batch=2, lr=2e-2)
+    dms_max_frames: int = 64       # cue, hold and the first moves: what the gate must learn to keep
+    aura_beta: float = 0.5         # the delta-rule step the gate is trained with (kv.aura.beta's default)
+    aura_rho: float = 0.15         # target write rate: writes above it are penalised
+    aura_penalty: float = 1.0
+    dms_window: int = 32           # kv.dms.window's default
+    dms_target_ratio: float = 4.0  # kv.dms.target_ratio's default
+    dms_penalty: float = 1.0
+    dtype: str = "bfloat16"
+    tasks: tuple[str, ...] = ("reach", "cue-reach")
+
+    def scaled(self, factor: float) -> TrainSpec:
+        """The same recipe with every stage's steps (and the demonstrations) scaled, for smoke runs."""
+        def steps(stage: StageSpec) -> StageSpec:
+            return replace(stage, steps=max(1, round(stage.steps * factor)))
+
+        return replace(self, episodes=max(2 * self.bc.batch, round(self.episodes * factor)),
+                       perception=steps(self.perception), bc=steps(self.bc), aura=steps(self.aura),
+                       dms=steps(self.dms))
+
+
+@dataclass
+class TrainLog:
+    spec: dict[str, Any]
+    stages: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    demos: dict[str, Any] = field(default_factory=dict)
+
+
+StageProgress = Callable[[str, int, int, dict[str, float]], None]
+
+
+def train(spec: TrainSpec, out: Path, progress: StageProgress = lambda *args: None) -> TrainLog:
+    """Run every stage and write the checkpoint, train_log.json and loss.png to ``out``."""
+    config = preset(spec.preset)
+    if config.action.head != "linear" or config.action.dof != 2:
+        raise ValueError(f"preset {spec.preset!r}: training drives a 2-D velocity, it needs a linear head with dof 2")
+    if max(spec.prompt_ids) >= config.vocab_size:
+        raise ValueError(f"prompt ids must be below the vocabulary size {config.vocab_size}")
+    torch.manual_seed(spec.seed)
+    rng = np.random.default_rng(spec.seed)
+    log = TrainLog(spec=_jsonable(asdict(spec)))
+    started = time.perf_counter()
+    demos = record_demos([TaskSpec(name=name) for name in spec.tasks], spec.episodes, spec.seed,
+                         config.vision.image_size)
+    log.seconds["demos"] = time.perf_counter() - started
+    log.demos = {"episodes": len(demos), "frames": int(sum(len(d.frames) for d in demos)),
+                 "expert_success": float(np.mean([d.success for d in demos]))}
+    model = VlaModel(config, AURA_DIM)
+    prompt = torch.tensor(spec.prompt_ids)
+
+    def run(name: str, stage: StageSpec, body: Callable[[Callable[[int, dict[str, float]], None]], None]) -> None:
+        rows: list[dict[str, float]] = []
+
+        def step(index: int, figures: dict[str, float]) -> None:
+            rows.append(figures)
+            progress(name, index, stage.steps, figures)
+
+        begin = time.perf_counter()
+        body(step)
+        log.stages[name] = rows
+        log.seconds[name] = time.perf_counter() - begin
+
+    run("perception", spec.perception,
+        lambda step: perception(model, prompt, spec.perception, rng, step))
+    run("bc", spec.bc, lambda step: behaviour_cloning(model, demos, prompt, spec.bc, rng, spec.max_frames, step))
+    run("aura", spec.aura, lambda step: train_aura(model, demos, prompt, spec.aura, rng, spec.max_frames,
+                                                    spec.aura_beta, spec.aura_rho, spec.aura_penalty,
+                                                    spec.aura_scored_frames, step))
+    run("dms", spec.dms, lambda step: train_dms(model, demos, prompt, spec.dms, rng, spec.dms_max_frames,
+                                                 spec.dms_window, spec.dms_target_ratio, spec.dms_penalty, step))
+    export(model, config, out, spec)
+    (out / "train_log.json").write_text(json.dumps({"schema": SCHEMA, **asdict(log)}, indent=1) + "\n")
+    plot_losses(log, out / "loss.png")
+    return log
+
+
+def export(model: VlaModel, config: ModelConfig, out: Path, spec: TrainSpec) -> Path:
+    """The model's tensors under their checkpoint names (HF's for the decoder) as an HF directory."""
+    arrays = {name: tensor.detach().numpy().astype(np.float32) for name, tensor in model.exported_state().items()}
+    metadata = {"format": "pt", "producer": "vla-edge train", "seed": str(spec.seed)}
+    return write_model(out, config, arrays, spec.dtype, metadata)
+
+
+def plot_losses(log: TrainLog, path: Path) -> None:
+    """One panel per stage: its loss (log scale) and its rate figure where it has one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [name for name in ("perception", "bc", "aura", "dms") if log.stages.get(name)]
+    fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.5), squeeze=False)
+    titles = {"perception": "single frames: action MSE", "bc": "episodes: action MSE", "aura": "aura (frozen decoder): action MSE",
+              "dms": "dms (frozen decoder): distillation MSE"}
+    series = {"perception": "action", "bc": "action", "aura": "action", "dms": "distill"}
+    rates = {"aura": "write_rate", "dms": "keep_rate"}
+    for ax, name in zip(axes[0], names):
+        rows = log.stages[name]
+        ax.plot([r[series[name]] for r in rows], lw=0.8, color="tab:blue")
+        ax.set(yscale="log", xlabel="step", title=titles[name])
+        if name in rates:
+            twin = ax.twinx()
+            twin.plot([r[rates[name]] for r in rows], lw=0.8, color="tab:orange")
+            twin.set(ylim=(0, 1.05), ylabel=rates[name].replace("_", " "))
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
