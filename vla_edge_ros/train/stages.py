@@ -33,6 +33,7 @@ from .torch_model import DmsMask, VlaModel, straight_through
 Progress = Callable[[int, dict[str, float]], None]
 VIEWS_PER_LAYOUT = 8
 WHERE_WEIGHT = 1.0
+AURA_OPEN_FRACTION = 1 / 3  # first steps write every frame: the read-out learns before the gate may close
 
 
 @dataclass(frozen=True)
@@ -169,14 +170,14 @@ def behaviour_cloning(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tens
     _fit_actions(model, prompt_ids, spec, batches(demos, spec, rng, max_frames, partial=True), progress)
 
 
-def aura_actions(model: VlaModel, prompt_ids: torch.Tensor, frames: torch.Tensor, beta: float, scored: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def aura_actions(model: VlaModel, prompt_ids: torch.Tensor, frames: torch.Tensor, beta: float, scored: torch.Tensor,
+                 gate_open: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Actions [B, S, dof] of the ``scored`` frames [B, S] (indices), each seen as the aura policy shows
     it, and the write decisions [B, F] of every frame (the memory runs over all of them)."""
     batch = frames.shape[0]
     with torch.no_grad():
         tokens = model.vision(frames)  # [B, F, T, H]; the encoder is frozen
-    memory, writes = model.aura(tokens.flatten(-2), beta)
+    memory, writes = model.aura(tokens.flatten(-2), beta, gate_open)
     rows = torch.arange(batch)[:, None]
     memory, tokens = memory[rows, scored], tokens[rows, scored]  # [B, S, H], [B, S, T, H]
     count = scored.shape[1]
@@ -194,10 +195,15 @@ def train_aura(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spe
     params = list(model.aura.parameters())
     _freeze(model, params)
 
+    steps_done = 0
+
     def loss_of(batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        nonlocal steps_done
+        gate_open = steps_done < spec.steps * AURA_OPEN_FRACTION
+        steps_done += 1
         lengths = batch.valid.sum(1).numpy()
         scored = torch.from_numpy(np.stack([rng.integers(0, n, size=scored_frames) for n in lengths]))
-        actions, writes = aura_actions(model, prompt_ids, batch.frames, beta, scored)
+        actions, writes = aura_actions(model, prompt_ids, batch.frames, beta, scored, gate_open)
         rate = writes[batch.valid].mean()
         labels = batch.labels[torch.arange(len(lengths))[:, None], scored]
         action_loss = ((actions - labels) ** 2).sum(-1).mean()

@@ -227,9 +227,10 @@ class AuraMemory(nn.Module):
         self.out_proj = nn.Linear(d_v, hidden, bias=False)
         self.gate = nn.Linear(d_k + d_v, 1)
 
-    def forward(self, features: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, features: torch.Tensor, beta: float, gate_open: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Memory tokens [B, F, H] (what frame f reads before its own write) and the hard-forward,
-        soft-backward write decisions [B, F] of frames' features [B, F, feature_size]."""
+        soft-backward write decisions [B, F] of frames' features [B, F, feature_size] (every frame
+        writes when ``gate_open``)."""
         k = F.normalize(self.k_proj(features), dim=-1)
         q = F.normalize(self.q_proj(features), dim=-1)
         v = self.v_proj(features)
@@ -241,7 +242,7 @@ class AuraMemory(nn.Module):
             reads.append(torch.einsum("bvk,bk->bv", weights, q[:, f]) + bias)
             error = v[:, f] - (torch.einsum("bvk,bk->bv", weights, k[:, f]) + bias)
             logit = self.gate(torch.cat([k[:, f], error], dim=-1))[:, 0]
-            write = straight_through(torch.sigmoid(logit), logit > 0)
+            write = torch.ones_like(logit) if gate_open else straight_through(torch.sigmoid(logit), logit > 0)
             step = beta * write[:, None] * error
             weights = weights + step[:, :, None] * k[:, f, None, :]
             bias = bias + step
@@ -284,6 +285,11 @@ class VlaModel(nn.Module):
                 nn.init.normal_(param, std=0.02)
         for layer in self.model.layers:
             nn.init.constant_(layer.self_attn.dms_gate.bias, -2.0)  # alpha < 0: keep, as DMS starts
+        # The memory token starts at zero, so the frozen decoder is first left undisturbed and the gate
+        # open: with a random read-out, every write only added noise, and the gate learned to never
+        # write (a collapse it cannot leave: the sigmoid is flat there) before the read-out was useful.
+        nn.init.zeros_(self.aura.out_proj.weight)
+        nn.init.constant_(self.aura.gate.bias, 2.0)
         with torch.no_grad():
             self.vision.pos_embed.copy_(grid_position_code(self.c.vision.pool_grid, self.c.hidden_size))
             self.vision.patch_proj.weight.copy_(smooth_patch_filters(self.c.hidden_size, self.c.vision.patch_size))

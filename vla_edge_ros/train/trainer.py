@@ -141,15 +141,25 @@ def plot_losses(log: TrainLog, path: Path) -> None:
     rates = {"aura": "write_rate", "dms": "keep_rate"}
     for ax, name in zip(axes[0], names):
         rows = log.stages[name]
-        ax.plot([r[series[name]] for r in rows], lw=0.8, color="tab:blue")
+        values = np.array([r[series[name]] for r in rows])
+        ax.plot(values, lw=0.5, color="tab:blue", alpha=0.35)
+        ax.plot(_running_mean(values), lw=1.2, color="tab:blue")
         ax.set(yscale="log", xlabel="step", title=titles[name])
         if name in rates:
             twin = ax.twinx()
-            twin.plot([r[rates[name]] for r in rows], lw=0.8, color="tab:orange")
-            twin.set(ylim=(0, 1.05), ylabel=rates[name].replace("_", " "))
+            twin.plot(_running_mean(np.array([r[rates[name]] for r in rows])), lw=1.2, color="tab:orange")
+            twin.set(ylim=(0, 1.05), ylabel=rates[name].replace("_", " ") + " (orange)")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def _running_mean(values: np.ndarray, window: int = 25) -> np.ndarray:
+    """Mean of the last ``window`` values at each step (fewer at the start): one batch is a noisy figure."""
+    sums = np.cumsum(values)
+    counts = np.minimum(np.arange(1, values.size + 1), window)
+    shifted = np.concatenate([np.zeros(window), sums])[:values.size]
+    return (sums - shifted) / counts
 
 
 def _jsonable(value: Any) -> Any:
