@@ -147,3 +147,14 @@ def test_learned_gates_decide_aura_and_dms_and_their_score_variants_ignore_them(
     assert surprise["note"] == f"aura wrote nothing in {frames} frames: matched to 1/{frames}, the smallest rate > 0"
     # the gate evicts every token once it leaves the window; key novelty keeps most of an arena that holds them all
     assert cells["dms"]["memory_peak_bytes"] < cells["dms:novelty"]["memory_peak_bytes"]
+
+
+def test_cosine_protects_at_most_one_frame_less_than_the_budget_holds():
+    from vla_edge_ros.evaluate import fit_to_budget
+
+    node = {"kv.cosine.protect_recent_frames": 4}
+    knobs, note = fit_to_budget(node, "cosine", 4)
+    assert knobs == {"kv.cosine.protect_recent_frames": 3} and "4 -> 3" in note
+    assert fit_to_budget(node, "cosine", 16) == ({}, None)
+    assert fit_to_budget(node, "cosine", None) == ({}, None)  # an arena for the whole episode
+    assert fit_to_budget(node, "fifo", 2) == ({}, None)

@@ -216,7 +216,9 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
             cell = Cell(variant, budget)
             if variant in MATCHED:
                 cell.gate_rate, cell.note = matched  # set: run_order puts aura first
-            engine, gate, clock = _runtime(settings, spec, variant, budget, cell.gate_rate)
+            fitted, budget_note = fit_to_budget(settings["reasoning"], variant, budget)
+            cell.note = "; ".join(filter(None, (cell.note, budget_note))) or None
+            engine, gate, clock = _runtime(settings, spec, variant, budget, cell.gate_rate, fitted)
             reasoner = Reasoner(engine, gate, VirtualTimer(clock, costs))
             for s in seeds:
                 _start_episode(engine, settings["reasoning"], variant, cell.gate_rate, s)
@@ -287,10 +289,21 @@ def _start_episode(engine: VlaEngine, node: dict[str, Any], variant: str, rate: 
     engine.set_policy(policy)
 
 
-def _runtime(settings: Settings, spec: TaskSpec, variant: str, budget: int | None, rate: float | None
-             ) -> tuple[VlaEngine, AdmissionGate, VirtualClock]:
-    """An engine sized for ``budget`` frames under ``variant``, and a gate on a fresh virtual clock."""
-    node = dict(settings["reasoning"], **variant_knobs(variant, rate))
+def fit_to_budget(node: dict[str, Any], variant: str, budget: int | None) -> tuple[dict[str, Any], str | None]:
+    """Knobs a budget forces, and why: cosine must be able to evict one of its ``budget`` frames, so it
+    protects at most budget - 1 recent frames (a robot's config would be refused instead)."""
+    protect = node["kv.cosine.protect_recent_frames"]
+    if variant == "cosine" and budget is not None and protect >= budget:
+        return ({"kv.cosine.protect_recent_frames": budget - 1},
+                f"protect_recent_frames {protect} -> {budget - 1} to fit {budget} frames")
+    return {}, None
+
+
+def _runtime(settings: Settings, spec: TaskSpec, variant: str, budget: int | None, rate: float | None,
+             fitted: dict[str, Any]) -> tuple[VlaEngine, AdmissionGate, VirtualClock]:
+    """An engine sized for ``budget`` frames under ``variant`` (and ``fit_to_budget``'s knobs), and a
+    gate on a fresh virtual clock."""
+    node = dict(settings["reasoning"], **variant_knobs(variant, rate), **fitted)
     config = load_model_config(node["model_dir"])
     node["kv_capacity_tokens"] = capacity_for(config, make_policy(node["kv.policy"], node),
                                               len(node["prompt_token_ids"]), budget, spec)
