@@ -8,7 +8,7 @@ mutually exclusive callback group is busy and holds the GIL while doing so: on a
 starved the reasoning thread (about 1 run in 4 fell to ~2 actions per second). The callbacks take
 well under a millisecond each, so one executor thread is enough. Started by `ros2 run vla_edge_ros
 bringup --config FILE` (what the launch file does) or by `vla-edge run`, which can add a synthetic
-camera publishing over DDS like a real driver.
+camera publishing over DDS like a real driver, or the 2-D world as a simulated robot (closed loop).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from ..runtime import load_engine
 from .action_publisher import ActionPublisher
 from .camera_subscriber import CameraSubscriber
 from .reasoning import ReasoningNode
+from .sim_world import SimWorldNode
 from .synthetic_camera import SyntheticCameraPublisher
 
 
@@ -38,7 +39,7 @@ class Pipeline:
     """The nodes of one process, the objects they share, and their executor."""
 
     def __init__(self, settings: Settings, *, context: Context | None = None, synthetic_camera: bool = False,
-                 camera_rate_hz: float = 30.0, use_sim_time: bool = False) -> None:
+                 camera_rate_hz: float = 30.0, use_sim_time: bool = False, sim_task: str | None = None) -> None:
         self.loaded = load_engine(settings)  # refuses an over-budget config before any node exists
         engine, self.plan = self.loaded.engine, self.loaded.plan
         camera = settings["camera_subscriber"]
@@ -53,6 +54,13 @@ class Pipeline:
             self.nodes.append(SyntheticCameraPublisher(
                 topic=camera["image_topic"], rate_hz=camera_rate_hz, height=camera["frame_height"],
                 width=camera["frame_width"], context=context))
+        self.sim: SimWorldNode | None = None
+        if sim_task is not None:  # the simulated robot: camera out, commands in (nodes/sim_world.py)
+            publisher = settings["action_publisher"]
+            self.sim = SimWorldNode(sim_task, image_topic=camera["image_topic"], command_topic=publisher["command_topic"],
+                                    command_type=publisher["command_type"],
+                                    command_timeout_ms=publisher["action_timeout_ms"], context=context)
+            self.nodes.append(self.sim)
         if use_sim_time:  # stamps and the publisher's watchdog follow /clock (a bag played with --clock)
             for node in self.nodes:
                 node.set_parameters([Parameter("use_sim_time", Parameter.Type.BOOL, True)])

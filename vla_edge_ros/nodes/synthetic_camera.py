@@ -14,6 +14,7 @@ import array
 import sys
 from typing import Any
 
+import numpy as np
 import rclpy
 from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
@@ -22,6 +23,14 @@ from sensor_msgs.msg import Image
 from std_msgs.msg import Header
 
 from ..synthetic import SyntheticCamera
+
+
+def image_message(pixels: np.ndarray, header: Header) -> Image:
+    """An HxWx3 uint8 RGB array as sensor_msgs/Image rgb8."""
+    height, width = pixels.shape[:2]
+    data = array.array("B")
+    data.frombytes(np.ascontiguousarray(pixels))  # one copy; assigning bytes would make rclpy check every byte
+    return Image(header=header, height=height, width=width, encoding="rgb8", is_bigendian=0, step=width * 3, data=data)
 
 
 class SyntheticCameraPublisher(Node):
@@ -41,11 +50,7 @@ class SyntheticCameraPublisher(Node):
     def _publish(self) -> None:
         # Stamp first, like a driver stamping the exposure: the header says when the scene was seen.
         header = Header(stamp=self.get_clock().now().to_msg(), frame_id=self.frame_id)
-        pixels = self.camera.frame()
-        data = array.array("B")
-        data.frombytes(pixels)  # one copy; assigning bytes would make rclpy check every byte in Python
-        self._publisher.publish(Image(header=header, height=self.camera.height, width=self.camera.width,
-                                      encoding="rgb8", is_bigendian=0, step=self.camera.width * 3, data=data))
+        self._publisher.publish(image_message(self.camera.frame(), header))
         self.published += 1
 
 

@@ -1,0 +1,79 @@
+"""The 2-D world as a robot on the graph: its camera on the image topic, its wheels on the command topic.
+
+`vla-edge run --sim reach|cue-reach` starts it in place of the synthetic camera, so the loop closes
+through DDS as on a robot: every camera period the world applies the newest command (zero once that
+is older than ``command_timeout_ms``: the robot's own safe stop), steps, and publishes the view as
+sensor_msgs/Image rgb8. Finished episodes are logged and counted, and the next one starts from the
+next seed. The reasoning node is not told: a robot does not announce episodes, so the memory policy
+carries what it kept into the next one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from geometry_msgs.msg import Twist
+from rclpy.node import Node
+from rclpy.qos import qos_profile_sensor_data
+from sensor_msgs.msg import Image
+from std_msgs.msg import Float32MultiArray, Header
+
+from ..sim.world import CueReachEnv, TaskSpec
+from .synthetic_camera import image_message
+
+COMMAND_TYPES = ("twist", "float32_multi_array")
+
+
+class SimWorldNode(Node):
+    """Runs ``task`` episodes back to back, driven by (vx, vy) from the command topic."""
+
+    def __init__(self, task: str, *, image_topic: str, command_topic: str, command_type: str,
+                 seed: int = 0, command_timeout_ms: float = 200.0, **node_kwargs: Any) -> None:
+        if command_type not in COMMAND_TYPES:
+            raise ValueError(f"the simulated robot takes velocity commands ({', '.join(COMMAND_TYPES)}), "
+                             f"not {command_type!r}")
+        self.spec = TaskSpec(name=task)
+        self.spec.validate()
+        super().__init__("sim_world", **node_kwargs)
+        self.seed = seed
+        self.env = CueReachEnv(self.spec, seed)
+        self.episodes = self.successes = self.commands = 0
+        self.times_to_reach: list[float] = []
+        self._timeout_ns = int(command_timeout_ms * 1e6)
+        self._command = np.zeros(2)
+        self._command_ns: int | None = None
+        self._publisher = self.create_publisher(Image, image_topic, qos_profile_sensor_data)
+        if command_type == "twist":
+            self.create_subscription(Twist, command_topic, lambda m: self._take(m.linear.x, m.linear.y), 10)
+        else:
+            self.create_subscription(Float32MultiArray, command_topic, self._take_array, 10)
+        self.create_timer(1.0 / self.spec.rate_hz, self._tick)
+
+    def _take_array(self, message: Float32MultiArray) -> None:
+        if len(message.data) >= 2:
+            self._take(message.data[0], message.data[1])
+
+    def _take(self, vx: float, vy: float) -> None:
+        self._command = np.array([vx, vy], dtype=np.float64)  # the world clips and zeroes NaN itself
+        self._command_ns = self.get_clock().now().nanoseconds
+        self.commands += 1
+
+    def _tick(self) -> None:
+        now = self.get_clock().now().nanoseconds
+        fresh = self._command_ns is not None and now - self._command_ns <= self._timeout_ns
+        outcome = self.env.step(self._command if fresh else np.zeros(2))
+        frame = outcome.frame
+        if outcome.done:
+            self.episodes += 1
+            self.successes += outcome.success
+            if outcome.success:
+                self.times_to_reach.append(outcome.time_s)
+            self.get_logger().info(f"{self.spec.name} episode {self.episodes} (seed {self.seed}): "
+                                   f"{'reached the goal' if outcome.success else 'failed'} after {outcome.time_s:.2f} s"
+                                   f"{', touched a wrong target' if outcome.touched_wrong else ''}; "
+                                   f"{self.successes}/{self.episodes} so far")
+            self.seed += 1
+            self.env = CueReachEnv(self.spec, self.seed)
+            frame = self.env.reset()
+        self._publisher.publish(image_message(frame, Header(stamp=self.get_clock().now().to_msg(), frame_id="camera")))
