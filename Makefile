@@ -1,11 +1,12 @@
-# make run   : set up .venv, write the tiny default model, run the three nodes on a synthetic camera (DURATION=10 s)
+# make run   : set up .venv, run the three nodes with the shipped trained model (models/sim) driving the simulated robot (DURATION=10 s)
 # make test  : set up .venv, run the whole test suite (slow tests: make test-slow)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-MODEL  := models/tiny
+MODEL  := models/sim
 DURATION ?= 10
+TASK ?= reach
 
 .PHONY: setup run test test-slow bench clean
 
@@ -22,11 +23,10 @@ $(STAMP): requirements.txt setup.py
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
 
-$(MODEL)/config.json: | $(STAMP)
-	$(VENV)/bin/vla-edge init-model --out $(MODEL) --preset tiny --seed 0
-
-run: $(STAMP) $(MODEL)/config.json
-	$(VENV)/bin/vla-edge run --config config/default.yaml --duration $(DURATION)
+run: $(STAMP)
+	@test -f $(MODEL)/model.safetensors || { echo "error: $(MODEL) is missing; it ships with the repository" \
+	  "(retrain it: $(VENV)/bin/vla-edge train --out $(MODEL) --seed 0)" >&2; exit 1; }
+	$(VENV)/bin/vla-edge run --config config/default.yaml --sim $(TASK) --duration $(DURATION)
 
 test: $(STAMP)
 	$(PY) -m pytest -q test
@@ -38,4 +38,4 @@ bench: $(STAMP)
 	$(PY) bench/bench_model.py
 
 clean:
-	rm -rf $(VENV) models build *.egg-info
+	rm -rf $(VENV) models/tiny build *.egg-info

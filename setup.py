@@ -21,6 +21,7 @@ setup(
         (f"share/{PACKAGE}", ["package.xml"]),
         (f"share/{PACKAGE}/config", glob("config/*.yaml")),
         (f"share/{PACKAGE}/launch", glob("launch/*.launch.py")),
+        (f"share/{PACKAGE}/models/sim", glob("models/sim/*")),  # the trained default checkpoint
     ],
     install_requires=["setuptools"],
     zip_safe=False,

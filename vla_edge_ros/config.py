@@ -94,7 +94,7 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               "For joint_trajectory: joint name of each action dimension, in order.", item=str),
     ),
     "reasoning": (
-        Param("model_dir", "models/tiny", "Local HuggingFace Qwen2 directory (config.json + safetensors); "
+        Param("model_dir", "models/sim", "Local HuggingFace Qwen2 directory (config.json + safetensors); "
               "relative paths are resolved against the working directory."),
         Param("backend", "auto", "Compute backend: auto picks cuda when a GPU is present, else numpy.",
               choices=("auto", "numpy", "cuda")),
