@@ -3,9 +3,10 @@
 Besides the decoder and the VLA parts, every checkpoint carries the aura memory's projections
 (``aura.*``, random like the rest; no learned gate) so that every KV policy runs on it.
 
-``sim`` is the shape ``vla-edge train`` fits to the 2-D simulator (continuous 2-D velocity head;
-the trained checkpoint in models/sim is the embedded default); ``tiny`` was the random default (fast on a 2-core CPU; untied embeddings, because a random tied
-model greedily repeats its input token and every action dimension would read the same bin);
+``sim`` is the shape ``vla-edge train`` fits to the 2-D simulator (continuous 2-D velocity head; the
+trained checkpoint in models/sim is the embedded default); ``tiny`` is what the tests build (fast on
+a 2-core CPU; untied embeddings, because a random tied model greedily repeats its input token and
+every action dimension would read the same bin);
 ``qwen2.5-1.5b-shape`` has the exact shapes of Qwen2.5-1.5B (28 layers, 12 query / 2 KV heads of
 128, vocab 151,936, tied) for timing and memory work. The same seed always gives the same bytes.
 """
