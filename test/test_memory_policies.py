@@ -373,3 +373,17 @@ def test_baseline_gates_write_at_their_rate_whatever_the_frames_say(micro_model,
         engine.add_frame(still)
         again.append(policy.writes - before)
     assert again == written
+
+
+def test_aura_feature_layout_follows_the_projections_width():
+    from vla_edge_ros.memory.aura import feature_layout, frame_feature
+    from vla_edge_ros.model.checkpoint import CheckpointError
+
+    config = preset("tiny")
+    assert feature_layout(config, config.hidden_size) == "mean"
+    assert feature_layout(config, config.hidden_size * config.vision.tokens_per_frame) == "concat"
+    with pytest.raises(CheckpointError, match="read 257 values"):
+        feature_layout(config, config.hidden_size + 1)
+    tokens = np.arange(6, dtype=np.float32).reshape(3, 2)
+    np.testing.assert_array_equal(frame_feature(tokens, "mean"), [2.0, 3.0])
+    np.testing.assert_array_equal(frame_feature(tokens, "concat"), np.arange(6))

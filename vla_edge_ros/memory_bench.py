@@ -89,7 +89,7 @@ from typing import Any
 import numpy as np
 
 from .memory import POLICIES, AuraPolicy, DmsPolicy, MemoryPolicy, make_policy
-from .memory.aura import frame_feature
+from .memory.aura import feature_layout, frame_feature
 from .memory.cosine import SIGNATURES
 from .model.checkpoint import Checkpoint, load_checkpoint
 from .model.engine import VlaEngine
@@ -321,7 +321,7 @@ def _unit(x: np.ndarray) -> np.ndarray:
 def aura_read(engine: VlaEngine, image: np.ndarray) -> np.ndarray:
     """What the aura memory adds to ``image`` right now: r - v, r = W q + b with q and v as ``AuraPolicy`` makes them."""
     policy = engine.policy
-    z = frame_feature(engine.encoder.encode(image))
+    z = frame_feature(engine.encoder.encode(image), policy.layout)
     return policy.memory.read(_unit(policy.q_proj @ z)) - policy.v_proj @ z
 
 
@@ -362,9 +362,10 @@ def readout_ceiling(checkpoint: Checkpoint, spec: BenchSpec, tests: list[Episode
     """The same readout on v_cue - v_query (v = W_v z): what a memory returning the cue's value exactly would
     give. At chance, the readout cannot tell the classes apart even from a perfect memory."""
     encoder, v_proj = FrameEncoder.from_checkpoint(checkpoint), checkpoint.float32("aura.v_proj.weight")
+    layout = feature_layout(checkpoint.config, v_proj.shape[1])
 
     def value(image: np.ndarray) -> np.ndarray:
-        return v_proj @ frame_feature(encoder.encode(image))
+        return v_proj @ frame_feature(encoder.encode(image), layout)
 
     def values(episodes: list[Episode]) -> list[dict[str, Any]]:
         return [{"cls": e.cls, "read": value(e.frames[0]) - value(e.frames[-1])} for e in episodes]

@@ -1,11 +1,17 @@
 """``aura``: constant memory. Past frames are not kept as KV; what matters of them lives in fast weights.
 
 The KV cache holds the pinned prompt, one *memory token* and the current frame, nothing else. Each
-frame's feature z (its frame-encoder embeddings, i.e. the transformer's input for that frame,
-concatenated in token order: tokens_per_frame * hidden values) is projected to a key
-k = normalise(W_k z), a value v = W_v z and a query q = normalise(W_q z). Concatenated, not
-averaged: the encoder is linear, so the mean of its tokens is a projection of the mean image patch,
-which no longer says *where* anything is (a cue at one target or another looks the same).
+frame's feature z, made from its frame-encoder embeddings (the transformer's input for that frame),
+is projected to a key k = normalise(W_k z), a value v = W_v z and a query q = normalise(W_q z).
+z is one of two layouts, told apart by the projections' input width (``FEATURES``):
+
+- ``mean`` (width hidden): the mean of the frame's tokens. What a cue *is* survives (its colour and
+  shape), *where* it is does not: the encoder is linear, so the mean of its tokens is a projection of
+  the mean image patch. ``vla-edge init-model`` writes this layout; the memory benchmark's readout of
+  the cue class through random projections works on it and not on the other (0.50 vs 0.22 at N = 64).
+- ``concat`` (width tokens_per_frame * hidden): the tokens concatenated in order, where keeps where a
+  cue is. ``vla-edge train`` writes this layout, for a task whose cue is a place.
+
 Per frame, in this order:
 
 1. read: r = W q + b from the memory as it was before this frame;
@@ -60,18 +66,35 @@ PROJECTIONS = ("aura.k_proj.weight", "aura.q_proj.weight", "aura.v_proj.weight",
 GATE_TENSORS = ("aura.gate.weight", "aura.gate.bias")
 
 
-def aura_feature_size(config: ModelConfig) -> int:
-    """Length of a frame's feature z: its embeddings, concatenated."""
-    return config.vision.tokens_per_frame * config.hidden_size
+FEATURES = ("mean", "concat")
 
 
-def frame_feature(embeddings: np.ndarray) -> np.ndarray:
-    """z of a frame: its [tokens_per_frame, hidden] embeddings concatenated in token order."""
-    return embeddings.reshape(-1).astype(np.float32, copy=False)
+def feature_size(config: ModelConfig, layout: str) -> int:
+    """Width of a frame's feature z in ``layout`` (see the module doc)."""
+    if layout not in FEATURES:
+        raise ValueError(f"aura feature layout must be one of {FEATURES}, got {layout!r}")
+    return config.hidden_size * (config.vision.tokens_per_frame if layout == "concat" else 1)
 
 
-def aura_shapes(config: ModelConfig, d_k: int, d_v: int, *, learned_gate: bool) -> dict[str, tuple[int, ...]]:
-    feature = aura_feature_size(config)
+def feature_layout(config: ModelConfig, width: int) -> str:
+    """The layout whose z is ``width`` values wide, or CheckpointError naming both widths."""
+    for layout in FEATURES:
+        if feature_size(config, layout) == width:
+            return layout
+    raise CheckpointError(f"aura projections read {width} values; a frame's feature has "
+                          f"{feature_size(config, 'mean')} (mean) or {feature_size(config, 'concat')} (concat)")
+
+
+def frame_feature(embeddings: np.ndarray, layout: str) -> np.ndarray:
+    """z of a frame's [tokens_per_frame, hidden] embeddings in ``layout``."""
+    if layout == "concat":
+        return embeddings.reshape(-1).astype(np.float32, copy=False)
+    return embeddings.mean(axis=0, dtype=np.float32)
+
+
+def aura_shapes(config: ModelConfig, d_k: int, d_v: int, *, learned_gate: bool, layout: str = "mean"
+                ) -> dict[str, tuple[int, ...]]:
+    feature = feature_size(config, layout)
     shapes = {"aura.k_proj.weight": (d_k, feature), "aura.q_proj.weight": (d_k, feature),
               "aura.v_proj.weight": (d_v, feature), "aura.out_proj.weight": (config.hidden_size, d_v)}
     if learned_gate:
@@ -132,8 +155,9 @@ class AuraPolicy(MemoryPolicy):
                                   "`vla-edge init-model` writes them (random), training writes learned ones")
         d_k, d_v = checkpoint.tensors["aura.k_proj.weight"].shape[0], checkpoint.tensors["aura.v_proj.weight"].shape[0]
         has_gate = any(name in checkpoint.tensors for name in GATE_TENSORS)
-        check_tensors(checkpoint.tensors, aura_shapes(engine.config, d_k, d_v, learned_gate=has_gate),
-                      checkpoint.path)
+        self.layout = feature_layout(engine.config, checkpoint.tensors["aura.k_proj.weight"].shape[-1])
+        check_tensors(checkpoint.tensors, aura_shapes(engine.config, d_k, d_v, learned_gate=has_gate,
+                                                      layout=self.layout), checkpoint.path)
         self.k_proj, self.q_proj, self.v_proj, self.out_proj = (checkpoint.float32(n) for n in PROJECTIONS)
         self.learned_gate = tuple(checkpoint.float32(n) for n in GATE_TENSORS) if has_gate else None
         self.memory = MemoryMath.for_backend(engine.backend.name).fast_weights(d_k, d_v)
@@ -164,7 +188,7 @@ class AuraPolicy(MemoryPolicy):
         return self.memory
 
     def frame_prefix(self, embeddings: np.ndarray) -> np.ndarray:
-        z = frame_feature(embeddings)
+        z = frame_feature(embeddings, self.layout)
         k, q, v = _normalise(self.k_proj @ z), _normalise(self.q_proj @ z), (self.v_proj @ z).astype(np.float32)
         self._pending = (k, v)
         return (self.out_proj @ self._memory().read(q))[None, :].astype(np.float32)
