@@ -41,3 +41,18 @@ def test_the_simulated_robot_refuses_commands_that_are_not_velocities():
         with pytest.raises(ValueError, match="velocity commands"):
             SimWorldNode("reach", image_topic="/camera/image_raw", command_topic="/vla/command",
                          command_type="joint_trajectory", context=context)
+
+
+def test_a_command_without_two_values_is_dropped_and_counted():
+    from std_msgs.msg import Float32MultiArray
+
+    with private_graph() as (context, _):
+        node = SimWorldNode("reach", image_topic="/camera/image_raw", command_topic="/vla/command",
+                            command_type="float32_multi_array", context=context)
+        try:
+            node._take_array(Float32MultiArray(data=[0.5]))
+            assert node.malformed_commands == 1 and node.commands == 0
+            node._take_array(Float32MultiArray(data=[0.5, -0.5, 9.0]))
+            assert node.commands == 1 and node._command.tolist() == [0.5, -0.5]
+        finally:
+            node.destroy_node()

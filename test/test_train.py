@@ -19,9 +19,9 @@ from vla_edge_ros.sim.world import CueReachEnv, TaskSpec
 from vla_edge_ros.train.demos import perception_samples, record_demo, sample_frames
 from vla_edge_ros.train.stages import StageSpec, aura_actions, behaviour_cloning, sequence_actions
 from vla_edge_ros.train.torch_model import DmsMask, VlaModel
-from vla_edge_ros.train.trainer import TrainSpec, export, train
+from vla_edge_ros.train.trainer import DEFAULT_PROMPT, TrainSpec, export, train
 
-PROMPT = (151, 9, 402, 77, 1030, 12)
+PROMPT = DEFAULT_PROMPT
 CONFIG = preset("sim", layers=2)
 
 

@@ -38,7 +38,7 @@ class SimWorldNode(Node):
         super().__init__("sim_world", **node_kwargs)
         self.seed = seed
         self.env = CueReachEnv(self.spec, seed)
-        self.episodes = self.successes = self.commands = 0
+        self.episodes = self.successes = self.commands = self.malformed_commands = 0
         self.times_to_reach: list[float] = []
         self._timeout_ns = int(command_timeout_ms * 1e6)
         self._command = np.zeros(2)
@@ -51,8 +51,12 @@ class SimWorldNode(Node):
         self.create_timer(1.0 / self.spec.rate_hz, self._tick)
 
     def _take_array(self, message: Float32MultiArray) -> None:
-        if len(message.data) >= 2:
-            self._take(message.data[0], message.data[1])
+        if len(message.data) < 2:  # not (vx, vy): dropped and counted, the robot keeps its last command
+            self.malformed_commands += 1
+            self.get_logger().warning(f"dropped a command with {len(message.data)} values (need vx, vy); "
+                                      f"{self.malformed_commands} so far", throttle_duration_sec=5.0)
+            return
+        self._take(message.data[0], message.data[1])
 
     def _take(self, vx: float, vy: float) -> None:
         self._command = np.array([vx, vy], dtype=np.float64)  # the world clips and zeroes NaN itself

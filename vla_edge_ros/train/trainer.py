@@ -21,7 +21,7 @@ import torch
 from ..model.config import ModelConfig
 from ..model.init_model import AURA_DIM, preset, write_model
 from ..sim.world import TaskSpec
-from .demos import Demo, record_demos
+from .demos import record_demos
 from .stages import StageSpec, behaviour_cloning, perception, train_aura, train_dms
 from .torch_model import VlaModel
 
@@ -83,7 +83,7 @@ def train(spec: TrainSpec, out: Path, progress: StageProgress = lambda *args: No
         raise ValueError(f"prompt ids must be below the vocabulary size {config.vocab_size}")
     torch.manual_seed(spec.seed)
     rng = np.random.default_rng(spec.seed)
-    log = TrainLog(spec=_jsonable(asdict(spec)))
+    log = TrainLog(spec=asdict(spec))
     started = time.perf_counter()
     demos = record_demos([TaskSpec(name=name) for name in spec.tasks], spec.episodes, spec.seed,
                          config.vision.image_size)
@@ -160,11 +160,3 @@ def _running_mean(values: np.ndarray, window: int = 25) -> np.ndarray:
     counts = np.minimum(np.arange(1, values.size + 1), window)
     shifted = np.concatenate([np.zeros(window), sums])[:values.size]
     return (sums - shifted) / counts
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
