@@ -1,10 +1,5 @@
 """ament_python build: `colcon build` (with or without --symlink-install) on a ROS 2 install,
-or `pip install .` anywhere.
-
-The Numba-CUDA kernels live in the top-level kernels/ folder; vla_edge_ros/kernels is a symbolic link
-to it, so they install as vla_edge_ros.kernels in every mode, `setup.py develop` included (which
-ignores package_dir mappings of sub-packages).
-"""
+or `pip install .` anywhere."""
 
 from glob import glob
 
@@ -15,7 +10,7 @@ PACKAGE = "vla_edge_ros"
 setup(
     name=PACKAGE,
     version="0.1.0",
-    packages=find_packages(include=[PACKAGE, f"{PACKAGE}.*"]),  # follows the kernels link
+    packages=find_packages(include=[PACKAGE, f"{PACKAGE}.*"]),
     data_files=[
         ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),
         (f"share/{PACKAGE}", ["package.xml"]),

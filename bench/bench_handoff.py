@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from vla_edge_ros.frame_buffer import FrameBuffer
+from vla_edge_ros.runtime.frame_buffer import FrameBuffer
 
 HEIGHT, WIDTH = 480, 640
 

@@ -35,7 +35,7 @@ from vla_edge_ros.kv_store import BlockStore, model_fingerprint
 from vla_edge_ros.kv_store.block_file import HEADER_BYTES, parse_header
 from vla_edge_ros.kv_store.engine_blocks import PROMPT_KIND, prompt_key
 from vla_edge_ros.model.checkpoint import load_checkpoint
-from vla_edge_ros.model.engine import PREFILL_CHUNK_TOKENS, VlaEngine
+from vla_edge_ros.engine.vla_engine import PREFILL_CHUNK_TOKENS, VlaEngine
 from vla_edge_ros.model.init_model import preset, write_random_model
 
 MODELS = (("tiny", "tiny", None), ("1.5b-shape x4", "qwen2.5-1.5b-shape", 4))

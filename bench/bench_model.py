@@ -32,7 +32,7 @@ from vla_edge_ros.model.checkpoint import load_checkpoint
 from vla_edge_ros.model.init_model import preset, write_random_model
 from vla_edge_ros.model.numpy_backend import NumpyBackend
 from vla_edge_ros.model.vision import FrameEncoder
-from vla_edge_ros.synthetic import SyntheticCamera
+from vla_edge_ros.worlds.synthetic import SyntheticCamera
 
 PROMPT_TOKENS = 32
 CONTEXT_FRAMES = 4

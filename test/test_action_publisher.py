@@ -13,9 +13,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from vla_edge_ros.action_output import (ActionOutput, Outcome, age_outcome, clip, joint_positions,
+from vla_edge_ros.runtime.action_output import (ActionOutput, Outcome, age_outcome, clip, joint_positions,
                                         twist_components)
-from vla_edge_ros.action_slot import ActionSlot, TimedAction
+from vla_edge_ros.runtime.action_slot import ActionSlot, TimedAction
 from vla_edge_ros.config import ConfigError, defaults
 
 try:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from vla_edge_ros.admission import (
+from vla_edge_ros.runtime.admission import (
     NS_PER_MS,
     AdmissionGate,
     BlockKind,

@@ -91,7 +91,7 @@ def test_player_refuses_bad_arguments(tiny_bag):
 def test_play_command_loops_until_a_signal_and_exits_cleanly(tiny_bag, sig):
     with private_graph() as (context, executor):
         env = {**os.environ, "ROS_DOMAIN_ID": str(context.get_domain_id())}
-        process = subprocess.Popen([sys.executable, "-m", "vla_edge_ros.cli", "play", str(tiny_bag), "--loop",
+        process = subprocess.Popen([sys.executable, "-m", "vla_edge_ros", "play", str(tiny_bag), "--loop",
                                     "--rate", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         try:
             listener = Node("listener", context=context)

@@ -7,8 +7,8 @@ import pytest
 from vla_edge_ros.config import parse_settings
 from vla_edge_ros.model.budget import BudgetError
 from vla_edge_ros.model.checkpoint import load_checkpoint
-from vla_edge_ros.model.engine import VlaEngine
-from vla_edge_ros.runtime import load_engine, plan_for
+from vla_edge_ros.engine.vla_engine import VlaEngine
+from vla_edge_ros.runtime.loader import load_engine, plan_for
 
 
 def _settings(model_dir, **params):

@@ -11,17 +11,18 @@ import pytest
 from vla_edge_ros.config import ConfigError, parse_settings
 from vla_edge_ros.kernels import reference as ref
 from vla_edge_ros.memory import DmsPolicy, FifoPolicy, make_policy
-from vla_edge_ros.memory.dms_scores import LearnedGate, gate_names
+from vla_edge_ros.memory.dms_scores import LearnedGate
+from vla_edge_ros.model.memory_tensors import dms_gate_names
 from vla_edge_ros.memory.dms_threshold import HISTORY_TOKENS
-from vla_edge_ros.model import ops
+from vla_edge_ros.numerics import ops
 from vla_edge_ros.model.arena import KVArena
 from vla_edge_ros.model.checkpoint import CheckpointError, load_checkpoint
 from vla_edge_ros.model.config import ActionConfig, VisionConfig
-from vla_edge_ros.model.engine import VlaEngine
+from vla_edge_ros.engine.vla_engine import VlaEngine
 from vla_edge_ros.model.init_model import preset, write_random_model
 from vla_edge_ros.model.safetensors_io import StoredTensor, read_safetensors, write_safetensors
-from vla_edge_ros.runtime import load_engine
-from vla_edge_ros.synthetic import SyntheticCamera
+from vla_edge_ros.runtime.loader import load_engine
+from vla_edge_ros.worlds.synthetic import SyntheticCamera
 
 KEEP, EVICT = 1.0, -1.0  # keep scores against the fixed threshold 0
 
@@ -271,7 +272,7 @@ def with_gate(directory, tmp_path, weight, bias):
     tensors = read_safetensors(directory / "model.safetensors")
     tensors = {name: StoredTensor(t.dtype, np.array(t.array)) for name, t in tensors.items()}
     for layer in range(2):
-        w, b = gate_names(layer)
+        w, b = dms_gate_names(layer)
         tensors[w] = StoredTensor("F32", np.asarray(weight(layer), np.float32))
         tensors[b] = StoredTensor("F32", np.asarray(bias(layer), np.float32))
     out = tmp_path / "gated"
@@ -327,7 +328,7 @@ def test_an_incomplete_gate_is_refused_and_use_learned_gate_false_ignores_a_gate
     checkpoint = with_gate(micro_dir, tmp_path, lambda layer: np.zeros((2, 64)), lambda layer: [0.0, 0.0])
     policy = make_policy("dms", {"kv.dms.use_learned_gate": False, "kv.dms.window": 4})
     assert not isinstance(engine_with(checkpoint, policy).policy.source, LearnedGate)
-    del checkpoint.tensors[gate_names(1)[1]]
+    del checkpoint.tensors[dms_gate_names(1)[1]]
     with pytest.raises(CheckpointError, match="dms gate tensors are incomplete"):
         engine_with(checkpoint, make_policy("dms", {"kv.dms.window": 4}))
 

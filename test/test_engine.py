@@ -10,10 +10,10 @@ import pytest
 
 from vla_edge_ros.model.checkpoint import load_checkpoint
 from vla_edge_ros.model.config import ActionConfig
-from vla_edge_ros.model.engine import VlaEngine
+from vla_edge_ros.engine.vla_engine import VlaEngine
 from vla_edge_ros.model.init_model import preset, write_random_model
 from vla_edge_ros.model.vision import FrameError
-from vla_edge_ros.synthetic import SyntheticCamera
+from vla_edge_ros.worlds.synthetic import SyntheticCamera
 
 PROMPT = [11, 402, 77, 1030, 6]
 
@@ -46,7 +46,7 @@ def test_warm_up_leaves_the_episode_as_it_started(tiny_model, engine):
 
 def test_bins_match_huggingface_greedy_decoding_over_the_same_embeddings(tiny_model, engine):
     torch = pytest.importorskip("torch")
-    from vla_edge_ros.parity import load_reference
+    from vla_edge_ros.tools.parity import load_reference
 
     frame = SyntheticCamera(seed=2).frame()
     result = engine.step(frame)
@@ -138,7 +138,7 @@ def test_prompt_that_leaves_no_room_is_refused(tiny_model):
 
 
 def test_backend_choice(tiny_model):
-    from vla_edge_ros.model.engine import resolve_backend
+    from vla_edge_ros.model.backends import resolve_backend
 
     assert resolve_backend("auto") == "numpy"  # the simulator never counts as a GPU
     with pytest.raises(ValueError, match="backend must be one of"):
@@ -150,7 +150,7 @@ def test_cuda_without_a_gpu_is_a_clear_error(tiny_model):
     import sys
 
     code = ("from vla_edge_ros.model.checkpoint import load_checkpoint\n"
-            "from vla_edge_ros.model.engine import VlaEngine\n"
+            "from vla_edge_ros.engine import VlaEngine\n"
             f"VlaEngine(load_checkpoint({str(tiny_model)!r}), backend='cuda')\n")
     env = {**__import__("os").environ, "NUMBA_ENABLE_CUDASIM": "0"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)

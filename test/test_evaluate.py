@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 from vla_edge_ros.bags import Bag
-from vla_edge_ros.cli import build_parser, main
+from vla_edge_ros.cli.main import build_parser, main
 from vla_edge_ros.config import parse_settings
-from vla_edge_ros.evaluate import (AURA_NOTE, EXPERT, evaluate, format_table, run_episode, run_order, wilson_interval,
+from vla_edge_ros.tools.evaluate import (AURA_NOTE, EXPERT, evaluate, format_table, run_episode, run_order, wilson_interval,
                                    write_report)
 from vla_edge_ros.model.config import load_model_config
 from vla_edge_ros.model.safetensors_io import StoredTensor, read_safetensors, write_safetensors
-from vla_edge_ros.replay import parse_cost
-from vla_edge_ros.sim.world import CueReachEnv, TaskSpec
+from vla_edge_ros.tools.replay import parse_cost
+from vla_edge_ros.worlds.sim.world import CueReachEnv, TaskSpec
 
 SPEC = TaskSpec(name="cue-reach", time_limit_s=2.5)
 FIXED = parse_cost("fixed:encode=8ms,decode=1ms")
@@ -150,7 +150,7 @@ def test_learned_gates_decide_aura_and_dms_and_their_score_variants_ignore_them(
 
 
 def test_cosine_protects_at_most_one_frame_less_than_the_budget_holds():
-    from vla_edge_ros.evaluate import fit_to_budget
+    from vla_edge_ros.tools.evaluate import fit_to_budget
 
     node = {"kv.cosine.protect_recent_frames": 4}
     knobs, note = fit_to_budget(node, "cosine", 4)

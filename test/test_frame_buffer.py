@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from vla_edge_ros.frame_buffer import FrameBuffer, FrameBufferStats
+from vla_edge_ros.runtime.frame_buffer import FrameBuffer, FrameBufferStats
 
 H, W = 8, 8  # 192 bytes: 24 little-endian uint64 words per frame
 _WORD = np.arange(H * W * 3 // 8, dtype=np.uint64)

@@ -10,7 +10,7 @@ import cv2
 import numpy as np
 import pytest
 
-from vla_edge_ros.image_codec import (
+from vla_edge_ros.runtime.image_codec import (
     MAX_SIDE,
     REASONS,
     SUPPORTED_COMPRESSED_FORMATS,
@@ -309,7 +309,7 @@ def test_fuzz_only_image_decode_error_escapes():
 
 
 def test_module_imports_no_ros():
-    code = ("import sys, vla_edge_ros.image_codec; "
+    code = ("import sys, vla_edge_ros.runtime.image_codec; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('rclpy', 'sensor_msgs', 'cv_bridge')]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

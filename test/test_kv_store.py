@@ -21,10 +21,10 @@ from vla_edge_ros.kv_store.block_file import HEADER_BYTES
 from vla_edge_ros.kv_store.engine_blocks import prompt_key
 from vla_edge_ros.kv_store.keys import chain_key, write_new_key
 from vla_edge_ros.memory import POLICIES, make_policy
-from vla_edge_ros.model import engine as engine_module
+from vla_edge_ros.engine import vla_engine as engine_module
 from vla_edge_ros.model.checkpoint import load_checkpoint
-from vla_edge_ros.model.engine import VlaEngine
-from vla_edge_ros.synthetic import SyntheticCamera
+from vla_edge_ros.engine.vla_engine import VlaEngine
+from vla_edge_ros.worlds.synthetic import SyntheticCamera
 
 AES_KEY = bytes(range(32))
 PROMPT = [151, 9, 402, 77, 1030, 12]

@@ -8,8 +8,8 @@ import pytest
 
 from vla_edge_ros.cli import main
 from vla_edge_ros.config import parse_settings
-from vla_edge_ros.runtime import load_engine
-from vla_edge_ros.synthetic import SyntheticCamera
+from vla_edge_ros.runtime.loader import load_engine
+from vla_edge_ros.worlds.synthetic import SyntheticCamera
 
 
 def _settings(tiny_model, store_dir, key_file, **store):
@@ -85,8 +85,8 @@ def test_save_memory_service_and_shutdown_save_over_ros(tiny_model, tmp_path, ke
     from std_srvs.srv import Trigger
 
     from ros_graph import call, private_graph
-    from vla_edge_ros.action_slot import ActionSlot
-    from vla_edge_ros.frame_buffer import FrameBuffer
+    from vla_edge_ros.runtime.action_slot import ActionSlot
+    from vla_edge_ros.runtime.frame_buffer import FrameBuffer
     from vla_edge_ros.nodes.reasoning import ReasoningNode
 
     settings = _settings(tiny_model, tmp_path / "store", key_file, memory_name="arm_left")

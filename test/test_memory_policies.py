@@ -13,10 +13,10 @@ from vla_edge_ros.memory import POLICIES, AuraPolicy, CosinePolicy, FifoPolicy, 
 from vla_edge_ros.model.arena import KVArena
 from vla_edge_ros.model.checkpoint import load_checkpoint
 from vla_edge_ros.model.config import ActionConfig, VisionConfig
-from vla_edge_ros.model.engine import VlaEngine
+from vla_edge_ros.engine.vla_engine import VlaEngine
 from vla_edge_ros.model.init_model import preset, write_random_model
 from vla_edge_ros.model.safetensors_io import StoredTensor
-from vla_edge_ros.synthetic import SyntheticCamera
+from vla_edge_ros.worlds.synthetic import SyntheticCamera
 
 TPF = 2  # tokens per frame in the hand-built cases
 
@@ -376,7 +376,8 @@ def test_baseline_gates_write_at_their_rate_whatever_the_frames_say(micro_model,
 
 
 def test_aura_feature_layout_follows_the_projections_width():
-    from vla_edge_ros.memory.aura import feature_layout, frame_feature
+    from vla_edge_ros.memory.aura import frame_feature
+    from vla_edge_ros.model.memory_tensors import feature_layout
     from vla_edge_ros.model.checkpoint import CheckpointError
 
     config = preset("tiny")

@@ -15,12 +15,12 @@ from rclpy.node import Node  # noqa: E402
 from std_srvs.srv import Trigger  # noqa: E402
 
 from ros_graph import call, private_graph  # noqa: E402
-from vla_edge_ros.action_slot import ActionSlot  # noqa: E402
+from vla_edge_ros.runtime.action_slot import ActionSlot  # noqa: E402
 from vla_edge_ros.config import parse_settings  # noqa: E402
-from vla_edge_ros.frame_buffer import FrameBuffer  # noqa: E402
+from vla_edge_ros.runtime.frame_buffer import FrameBuffer  # noqa: E402
 from vla_edge_ros.nodes.reasoning import ReasoningNode  # noqa: E402
-from vla_edge_ros.runtime import load_engine  # noqa: E402
-from vla_edge_ros.synthetic import SyntheticCamera  # noqa: E402
+from vla_edge_ros.runtime.loader import load_engine  # noqa: E402
+from vla_edge_ros.worlds.synthetic import SyntheticCamera  # noqa: E402
 
 
 @pytest.fixture

@@ -9,14 +9,14 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from vla_edge_ros.admission import BlockKind
+from vla_edge_ros.runtime.admission import BlockKind
 from vla_edge_ros.bags.scenarios import BagSpec, write_bag
 from vla_edge_ros.bags.writer import BagWriter
 from vla_edge_ros.cli import main
 from vla_edge_ros.config import parse_settings
-from vla_edge_ros.replay import parse_cost, replay_bag
-from vla_edge_ros.replay.report import action_error
-from vla_edge_ros.replay.session import PolicyRun
+from vla_edge_ros.tools.replay import parse_cost, replay_bag
+from vla_edge_ros.tools.replay.report import action_error
+from vla_edge_ros.tools.replay.session import PolicyRun
 
 FIXED = "fixed:encode=8ms,decode=1ms"
 

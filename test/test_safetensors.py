@@ -8,7 +8,8 @@ import struct
 import numpy as np
 import pytest
 
-from vla_edge_ros.model.safetensors_io import (SafetensorsError, StoredTensor, bf16_bits, read_safetensors,
+from vla_edge_ros.numerics.bf16 import bf16_bits
+from vla_edge_ros.model.safetensors_io import (SafetensorsError, StoredTensor, read_safetensors,
                                                write_safetensors)
 
 

@@ -7,9 +7,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from vla_edge_ros.sim import TASKS, CueReachEnv, TaskSpec
-from vla_edge_ros.sim import render
-from vla_edge_ros.sim.world import path_clearance
+from vla_edge_ros.worlds.sim import TASKS, CueReachEnv, TaskSpec
+from vla_edge_ros.worlds.sim import render
+from vla_edge_ros.worlds.sim.world import path_clearance
 
 CUE = TaskSpec()
 REACH = TaskSpec(name="reach")

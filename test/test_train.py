@@ -12,10 +12,10 @@ import torch
 
 from vla_edge_ros.memory import AuraPolicy, DmsPolicy, FifoPolicy
 from vla_edge_ros.model.checkpoint import load_checkpoint
-from vla_edge_ros.model.engine import VlaEngine
+from vla_edge_ros.engine.vla_engine import VlaEngine
 from vla_edge_ros.model.init_model import preset
 from vla_edge_ros.model.vision import resize_frame
-from vla_edge_ros.sim.world import CueReachEnv, TaskSpec
+from vla_edge_ros.worlds.sim.world import CueReachEnv, TaskSpec
 from vla_edge_ros.train.demos import perception_samples, record_demo, sample_frames
 from vla_edge_ros.train.stages import StageSpec, aura_actions, behaviour_cloning, sequence_actions
 from vla_edge_ros.train.torch_model import DmsMask, VlaModel

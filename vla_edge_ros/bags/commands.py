@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..action_output import TWIST_FIELDS
+from ..runtime.action_output import TWIST_FIELDS
 from .reader import COMMAND_TYPES
 
 

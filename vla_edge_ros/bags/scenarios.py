@@ -31,9 +31,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from ..memory_bench import TEST, scene_seed
-from ..scenes import CueScene
-from ..synthetic import SyntheticCamera
+from ..worlds.scenes import TEST, CueScene, scene_seed
+from ..worlds.synthetic import SyntheticCamera
 from .writer import BagWriter
 
 SCENARIOS: tuple[str, ...] = ("moving", "cue-recall")

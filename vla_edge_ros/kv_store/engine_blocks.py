@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model.engine import VlaEngine
+from ..engine.vla_engine import VlaEngine
 from .keys import chain_key
 from .store import BlockStore
 

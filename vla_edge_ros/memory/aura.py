@@ -55,51 +55,18 @@ import math
 import numpy as np
 
 from ..model.checkpoint import Checkpoint, CheckpointError, check_tensors
-from ..model.config import ModelConfig
+from ..model.memory_tensors import AURA_GATE, AURA_PROJECTIONS, aura_shapes, feature_layout
 from .base import FrameTokens, MemoryPolicy, _array
 from .memory_math import FastWeights, MemoryMath
 
 GATES = ("surprise", "random", "periodic")
 RATE_WINDOW_FRAMES = 50
 RATE_STEP = 0.5
-PROJECTIONS = ("aura.k_proj.weight", "aura.q_proj.weight", "aura.v_proj.weight", "aura.out_proj.weight")
-GATE_TENSORS = ("aura.gate.weight", "aura.gate.bias")
-
-
-FEATURES = ("mean", "concat")
-
-
-def feature_size(config: ModelConfig, layout: str) -> int:
-    """Width of a frame's feature z in ``layout`` (see the module doc)."""
-    if layout not in FEATURES:
-        raise ValueError(f"aura feature layout must be one of {FEATURES}, got {layout!r}")
-    return config.hidden_size * (config.vision.tokens_per_frame if layout == "concat" else 1)
-
-
-def feature_layout(config: ModelConfig, width: int) -> str:
-    """The layout whose z is ``width`` values wide, or CheckpointError naming both widths."""
-    for layout in FEATURES:
-        if feature_size(config, layout) == width:
-            return layout
-    raise CheckpointError(f"aura projections read {width} values; a frame's feature has "
-                          f"{feature_size(config, 'mean')} (mean) or {feature_size(config, 'concat')} (concat)")
-
-
 def frame_feature(embeddings: np.ndarray, layout: str) -> np.ndarray:
     """z of a frame's [tokens_per_frame, hidden] embeddings in ``layout``."""
     if layout == "concat":
         return embeddings.reshape(-1).astype(np.float32, copy=False)
     return embeddings.mean(axis=0, dtype=np.float32)
-
-
-def aura_shapes(config: ModelConfig, d_k: int, d_v: int, *, learned_gate: bool, layout: str = "mean"
-                ) -> dict[str, tuple[int, ...]]:
-    feature = feature_size(config, layout)
-    shapes = {"aura.k_proj.weight": (d_k, feature), "aura.q_proj.weight": (d_k, feature),
-              "aura.v_proj.weight": (d_v, feature), "aura.out_proj.weight": (config.hidden_size, d_v)}
-    if learned_gate:
-        shapes.update({"aura.gate.weight": (1, d_k + d_v), "aura.gate.bias": (1,)})
-    return shapes
 
 
 def _normalise(x: np.ndarray) -> np.ndarray:
@@ -149,17 +116,17 @@ class AuraPolicy(MemoryPolicy):
     def attach(self, engine) -> None:
         super().attach(engine)
         checkpoint: Checkpoint = engine.checkpoint
-        missing = [name for name in PROJECTIONS if name not in checkpoint.tensors]
+        missing = [name for name in AURA_PROJECTIONS if name not in checkpoint.tensors]
         if missing:
             raise CheckpointError(f"{checkpoint.path}: kv.policy aura needs tensors {missing}; "
                                   "`vla-edge init-model` writes them (random), training writes learned ones")
         d_k, d_v = checkpoint.tensors["aura.k_proj.weight"].shape[0], checkpoint.tensors["aura.v_proj.weight"].shape[0]
-        has_gate = any(name in checkpoint.tensors for name in GATE_TENSORS)
+        has_dms_gate = any(name in checkpoint.tensors for name in AURA_GATE)
         self.layout = feature_layout(engine.config, checkpoint.tensors["aura.k_proj.weight"].shape[-1])
-        check_tensors(checkpoint.tensors, aura_shapes(engine.config, d_k, d_v, learned_gate=has_gate,
+        check_tensors(checkpoint.tensors, aura_shapes(engine.config, d_k, d_v, learned_gate=has_dms_gate,
                                                       layout=self.layout), checkpoint.path)
-        self.k_proj, self.q_proj, self.v_proj, self.out_proj = (checkpoint.float32(n) for n in PROJECTIONS)
-        self.learned_gate = tuple(checkpoint.float32(n) for n in GATE_TENSORS) if has_gate else None
+        self.k_proj, self.q_proj, self.v_proj, self.out_proj = (checkpoint.float32(n) for n in AURA_PROJECTIONS)
+        self.learned_gate = tuple(checkpoint.float32(n) for n in AURA_GATE) if has_dms_gate else None
         self.memory = MemoryMath.for_backend(engine.backend.name).fast_weights(d_k, d_v)
 
     @property

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from ..model.engine import VlaEngine
+    from ..engine.vla_engine import VlaEngine
 
 
 @dataclass(frozen=True)

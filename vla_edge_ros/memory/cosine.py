@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model import ops
+from ..numerics import ops
 from .base import FrameTokens, _array
 from .frames import FrameWindowPolicy
 from .memory_math import MemoryMath

@@ -43,7 +43,8 @@ from typing import Any
 import numpy as np
 
 from .base import DecodedTokens, FrameTokens, MemoryPolicy, _array
-from .dms_scores import KeyNovelty, LearnedGate, has_gate
+from ..model.memory_tensors import has_dms_gate
+from .dms_scores import KeyNovelty, LearnedGate
 from .dms_threshold import KeepThreshold, check_knobs
 
 
@@ -124,7 +125,7 @@ class DmsPolicy(MemoryPolicy):
             raise ValueError(f"kv.dms.window={self.window} must be in [1, {limit}]: the {arena.capacity}-slot arena "
                              f"holds the prompt ({engine.prompt_slots.size}), the window, one frame "
                              f"({engine.tokens_per_frame}) and the action tokens ({engine.scratch_tokens})")
-        gated = self.use_learned_gate and has_gate(engine.checkpoint)
+        gated = self.use_learned_gate and has_dms_gate(engine.checkpoint)
         self.source = LearnedGate(engine.checkpoint) if gated else KeyNovelty(engine, self.window)
         layers, heads = c.num_hidden_layers, c.num_key_value_heads
         self.limits = KeepThreshold(layers, heads, threshold=self.threshold, target_ratio=self.target_ratio)

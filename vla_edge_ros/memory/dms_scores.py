@@ -24,40 +24,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..model import ops
-from ..model.checkpoint import Checkpoint, CheckpointError, check_tensors
+from ..numerics import ops
+from ..model.checkpoint import Checkpoint
+from ..model.memory_tensors import dms_gate_names
 from .base import _array
 
 if TYPE_CHECKING:
-    from ..model.engine import VlaEngine
-
-
-def gate_names(layer: int) -> tuple[str, str]:
-    """Checkpoint names of layer ``layer``'s dms gate weight and bias."""
-    prefix = f"model.layers.{layer}.self_attn.dms_gate."
-    return prefix + "weight", prefix + "bias"
-
-
-def gate_shapes(layers: int, kv_heads: int, hidden: int) -> dict[str, tuple[int, ...]]:
-    shapes: dict[str, tuple[int, ...]] = {}
-    for layer in range(layers):
-        weight, bias = gate_names(layer)
-        shapes.update({weight: (kv_heads, hidden), bias: (kv_heads,)})
-    return shapes
-
-
-def has_gate(checkpoint: Checkpoint) -> bool:
-    """True when the checkpoint carries dms gate tensors (all of them, checked, or CheckpointError)."""
-    config = checkpoint.config
-    shapes = gate_shapes(config.num_hidden_layers, config.num_key_value_heads, config.hidden_size)
-    present = [name for name in shapes if name in checkpoint.tensors]
-    if not present:
-        return False
-    missing = sorted(set(shapes) - set(present))
-    if missing:
-        raise CheckpointError(f"{checkpoint.path}: dms gate tensors are incomplete, missing {missing}")
-    check_tensors(checkpoint.tensors, shapes, checkpoint.path)
-    return True
+    from ..engine.vla_engine import VlaEngine
 
 
 class LearnedGate:
@@ -70,8 +43,8 @@ class LearnedGate:
         self.eps = config.rms_norm_eps
         self.norms = [checkpoint.float32(f"model.layers.{i}.input_layernorm.weight")
                       for i in range(config.num_hidden_layers)]
-        self.weights = [checkpoint.float32(gate_names(i)[0]) for i in range(config.num_hidden_layers)]
-        self.biases = [checkpoint.float32(gate_names(i)[1]) for i in range(config.num_hidden_layers)]
+        self.weights = [checkpoint.float32(dms_gate_names(i)[0]) for i in range(config.num_hidden_layers)]
+        self.biases = [checkpoint.float32(dms_gate_names(i)[1]) for i in range(config.num_hidden_layers)]
 
     def reset(self, engine: VlaEngine) -> None:
         """Nothing to remember between tokens."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..model.layout import frames_in_arena
 from .base import FrameTokens, MemoryPolicy, _array
 
 
@@ -21,8 +22,7 @@ class FrameWindowPolicy(MemoryPolicy):
     def capacity_frames(self) -> int:
         """Frames the arena holds beside the pinned prompt and the action scratch."""
         engine = self._engine()
-        free = engine.arena.capacity - engine.prompt_slots.size - engine.scratch_tokens
-        return free // engine.tokens_per_frame
+        return frames_in_arena(engine.config, engine.arena.capacity, engine.prompt_slots.size)
 
     def make_room(self, tokens: int) -> int:
         arena = self._engine().arena

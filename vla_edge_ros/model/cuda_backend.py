@@ -15,7 +15,7 @@ import numpy as np
 from numba import cuda
 
 from .. import kernels
-from . import ops
+from ..numerics import ops
 from .arena import KVArena
 from .backend import Backend, ForwardResult
 from .checkpoint import Checkpoint

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..memory.aura import aura_shapes
 from .checkpoint import language_model_shapes, vla_shapes
 from .config import ActionConfig, ModelConfig, VisionConfig
-from .safetensors_io import StoredTensor, bf16_bits, write_safetensors
+from .memory_tensors import aura_shapes
+from ..numerics.bf16 import bf16_bits
+from .safetensors_io import StoredTensor, write_safetensors
 
 PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..numerics.bf16 import bf16_bits_to_float32
+
 _NUMPY_DTYPES = {
     "F32": np.dtype("<f4"),
     "F16": np.dtype("<f2"),
@@ -47,20 +49,6 @@ class StoredTensor:
         if self.dtype == "BF16":
             return bf16_bits_to_float32(self.array)
         return self.array.astype(np.float32)
-
-
-def bf16_bits(values: np.ndarray) -> np.ndarray:
-    """Round fp32 values to bf16 (nearest, ties to even; NaN stays NaN), returned as uint16 bits."""
-    values = np.ascontiguousarray(values, dtype=np.float32)
-    bits = values.view(np.uint32)
-    tie_to_even = (bits >> np.uint32(16)) & np.uint32(1)
-    rounded = ((bits + np.uint32(0x7FFF) + tie_to_even) >> np.uint32(16)).astype(np.uint16)
-    return np.where(np.isnan(values), np.uint16(0x7FC0), rounded).astype(np.uint16)
-
-
-def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
-    """Widen bf16 bit patterns to fp32 exactly: they are the high half of the fp32 bits."""
-    return (np.ascontiguousarray(bits, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
 def read_safetensors(path: str | Path) -> dict[str, StoredTensor]:

@@ -23,8 +23,8 @@ from rclpy.timer import Timer
 from std_msgs.msg import Float32MultiArray, MultiArrayDimension
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
-from ..action_output import ActionOutput, Command, Outcome
-from ..action_slot import ActionSlot
+from ..runtime.action_output import ActionOutput, Command, Outcome
+from ..runtime.action_slot import ActionSlot
 from .diagnostics import ERROR, OK, DiagnosticsTimer, status
 from .parameters import NodeParameters
 

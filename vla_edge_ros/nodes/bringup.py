@@ -24,10 +24,10 @@ from rclpy.context import Context
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.parameter import Parameter
 
-from ..action_slot import ActionSlot
+from ..runtime.action_slot import ActionSlot
 from ..config import Settings, load_settings
-from ..frame_buffer import FrameBuffer
-from ..runtime import load_engine
+from ..runtime.frame_buffer import FrameBuffer
+from ..runtime.loader import load_engine
 from .action_publisher import ActionPublisher
 from .camera_subscriber import CameraSubscriber
 from .reasoning import ReasoningNode

@@ -36,8 +36,8 @@ from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image
 
-from ..frame_buffer import FrameBuffer
-from ..image_codec import REASONS, ImageDecodeError, frame_from_message
+from ..runtime.frame_buffer import FrameBuffer
+from ..runtime.image_codec import REASONS, ImageDecodeError, frame_from_message
 from .diagnostics import ERROR, OK, WARN, DiagnosticsTimer, status
 from .parameters import NodeParameters
 

@@ -24,13 +24,13 @@ from typing import Any
 from rclpy.node import Node
 from std_srvs.srv import Trigger
 
-from ..action_slot import ActionSlot
-from ..admission import AdmissionGate
-from ..frame_buffer import Frame, FrameBuffer
+from ..runtime.action_slot import ActionSlot
+from ..runtime.admission import AdmissionGate
+from ..runtime.frame_buffer import Frame, FrameBuffer
 from ..kv_store import BlockStore, load_or_prefill_prompt, save_memory
 from ..memory import check_knobs, make_policy
-from ..model.engine import VlaEngine
-from ..reasoner import Reasoner
+from ..engine.vla_engine import VlaEngine
+from ..runtime.reasoner import Reasoner
 from .diagnostics import ERROR, OK, WARN, DiagnosticsTimer, status
 from .parameters import NodeParameters
 

@@ -19,7 +19,7 @@ from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import Image
 from std_msgs.msg import Float32MultiArray, Header
 
-from ..sim.world import CueReachEnv, TaskSpec
+from ..worlds.sim.world import CueReachEnv, TaskSpec
 from .synthetic_camera import image_message
 
 COMMAND_TYPES = ("twist", "float32_multi_array")

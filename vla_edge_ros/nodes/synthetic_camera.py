@@ -22,7 +22,7 @@ from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import Image
 from std_msgs.msg import Header
 
-from ..synthetic import SyntheticCamera
+from ..worlds.synthetic import SyntheticCamera
 
 
 def image_message(pixels: np.ndarray, header: Header) -> Image:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model.vision import resize_frame
-from ..sim.world import PLACEMENT_MARGIN, CueReachEnv, TaskSpec
+from ..worlds.sim.world import PLACEMENT_MARGIN, CueReachEnv, TaskSpec
 
 NOISE_SIGMA = 0.3       # stationary std of the OU command noise, per component
 NOISE_THETA = 0.2       # OU mean reversion per step (~5 steps of correlation at 30 Hz)

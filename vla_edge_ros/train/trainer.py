@@ -20,7 +20,7 @@ import torch
 
 from ..model.config import ModelConfig
 from ..model.init_model import AURA_DIM, preset, write_model
-from ..sim.world import TaskSpec
+from ..worlds.sim.world import TaskSpec
 from .demos import record_demos
 from .stages import StageSpec, behaviour_cloning, perception, train_aura, train_dms
 from .torch_model import VlaModel

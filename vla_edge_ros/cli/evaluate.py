@@ -1,0 +1,44 @@
+"""``vla-edge evaluate``: closed-loop task success per KV policy variant and memory budget in the simulator."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..config import load_settings
+from ..tools.evaluate import VARIANTS, evaluate, format_table, write_report
+from ..memory import POLICIES
+from ..worlds.sim.world import TASKS, TaskSpec
+from .args import cost_model, frame_budgets, subset_of
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    settings = load_settings(args.config)
+    spec = TaskSpec(name=args.task, time_limit_s=args.time_limit_s)
+    report = evaluate(settings, spec, args.policy, args.budgets, args.episodes, args.seed, args.cost,
+                      record_dir=args.record, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(format_table(report))
+    print(f"wrote {write_report(report, args.out)} and success.png ({report['runtime_s']:.0f} s)")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("evaluate", help="closed-loop task success per KV policy and budget in the 2-D simulator")
+    p.add_argument("--task", choices=TASKS, default="cue-reach")
+    p.add_argument("--policy", type=subset_of(VARIANTS), default=list(POLICIES),
+                   help=f"comma-separated policy variants ({','.join(VARIANTS)}): aura and dms use the checkpoint's "
+                        "learned gate if it has one, aura:surprise and dms:novelty their scores, aura:random and "
+                        "aura:periodic no score; the aura:* rows write at the rate the aura row measured (aura is "
+                        "added if missing)")
+    p.add_argument("--budgets", type=frame_budgets, default=[4, 16, None],
+                   help="comma-separated memory budgets in frames, 'all' for an arena that holds a whole episode")
+    p.add_argument("--episodes", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--time-limit-s", type=float, default=TaskSpec().time_limit_s)
+    p.add_argument("--config", type=Path, help="YAML config (model, deadline, action mapping)")
+    p.add_argument("--cost", type=cost_model, default=cost_model("measured"),
+                   help="block costs: measured (default) or fixed:encode=4ms,decode=1ms (deterministic)")
+    p.add_argument("--record", type=Path, help="also write each episode (camera + expert command) as a bag here")
+    p.add_argument("--out", type=Path, default=Path("evaluate_report"))
+    p.set_defaults(func=cmd_evaluate)

@@ -1,0 +1,38 @@
+"""``vla-edge``: the package's command line (works without a ROS install).
+
+Each command lives in its own module with a ``register(subparsers)``; the argument types they share are
+in ``args.py``. A user error (bad config, missing checkpoint, a value out of range) is one line on
+stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..config import ConfigError
+from ..model.budget import BudgetError
+from ..model.checkpoint import CheckpointError
+from ..model.config import ModelConfigError
+from ..model.safetensors_io import SafetensorsError
+from . import bags, evaluate, kv_store, memory_bench, model, replay, run, train
+
+USER_ERRORS = (ConfigError, ModelConfigError, CheckpointError, SafetensorsError, BudgetError, ValueError, OSError)
+COMMANDS = (model, run, memory_bench, kv_store, bags, replay, evaluate, train)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vla-edge", description="Vision-Language-Action engine for ROS 2 robots.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command in COMMANDS:
+        command.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except USER_ERRORS as exc:
+        print(f"vla-edge {args.command}: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,111 @@
+"""``vla-edge init-model | plan | parity | engine``: checkpoints, memory plans, proof, the engine alone."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..config import load_settings
+from ..model.init_model import PRESETS, STORAGE_DTYPES, preset, write_random_model
+from .args import token_ids
+
+MIN_COSINE = {"numpy": 0.99999, "cuda": 0.999}
+
+
+def cmd_init_model(args: argparse.Namespace) -> int:
+    config = preset(args.preset, args.layers)
+    out = write_random_model(args.out, config, seed=args.seed, dtype=args.dtype)
+    print(f"wrote {args.preset} ({config.num_hidden_layers} layers, {args.dtype}, seed {args.seed}) to {out}")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from ..runtime.loader import plan_for
+
+    settings = load_settings(args.config)
+    plan, checkpoint = plan_for(settings)
+    c = checkpoint.config
+    print(f"model      {checkpoint.path} (qwen2, {c.num_hidden_layers} layers, hidden {c.hidden_size}, "
+          f"{checkpoint.storage_dtype} on disk)")
+    print(plan.table())
+    return 0 if plan.fits else 1
+
+
+def cmd_parity(args: argparse.Namespace) -> int:
+    from ..tools.parity import run_parity
+
+    report = run_parity(args.model, args.token_ids, args.backend)
+    if args.save_logits:
+        np.save(args.save_logits, report.last_logits)
+    threshold = args.min_cosine if args.min_cosine is not None else MIN_COSINE[report.backend]
+    passed = report.worst_cosine() >= threshold
+    if args.json:
+        print(json.dumps({**report.to_dict(), "min_cosine": threshold, "passed": passed}, indent=2))
+    else:
+        print(f"parity of {report.model} on {report.backend} against transformers (fp32, CPU), "
+              f"{len(report.token_ids)} tokens")
+        print(f"  logits                 cosine {report.logits.cosine:.12f}  max|err| {report.logits.max_abs_error:.3e}")
+        for index, layer in enumerate(report.layers):
+            label = "embeddings" if index == 0 else f"layer {index}" + (" (+norm)" if index == len(report.layers) - 1 else "")
+            print(f"  {label:<22} cosine {layer.cosine:.12f}  max|err| {layer.max_abs_error:.3e}")
+        print(f"  incremental vs full    cosine {report.incremental.cosine:.12f}  max|err| {report.incremental.max_abs_error:.3e}")
+        print(f"  worst cosine {report.worst_cosine():.12f} (bar {threshold}): {'PASS' if passed else 'FAIL'}")
+    return 0 if passed else 1
+
+
+def cmd_engine(args: argparse.Namespace) -> int:
+    from ..runtime.loader import load_engine
+    from ..worlds.synthetic import SyntheticCamera
+
+    settings = load_settings(args.config)
+    loaded = load_engine(settings)
+    engine, plan = loaded.engine, loaded.plan
+    c = engine.config
+    print(f"engine: {settings['reasoning']['model_dir']} on {plan.backend}, {c.num_hidden_layers} layers, "
+          f"{engine.tokens_per_frame} tokens/frame, {c.action.head} head, KV arena {plan.kv_arena_bytes:,} B")
+    camera = SyntheticCamera(seed=args.seed)
+    totals = []
+    for index in range(args.frames):
+        result = engine.step(camera.frame())
+        totals.append(result.total_ms)
+        if index % max(1, args.frames // 10) == 0 or index == args.frames - 1:
+            action = np.array2string(result.action, precision=3, separator=", ")
+            print(f"frame {index:5d}  cycle {result.total_ms:6.2f} ms (encode {result.encode_ms:.2f}, "
+                  f"prefill {result.prefill_ms:.2f}, decode {result.decode_ms:.2f})  kv {engine.arena.used} tokens  "
+                  f"action {action}")
+    p50, p99 = np.percentile(totals, [50, 99])
+    print(f"{args.frames} frames: cycle p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {max(totals):.2f} ms; "
+          f"positions stay < {engine.arena.capacity} (next {engine.arena.next_position()})")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("init-model", help="write a randomly initialised checkpoint in HuggingFace format")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    p.add_argument("--layers", type=int, help="override the number of layers (e.g. a slice of the 1.5B shape)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=STORAGE_DTYPES, default="bfloat16")
+    p.set_defaults(func=cmd_init_model)
+
+    p = sub.add_parser("plan", help="print the memory plan of a config against its budget_bytes")
+    p.add_argument("--config", type=Path, help="YAML config (default: built-in defaults)")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("parity", help="compare our forward pass with HuggingFace transformers")
+    p.add_argument("--model", required=True, type=Path)
+    p.add_argument("--backend", choices=sorted(MIN_COSINE), default="numpy")
+    p.add_argument("--token-ids", required=True, type=token_ids)
+    p.add_argument("--save-logits", type=Path, help="write our last-position logits (float32 [vocab]) as .npy")
+    p.add_argument("--min-cosine", type=float, help="pass bar (default 0.99999 numpy, 0.999 cuda)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_parity)
+
+    p = sub.add_parser("engine", help="run the engine alone (no ROS, no deadline) on synthetic frames; print timings")
+    p.add_argument("--config", type=Path, help="YAML config (default: built-in defaults)")
+    p.add_argument("--frames", type=int, default=300)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_engine)

@@ -1,0 +1,92 @@
+"""``vla-edge run``: the three ROS 2 nodes in this process, fed by a camera topic, a synthetic camera or the
+simulated robot; one status line a second, then a summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..config import load_settings
+from ..worlds.sim.world import TASKS, TaskSpec
+
+
+def _values(status) -> dict[str, str]:
+    return {kv.key: kv.value for kv in status.values}
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import rclpy
+
+    from ..nodes.bringup import Pipeline
+
+    settings = load_settings(args.config)
+    if args.image_topic:
+        settings["camera_subscriber"]["image_topic"] = args.image_topic
+    if args.sim:  # the buffer takes the world's frames as they are (96x96), not resized to a 4:3 camera
+        settings["camera_subscriber"]["frame_height"] = settings["camera_subscriber"]["frame_width"] = TaskSpec().image_size
+    rclpy.init()
+    pipeline = None
+    try:
+        pipeline = Pipeline(settings, synthetic_camera=args.image_topic is None and args.sim is None,
+                            camera_rate_hz=args.camera_rate_hz, use_sim_time=args.use_sim_time, sim_task=args.sim)
+        engine = pipeline.reasoning.engine
+        source = (f" (simulated robot, {args.sim})" if args.sim else
+                  f" (synthetic, {args.camera_rate_hz:.0f} Hz)" if args.image_topic is None else "")
+        print(f"vla-edge run: {settings['reasoning']['model_dir']} on {pipeline.plan.backend}, camera "
+              f"{settings['camera_subscriber']['image_topic']}{source}, deadline "
+              f"{settings['reasoning']['deadline_ms']:.1f} ms, commands on {settings['action_publisher']['command_topic']}"
+              f" ({settings['action_publisher']['command_type']}), KV arena {engine.arena.capacity} tokens, "
+              f"memory policy {engine.policy.name}")
+        loaded = pipeline.loaded
+        if loaded.store is not None:
+            print(f"KV store {loaded.store.directory} ({'aes-256-gcm' if loaded.store.encrypted else 'PLAIN'}): "
+                  f"prompt {'loaded from the store' if loaded.prompt_from_store else 'prefilled'}, episode memory "
+                  f"{'restored' if loaded.memory_restored else 'starts empty'}")
+
+        def status_line() -> None:
+            camera, reasoning = _values(pipeline.camera.report()), _values(pipeline.reasoning.report())
+            publisher = _values(pipeline.publisher.report())
+            print(f"in {camera['input_fps']} fps, dropped {camera['dropped']} (+{camera['buffer_overwritten_unread']} "
+                  f"unread) | actions {reasoning['actions']}, refused {reasoning['refused']}, stale {reasoning['stale']}, "
+                  f"missed {reasoning['missed']}, latency p50 {reasoning['latency_p50_ms']} p99 "
+                  f"{reasoning['latency_p99_ms']} ms | kv {reasoning['kv_policy']} {reasoning['kv_tokens']} tokens, "
+                  f"{reasoning['kv_bytes']} B (+{reasoning['memory_state_bytes']} B state) | "
+                  f"published {publisher['published']}, safe stops {publisher['safe_stops']}"
+                  + (f" | sim {pipeline.sim.successes}/{pipeline.sim.episodes} reached" if pipeline.sim else ""), flush=True)
+
+        pipeline.run(args.duration, every_second=status_line)
+        summary = {node.get_name(): {"level": int.from_bytes(report.level, "little"), "message": report.message,
+                                     **_values(report)}
+                   for node, report in ((n, n.report()) for n in (pipeline.camera, pipeline.reasoning, pipeline.publisher))}
+        if pipeline.sim is not None:
+            sim = pipeline.sim
+            summary["sim_world"] = {"task": args.sim, "episodes": sim.episodes, "successes": sim.successes,
+                                    "mean_time_to_reach_s": float(np.mean(sim.times_to_reach)) if sim.times_to_reach
+                                    else None}
+        print("summary: " + json.dumps(summary, indent=2))
+        if args.summary_json:
+            args.summary_json.write_text(json.dumps(summary, indent=2) + "\n")
+    finally:
+        if pipeline is not None:
+            pipeline.shutdown()
+        if rclpy.ok():
+            rclpy.shutdown()
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="start the three ROS 2 nodes (and a synthetic camera) in this process")
+    p.add_argument("--config", type=Path, help="YAML config (default: built-in defaults)")
+    p.add_argument("--duration", type=float, help="seconds to run (default: until Ctrl-C or SIGTERM)")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--image-topic", help="listen to this camera topic instead of starting the synthetic camera")
+    source.add_argument("--sim", choices=TASKS, help="close the loop through the 2-D world (a simulated robot: "
+                        "its camera in, the commands out) instead of the synthetic camera")
+    p.add_argument("--camera-rate-hz", type=float, default=30.0, help="synthetic camera frame rate")
+    p.add_argument("--summary-json", type=Path, help="also write the final summary here")
+    p.add_argument("--use-sim-time", action="store_true",
+                   help="follow /clock, e.g. from `vla-edge play BAG --clock 100` (with --image-topic)")
+    p.set_defaults(func=cmd_run)

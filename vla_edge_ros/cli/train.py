@@ -1,0 +1,58 @@
+"""``vla-edge train``: fit the simulator policy and its learned memory gates, write an HF checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"--scale must be in (0, 1], got {text!r}")
+    return value
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from ..train.trainer import TrainSpec, train
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    spec = replace(TrainSpec(), seed=args.seed)
+    if args.scale < 1:
+        spec = spec.scaled(args.scale)
+    bars: dict[str, tqdm] = {}
+
+    def progress(stage: str, step: int, steps: int, figures: dict[str, float]) -> None:
+        bar = bars.get(stage)
+        if bar is None:
+            bar = bars[stage] = tqdm(total=steps, desc=f"{stage:>4}", file=sys.stderr, leave=True,
+                                     disable=args.quiet, mininterval=1.0)
+        bar.set_postfix({k: f"{v:.4f}" for k, v in figures.items()}, refresh=False)
+        bar.update(1)
+        if step + 1 == steps:
+            bar.close()
+
+    log = train(spec, args.out, progress)
+    stages = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in log.seconds.items())
+    print(f"wrote {args.out} (config.json, model.safetensors, train_log.json, loss.png); {stages}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train the 2-D simulator policy (decoder, aura memory, dms gates) on CPU")
+    p.add_argument("--out", type=Path, required=True, help="output model directory (HF format)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scale", type=_fraction, default=1.0,
+                   help="fraction of the default steps and demonstrations (a quick smoke run: 0.02)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_train)

@@ -1,0 +1,280 @@
+"""The VLA engine: (pinned prompt, camera frame) -> action, on a bounded KV arena.
+
+The prompt is prefilled once and pinned at the front of the cache. Every ``step`` encodes one
+frame, prefills its ``tokens_per_frame`` tokens (after any prefix its memory policy asks for)
+after what is already cached, and decodes the action. Decoded action tokens are scratch: they
+leave the cache when the step ends, unless the policy keeps them (dms decides on each). What else
+the cache keeps is the memory policy's decision (``vla_edge_ros.memory``: fifo, cosine, aura, dms);
+after evictions the kept tokens are re-positioned 0..n-1 in cache order by rotating their keys, so
+positions stay below the arena capacity however long the episode runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..memory.base import DecodedTokens, FrameTokens, MemoryPolicy, MemoryStats
+from ..memory.fifo import FifoPolicy
+from ..model.action_head import ActionHead
+from ..model.arena import KVArena
+from ..model.backend import Backend, ForwardResult
+from ..model.backends import make_backend
+from ..model.checkpoint import Checkpoint
+from ..model.layout import scratch_tokens
+from ..model.vision import FrameEncoder
+
+PREFILL_CHUNK_TOKENS = 1024  # prompt tokens per forward pass: bounds the attention workspace
+
+
+@dataclass
+class FramePrefill:
+    """A frame now in memory: the last hidden state to decode the action from, and where it ends."""
+
+    hidden: np.ndarray
+    next_position: int
+    evicted_frames: int
+    encode_ms: float
+    prefill_ms: float
+    slots: np.ndarray  # arena slots of the frame's tokens
+    attention: np.ndarray | None = None  # [layers, q_heads, capacity] of the frame's last token, if asked
+
+
+@dataclass
+class StepResult:
+    """One cycle's action and where its time went."""
+
+    action: np.ndarray
+    tokens: list[int] = field(default_factory=list)
+    encode_ms: float = 0.0
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0
+    evicted_frames: int = 0
+
+    @property
+    def total_ms(self) -> float:
+        return self.encode_ms + self.prefill_ms + self.decode_ms
+
+
+class VlaEngine:
+    """Owns the arena, the backend, the frame encoder and the action head."""
+
+    def __init__(self, checkpoint: Checkpoint, *, backend: str = "auto", kv_capacity_tokens: int = 1024,
+                 policy: MemoryPolicy | None = None) -> None:
+        config = checkpoint.config
+        if not checkpoint.has_vla:
+            raise ValueError(f"{checkpoint.path}: no vision weights; a VLA engine needs vision.* tensors")
+        self.checkpoint = checkpoint
+        self.config = config
+        self.tokens_per_frame = config.vision.tokens_per_frame
+        scratch = scratch_tokens(config)
+        if kv_capacity_tokens < self.tokens_per_frame + scratch + 1:
+            raise ValueError(f"kv_capacity_tokens={kv_capacity_tokens} cannot hold one frame "
+                             f"({self.tokens_per_frame} tokens) plus {scratch} action tokens")
+        self.arena = KVArena(kv_capacity_tokens)
+        self.kv_bytes_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
+        self.backend = make_backend(backend, checkpoint, self.arena)
+        self.encoder = FrameEncoder.from_checkpoint(checkpoint)
+        weight = bias = None
+        if config.action.head == "linear":
+            weight, bias = checkpoint.float32("action_head.weight"), checkpoint.float32("action_head.bias")
+        self.head = ActionHead(config.action, config.vocab_size, weight, bias)
+        self.prompt_slots = np.empty(0, dtype=np.int32)
+        self._prompt_ids = np.empty(0, dtype=np.int32)
+        self.scratch_tokens = scratch
+        self.policy = policy or FifoPolicy()
+        self.policy.attach(self)
+        self._use_head_masks()
+
+    def _use_head_masks(self) -> None:
+        """Head masks in the arena exactly when the policy evicts per KV head."""
+        c = self.config
+        self.arena.set_head_masks((c.num_hidden_layers, c.num_key_value_heads) if self.policy.per_kv_head else None)
+
+    def set_prompt(self, token_ids: list[int] | np.ndarray, cached: dict[str, np.ndarray] | None = None) -> None:
+        """Start an episode: clear the cache and prefill (and pin) the instruction tokens.
+
+        ``cached`` is the prompt's KV as ``prompt_kv`` returned it (from the KV store): it is placed
+        into the arena instead of being recomputed. Long prompts prefill in chunks, which bounds the
+        attention workspace at chunk x arena instead of prompt x arena.
+        """
+        ids = np.asarray(token_ids, dtype=np.int32)
+        reserved = self.policy.reserved_tokens()
+        if ids.size + reserved + self.tokens_per_frame + self.scratch_tokens > self.arena.capacity:
+            raise ValueError(f"prompt of {ids.size} tokens leaves no room for a frame in a "
+                             f"{self.arena.capacity}-token arena ({self.policy.name} holds {reserved} more)")
+        if cached is not None:
+            self._check_prompt_kv(ids, cached)
+        self.arena.release(np.arange(self.arena.capacity))
+        self._prompt_ids = ids
+        self.prompt_slots = self.arena.allocate(ids.size)
+        if cached is not None:
+            self.arena.commit(self.prompt_slots, np.arange(ids.size, dtype=np.int32))
+            self.backend.write_kv(self.prompt_slots, cached["keys"], cached["values"])
+        else:
+            for start in range(0, ids.size, PREFILL_CHUNK_TOKENS):
+                chunk = slice(start, start + PREFILL_CHUNK_TOKENS)
+                self.backend.forward(np.arange(start, min(start + PREFILL_CHUNK_TOKENS, ids.size), dtype=np.int32),
+                                     self.prompt_slots[chunk], token_ids=ids[chunk])
+        self.policy.reset()
+
+    @property
+    def prompt_ids(self) -> np.ndarray:
+        return self._prompt_ids.copy()
+
+    def prompt_kv(self) -> dict[str, np.ndarray]:
+        """The pinned prompt's token ids, positions, keys and values: what the KV store keeps of it."""
+        keys, values = self.backend.read_kv(self.prompt_slots)
+        return {"token_ids": self._prompt_ids.copy(), "positions": self.arena.positions[self.prompt_slots].copy(),
+                "keys": keys, "values": values}
+
+    def _check_prompt_kv(self, ids: np.ndarray, cached: dict[str, np.ndarray]) -> None:
+        c = self.config
+        expected = (c.num_hidden_layers, c.num_key_value_heads, ids.size, c.head_dim)
+        try:
+            same = (np.array_equal(cached["token_ids"], ids) and cached["keys"].shape == expected
+                    and cached["values"].shape == expected
+                    and np.array_equal(cached["positions"], np.arange(ids.size)))
+        except KeyError as exc:
+            raise ValueError(f"cached prompt KV lacks {exc}") from None
+        if not same:
+            raise ValueError(f"cached prompt KV does not match this prompt and model (expected keys {list(expected)})")
+
+    def set_policy(self, policy: MemoryPolicy) -> None:
+        """Install another memory policy; an episode boundary: the cache restarts from the pinned prompt."""
+        policy.attach(self)
+        self.policy = policy
+        self._use_head_masks()
+        self.set_prompt(self._prompt_ids)
+
+    def memory_stats(self) -> MemoryStats:
+        return self.policy.stats()
+
+    def memory_state(self) -> dict[str, np.ndarray]:
+        """Everything the cache holds of this episode, as named arrays: the prompt, every kept token's
+        slot, position, keys and values, and the policy's own state (``policy.*``)."""
+        slots = np.flatnonzero(self.arena.valid).astype(np.int32)
+        keys, values = self.backend.read_kv(slots)
+        state = {f"policy.{name}": value for name, value in self.policy.snapshot().items()}
+        state.update({
+            "policy_name": np.frombuffer(self.policy.name.encode(), dtype=np.uint8).copy(),
+            "prompt_ids": self._prompt_ids.copy(), "prompt_slots": self.prompt_slots.copy(),
+            "slots": slots, "positions": self.arena.positions[slots].copy(), "keys": keys, "values": values,
+        })
+        return state
+
+    def load_memory_state(self, state: dict[str, np.ndarray]) -> None:
+        """Make the cache and policy exactly what ``memory_state`` saw; ValueError if it does not fit."""
+        name = bytes(np.asarray(state.get("policy_name", b""), dtype=np.uint8)).decode(errors="replace")
+        if name != self.policy.name:
+            raise ValueError(f"memory state is of policy {name!r}, this engine runs {self.policy.name!r}")
+        c = self.config
+        slots = np.asarray(state["slots"], dtype=np.int32)
+        expected = (c.num_hidden_layers, c.num_key_value_heads, slots.size, c.head_dim)
+        if (state["keys"].shape != expected or state["values"].shape != expected
+                or state["positions"].shape != slots.shape or (slots.size and slots.max() >= self.arena.capacity)):
+            raise ValueError(f"memory state does not fit this engine: keys {list(state['keys'].shape)}, "
+                             f"expected {list(expected)} in a {self.arena.capacity}-slot arena")
+        self.arena.release(np.arange(self.arena.capacity))
+        self.arena.commit(slots, np.asarray(state["positions"], dtype=np.int32))
+        self.backend.write_kv(slots, state["keys"], state["values"])
+        self._prompt_ids = np.asarray(state["prompt_ids"], dtype=np.int32).copy()
+        self.prompt_slots = np.asarray(state["prompt_slots"], dtype=np.int32).copy()
+        self.policy.restore({key[len("policy."):]: value for key, value in state.items() if key.startswith("policy.")})
+
+    def warm_up(self) -> None:
+        """Run one cycle on a blank frame, then restore the episode's start.
+
+        The first cycle pays one-off costs (BLAS and OpenCV initialisation, first-touch of every
+        buffer, kernel compilation on the GPU) that are many times a normal cycle; a robot should
+        pay them at load, not in its first control period.
+        """
+        size = self.config.vision.image_size
+        prompt = self.prompt_kv()
+        self.step(np.zeros((size, size, 3), dtype=np.uint8))
+        self.set_prompt(prompt["token_ids"], cached=prompt)
+
+    def compact_positions(self) -> None:
+        """Re-position the cached tokens to 0..n-1 in their current order, rotating their keys."""
+        slots = self.arena.slots_in_order()
+        targets = np.arange(slots.size, dtype=np.int32)
+        shifts = targets - self.arena.positions[slots]
+        moving = shifts != 0
+        if moving.any():
+            self.backend.rotate_keys(slots[moving], shifts[moving])
+            self.arena.positions[slots] = targets
+
+    def add_frame(self, image: np.ndarray, *, probe_attention: bool = False) -> FramePrefill:
+        """Encode one frame and prefill it (after any prefix its policy asks for), making room first.
+
+        ``probe_attention`` also returns where the frame's last token looked (numpy backend only).
+        """
+        t0 = time.perf_counter()
+        embeddings = self.encoder.encode(image)
+        t1 = time.perf_counter()
+        prefix = self.policy.frame_prefix(embeddings)
+        inputs = embeddings if prefix is None else np.concatenate([prefix, embeddings]).astype(np.float32)
+        count = inputs.shape[0]
+        evicted = self.policy.make_room(count + self.scratch_tokens)
+        if evicted or self.arena.next_position() + count + self.scratch_tokens > self.arena.capacity:
+            self.compact_positions()
+        slots = self.arena.allocate(count)
+        start = self.arena.next_position()
+        positions = np.arange(start, start + count, dtype=np.int32)
+        out = self.backend.forward(positions, slots, embeddings=inputs, collect_attention=probe_attention,
+                                   collect_layers=self.policy.needs_layer_inputs)
+        n_prefix = count - self.tokens_per_frame
+        self.policy.add_frame(FrameTokens(slots[n_prefix:], positions[n_prefix:], embeddings, slots[:n_prefix],
+                                          _layer_inputs(out, n_prefix)))
+        t2 = time.perf_counter()
+        return FramePrefill(out.hidden[-1], int(positions[-1]) + 1, evicted, (t1 - t0) * 1e3, (t2 - t1) * 1e3,
+                            slots[n_prefix:], out.last_attention)
+
+    def decode_action(self, prefill: FramePrefill, admit: Callable[[], object] = lambda: True,
+                      done: Callable[[object], None] = lambda ticket: None) -> tuple[np.ndarray, list[int]] | None:
+        """The action for a prefilled frame, or None if ``admit`` refused a decode step.
+
+        ``admit`` is asked before each decode step (a falsy answer abandons the action, leaving the
+        frame in memory) and ``done`` is given its answer after the step: the admission gate's hooks.
+        """
+        if self.config.action.head == "linear":
+            return self.head.from_hidden(prefill.hidden), []
+        head, dof, policy = self.head, self.config.action.dof, self.policy
+        bins = [self.backend.greedy(prefill.hidden, head.bin_rows)]
+        scratch = self.arena.allocate(dof - 1)
+        handed = 0  # scratch slots now owned by a policy that keeps decoded tokens
+        try:
+            for i in range(dof - 1):
+                ticket = admit()
+                if not ticket:
+                    return None
+                token = np.array([head.first_bin_token + bins[-1]], dtype=np.int32)
+                position = np.array([prefill.next_position + i], dtype=np.int32)
+                out = self.backend.forward(position, scratch[i:i + 1], token_ids=token,
+                                           collect_layers=policy.keeps_decoded and policy.needs_layer_inputs)
+                if policy.keeps_decoded:
+                    policy.add_decoded(DecodedTokens(scratch[i:i + 1], position, _layer_inputs(out, 0)))
+                    handed = i + 1
+                bins.append(self.backend.greedy(out.hidden[-1], head.bin_rows))
+                done(ticket)
+        finally:
+            self.arena.release(scratch[handed:])
+        return head.from_bins(bins), [head.first_bin_token + b for b in bins]
+
+    def step(self, image: np.ndarray) -> StepResult:
+        """Encode one frame, add it to the memory, and decode the action (no admission control)."""
+        prefill = self.add_frame(image)
+        t0 = time.perf_counter()
+        action, tokens = self.decode_action(prefill)
+        decode_ms = (time.perf_counter() - t0) * 1e3
+        return StepResult(action, tokens, prefill.encode_ms, prefill.prefill_ms, decode_ms, prefill.evicted_frames)
+
+
+def _layer_inputs(out: ForwardResult, skip: int) -> list[np.ndarray] | None:
+    """Each layer's input hidden states from a forward that collected them, without the first ``skip`` tokens."""
+    if out.layer_hidden is None:
+        return None
+    return [hidden[skip:] for hidden in out.layer_hidden[:-1]]

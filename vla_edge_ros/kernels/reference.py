@@ -1,0 +1,138 @@
+"""NumPy twins of the kernels: the same semantics in plain fp32 NumPy, as the test oracle.
+
+Twins take weights already widened to fp32 (see dtypes.to_float32) and return new arrays instead of
+writing in place. Where the numpy backend already has the math (``model.ops``) the twin reuses it;
+attention is written out loop by loop, an independent oracle for both the kernel and ``ops``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vla_edge_ros.numerics import ops
+
+F32 = np.float32
+
+
+def embedding_gather(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Rows of the fp32 table selected by ids."""
+    return table[ids].astype(F32)
+
+
+def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x * rsqrt(mean(x^2) + eps) * weight, per row, in fp32."""
+    return ops.rms_norm(x, weight, eps)
+
+
+def linear(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """x @ w.T + bias."""
+    out = x @ w.T
+    return (out if bias is None else out + bias).astype(F32)
+
+
+def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
+    """Rotate x[T, heads, D] by positions[T], rotate_half convention, fp32 angles."""
+    cos, sin = ops.rope_cos_sin(positions, inv_freq)
+    return ops.apply_rope(x, cos, sin).astype(F32)
+
+
+def rope_cache_shift(
+    k_cache: np.ndarray, slots: np.ndarray, deltas: np.ndarray, inv_freq: np.ndarray
+) -> np.ndarray:
+    """A copy of k_cache[Hkv, S, D] whose selected slots are rotated by their deltas."""
+    shifted = k_cache.copy()
+    selected = k_cache[:, slots, :].transpose(1, 0, 2)  # [n, Hkv, D]: one "token" per slot
+    shifted[:, slots, :] = rope(selected, deltas, inv_freq).transpose(1, 0, 2)
+    return shifted
+
+
+def kv_write(
+    k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slots: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Copies of the caches with k[t], v[t] stored at slot slots[t] of every KV head."""
+    k_new, v_new = k_cache.copy(), v_cache.copy()
+    k_new[:, slots, :] = k.transpose(1, 0, 2)
+    v_new[:, slots, :] = v.transpose(1, 0, 2)
+    return k_new, v_new
+
+
+def attention(
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    slot_pos: np.ndarray,
+    slot_valid: np.ndarray,
+    q_pos: np.ndarray,
+    scale: float,
+) -> np.ndarray:
+    """Grouped-query attention; slot s is visible to query t iff valid and slot_pos[s] <= q_pos[t].
+
+    slot_valid is [S], or [Hkv, S] when each KV head reads its own slots. A query that sees no slot
+    gets zeros.
+    """
+    tokens, q_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[0]
+    group = q_heads // kv_heads
+    per_head = np.broadcast_to(np.asarray(slot_valid) != 0, (kv_heads, slot_pos.shape[0]))
+    out = np.zeros((tokens, q_heads, head_dim), dtype=F32)
+    for t in range(tokens):
+        for h in range(q_heads):
+            visible = per_head[h // group] & (slot_pos <= q_pos[t])
+            if not visible.any():
+                continue
+            keys = k_cache[h // group, visible]
+            values = v_cache[h // group, visible]
+            scores = (keys @ q[t, h]) * F32(scale)
+            weights = np.exp(scores - scores.max())
+            out[t, h] = (weights @ values) / weights.sum()
+    return out
+
+
+def swiglu(gate_up: np.ndarray) -> np.ndarray:
+    """silu(gate) * up for the fused [T, 2I] gate/up projection."""
+    inter = gate_up.shape[1] // 2
+    gate, up = gate_up[:, :inter], gate_up[:, inter:]
+    return (ops.silu(gate) * up).astype(F32)
+
+
+def add(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """The residual sum x + y."""
+    return (x + y).astype(F32)
+
+
+def argmax(logits: np.ndarray) -> int:
+    """Index of the largest logit, ties to the lowest index."""
+    return int(np.argmax(logits))
+
+
+def cosine_similarities(signatures: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """Cosine of each row of signatures[F, D] with query[D]; 0.0 where either norm is zero."""
+    signatures, query = signatures.astype(F32), query.astype(F32)
+    norms = np.sqrt((signatures * signatures).sum(axis=1)) * np.sqrt(query @ query)
+    out = np.zeros(signatures.shape[0], F32)
+    np.divide(signatures @ query, norms, out=out, where=norms > 0)
+    return out
+
+
+def fast_weight_step(
+    w: np.ndarray,
+    b: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    beta: float,
+    threshold: float,
+    force: bool,
+) -> tuple[np.ndarray, np.ndarray, float, bool]:
+    """(W, b after the step, surprise, written): one delta-rule write iff forced or surprising."""
+    err = (v - fast_weight_read(w, b, k)).astype(F32)
+    surprise = F32(np.sqrt(err @ err))
+    written = bool(force) or bool(surprise > F32(threshold))
+    if not written:
+        return w.copy(), b.copy(), float(surprise), False
+    scaled = F32(beta) * err
+    return (w + np.outer(scaled, k)).astype(F32), (b + scaled).astype(F32), float(surprise), True
+
+
+def fast_weight_read(w: np.ndarray, b: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """W q + b."""
+    return (w @ q + b).astype(F32)

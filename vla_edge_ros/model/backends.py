@@ -1,0 +1,54 @@
+"""Which compute backend runs the decoder: ``numpy`` anywhere, ``cuda`` on an NVIDIA GPU, ``auto`` picks."""
+
+from __future__ import annotations
+
+from .arena import KVArena
+from .backend import Backend
+from .checkpoint import Checkpoint
+
+BACKENDS = ("auto", "numpy", "cuda")  # the schema's reasoning.backend choices
+
+
+def cuda_simulated() -> bool:
+    """True when Numba's CUDA simulator stands in for a GPU (NUMBA_ENABLE_CUDASIM=1, as in the tests)."""
+    try:
+        from numba import config
+    except ImportError:
+        return False
+    return bool(config.ENABLE_CUDASIM)
+
+
+def cuda_available() -> bool:
+    """True when a real CUDA device is usable (Numba's simulator does not count)."""
+    if cuda_simulated():
+        return False
+    try:
+        from numba import cuda
+    except ImportError:
+        return False
+    try:
+        return bool(cuda.is_available())
+    except Exception:  # a broken driver install must not take the numpy path down with it
+        return False
+
+
+def resolve_backend(name: str) -> str:
+    """``auto`` means cuda when a GPU is present, else numpy."""
+    if name not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
+    if name == "auto":
+        return "cuda" if cuda_available() else "numpy"
+    return name
+
+
+def make_backend(name: str, checkpoint: Checkpoint, arena: KVArena) -> Backend:
+    """Build the requested backend over ``arena``."""
+    if resolve_backend(name) == "cuda":
+        if not (cuda_available() or cuda_simulated()):
+            raise ValueError("backend 'cuda' was requested but no CUDA GPU is usable here; use 'auto' or 'numpy'")
+        from ..model.cuda_backend import CudaBackend
+
+        return CudaBackend(checkpoint, arena)
+    from ..model.numpy_backend import NumpyBackend
+
+    return NumpyBackend(checkpoint, arena)

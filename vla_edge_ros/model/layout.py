@@ -1,0 +1,29 @@
+"""How the KV arena's slots divide: pinned prompt, what a policy reserves, frames, and the action scratch.
+
+One formula, two directions: ``arena_capacity`` sizes an arena for a number of frames (evaluation
+budgets, benchmarks), ``frames_in_arena`` says how many frames an arena holds (the frame-window
+policies). The scratch is where decoded action tokens go while an action is decoded: one slot per
+action dimension for the ``bins`` head (the first bin is read off the frame's last token, so a step
+needs ``dof - 1``; the arena keeps one more so a frame never fills it to the last slot), none for the
+``linear`` head, which reads the action off the frame's last hidden state.
+"""
+
+from __future__ import annotations
+
+from .config import ModelConfig
+
+
+def scratch_tokens(config: ModelConfig) -> int:
+    """Arena slots a decoded action needs beside its frame."""
+    return config.action.dof if config.action.head == "bins" else 0
+
+
+def arena_capacity(config: ModelConfig, prompt_tokens: int, frames: int, reserved_tokens: int = 0) -> int:
+    """Slots for the prompt, ``reserved_tokens`` a policy holds beside it, ``frames`` frames and the scratch."""
+    return prompt_tokens + reserved_tokens + frames * config.vision.tokens_per_frame + scratch_tokens(config)
+
+
+def frames_in_arena(config: ModelConfig, capacity: int, prompt_tokens: int, reserved_tokens: int = 0) -> int:
+    """Whole frames a ``capacity``-slot arena holds beside the prompt, the reserved tokens and the scratch."""
+    free = capacity - prompt_tokens - reserved_tokens - scratch_tokens(config)
+    return free // config.vision.tokens_per_frame

@@ -1,0 +1,76 @@
+"""Checkpoint tensors of the memory policies, beside HuggingFace's decoder names: names, shapes, checks.
+
+They belong to the checkpoint format (``init-model`` and ``train`` write them, the loader checks them),
+so they live with the model, below the policies that read them.
+
+- aura: ``aura.k_proj.weight`` [d_k, feature], ``aura.q_proj.weight`` [d_k, feature],
+  ``aura.v_proj.weight`` [d_v, feature], ``aura.out_proj.weight`` [hidden, d_v]; optional learned
+  write gate ``aura.gate.weight`` [1, d_k + d_v] and ``aura.gate.bias`` [1]. A frame's feature is
+  ``hidden`` wide (``mean`` of its tokens) or ``tokens_per_frame * hidden`` (``concat``).
+- dms: ``model.layers.{i}.self_attn.dms_gate.weight`` [kv_heads, hidden] and ``.bias`` [kv_heads],
+  every layer or none.
+"""
+
+from __future__ import annotations
+
+from .checkpoint import Checkpoint, CheckpointError, check_tensors
+from .config import ModelConfig
+
+AURA_PROJECTIONS = ("aura.k_proj.weight", "aura.q_proj.weight", "aura.v_proj.weight", "aura.out_proj.weight")
+AURA_GATE = ("aura.gate.weight", "aura.gate.bias")
+
+FEATURES = ("mean", "concat")
+
+
+def feature_size(config: ModelConfig, layout: str) -> int:
+    """Width of a frame's feature z in ``layout`` (see the module doc)."""
+    if layout not in FEATURES:
+        raise ValueError(f"aura feature layout must be one of {FEATURES}, got {layout!r}")
+    return config.hidden_size * (config.vision.tokens_per_frame if layout == "concat" else 1)
+
+
+def feature_layout(config: ModelConfig, width: int) -> str:
+    """The layout whose z is ``width`` values wide, or CheckpointError naming both widths."""
+    for layout in FEATURES:
+        if feature_size(config, layout) == width:
+            return layout
+    raise CheckpointError(f"aura projections read {width} values; a frame's feature has "
+                          f"{feature_size(config, 'mean')} (mean) or {feature_size(config, 'concat')} (concat)")
+
+
+def aura_shapes(config: ModelConfig, d_k: int, d_v: int, *, learned_gate: bool, layout: str = "mean"
+                ) -> dict[str, tuple[int, ...]]:
+    feature = feature_size(config, layout)
+    shapes = {"aura.k_proj.weight": (d_k, feature), "aura.q_proj.weight": (d_k, feature),
+              "aura.v_proj.weight": (d_v, feature), "aura.out_proj.weight": (config.hidden_size, d_v)}
+    if learned_gate:
+        shapes.update({"aura.gate.weight": (1, d_k + d_v), "aura.gate.bias": (1,)})
+    return shapes
+
+
+def dms_gate_names(layer: int) -> tuple[str, str]:
+    """Checkpoint names of layer ``layer``'s dms gate weight and bias."""
+    prefix = f"model.layers.{layer}.self_attn.dms_gate."
+    return prefix + "weight", prefix + "bias"
+
+
+def dms_gate_shapes(layers: int, kv_heads: int, hidden: int) -> dict[str, tuple[int, ...]]:
+    shapes: dict[str, tuple[int, ...]] = {}
+    for layer in range(layers):
+        weight, bias = dms_gate_names(layer)
+        shapes.update({weight: (kv_heads, hidden), bias: (kv_heads,)})
+    return shapes
+
+
+def has_dms_gate(checkpoint: Checkpoint) -> bool:
+    """True when the checkpoint carries dms gate tensors (all of them, checked, or CheckpointError)."""
+    config = checkpoint.config
+    shapes = dms_gate_shapes(config.num_hidden_layers, config.num_key_value_heads, config.hidden_size)
+    present = [name for name in shapes if name in checkpoint.tensors]
+    if not present:
+        return False
+    missing = sorted(set(shapes) - set(present))
+    if missing:
+        raise CheckpointError(f"{checkpoint.path}: dms gate tensors are incomplete, missing {missing}")
+    check_tensors(checkpoint.tensors, shapes, checkpoint.path)
+    return True

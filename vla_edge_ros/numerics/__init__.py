@@ -1,0 +1,1 @@
+"""Host-side numerics below everything else: the NumPy transformer math and bf16 conversion."""

@@ -1,0 +1,162 @@
+"""What the robot is told at one control tick: the newest action while it is fresh, else a safe stop.
+
+The action publisher asks this module once per tick; nothing here imports rclpy, so the rule that
+keeps a robot safe is tested without a ROS graph. A fresh action is clipped to the configured limits
+and mapped to the fields of the command type. Everything else is a safe stop, and so is every case
+where the configuration does not fit the action (limit or name counts, a twist dimension the action
+does not have): the robot gets a stop, never a guess, and the reason travels with the command.
+
+Safe stop per command type:
+
+- ``twist``: all six components zero.
+- ``float32_multi_array``: zeros, as many as the newest action has dimensions (an empty array
+  before the first action, when that count is not known yet).
+- ``joint_trajectory``: the last commanded positions, held; nothing at all before any position was
+  commanded, because zero joint positions are a motion, not a stop.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+
+from .action_slot import TimedAction
+from ..config import ConfigError
+
+NS_PER_MS = 1_000_000
+TWIST_FIELDS = ("linear.x", "linear.y", "linear.z", "angular.x", "angular.y", "angular.z")
+COMMAND_TYPES = ("twist", "float32_multi_array", "joint_trajectory")
+
+
+class Outcome(Enum):
+    """Why a tick commands what it commands; everything but FRESH is a safe stop."""
+
+    FRESH = "fresh"
+    STALE = "stale"  # the newest action is older than the timeout
+    NONE = "none"  # no action has arrived yet
+    CONFIG_ERROR = "config_error"  # the configuration does not fit the action
+    INVALID = "invalid"  # the action holds NaN or infinity
+
+
+@dataclass(frozen=True)
+class Command:
+    """One tick's decision.
+
+    ``values`` is in the command type's own layout: the six twist components, the array, or one
+    position per joint name. ``None`` means publish nothing this tick.
+    """
+
+    outcome: Outcome
+    values: tuple[float, ...] | None
+    age_ms: float | None  # age of the newest action, None before the first one
+    error: str | None = None
+
+    @property
+    def safe_stop(self) -> bool:
+        return self.outcome is not Outcome.FRESH
+
+
+def age_outcome(action: TimedAction | None, now_ns: int, timeout_ms: float) -> tuple[Outcome, float | None]:
+    """FRESH, STALE or NONE, and the action's age in ms; an age equal to the timeout is still fresh."""
+    if action is None:
+        return Outcome.NONE, None
+    age_ms = (now_ns - action.ready_ns) / NS_PER_MS
+    return (Outcome.STALE if age_ms > timeout_ms else Outcome.FRESH), age_ms
+
+
+def _limit(limit: Sequence[float], dof: int, name: str) -> np.ndarray:
+    if len(limit) == 1:
+        return np.full(dof, float(limit[0]))
+    if len(limit) != dof:
+        raise ConfigError(f"{name} has {len(limit)} values but the action has {dof} dimensions "
+                          f"(give one value for all, or one per dimension)")
+    return np.asarray(limit, dtype=np.float64)
+
+
+def clip(values: np.ndarray, action_min: Sequence[float], action_max: Sequence[float]) -> np.ndarray:
+    """The action clipped per dimension; limits that do not fit the action raise ConfigError."""
+    dof = len(values)
+    low, high = _limit(action_min, dof, "action_min"), _limit(action_max, dof, "action_max")
+    crossed = np.flatnonzero(low > high)
+    if crossed.size:
+        i = int(crossed[0])
+        raise ConfigError(f"action_min is above action_max in dimension {i} ({low[i]:g} > {high[i]:g})")
+    return np.clip(np.asarray(values, dtype=np.float64), low, high)
+
+
+def twist_components(values: np.ndarray, twist_dims: Sequence[int]) -> tuple[float, ...]:
+    """linear.xyz, angular.xyz taken from the action dimensions named by ``twist_dims`` (-1: zero)."""
+    for field, dim in zip(TWIST_FIELDS, twist_dims):
+        if dim >= len(values):
+            raise ConfigError(f"twist_dims maps {field} to action dimension {dim}, "
+                              f"but the action has only {len(values)} dimensions")
+    return tuple(0.0 if dim < 0 else float(values[dim]) for dim in twist_dims)
+
+
+def joint_positions(values: np.ndarray, joint_names: Sequence[str]) -> tuple[float, ...]:
+    """One position per joint name, in order; the counts must match exactly."""
+    if len(joint_names) != len(values):
+        raise ConfigError(f"joint_names has {len(joint_names)} names but the action has {len(values)} dimensions")
+    return tuple(float(v) for v in values)
+
+
+def array_values(values: np.ndarray) -> tuple[float, ...]:
+    return tuple(float(v) for v in values)
+
+
+class ActionOutput:
+    """Decides each tick's command for one command type, remembering the positions a hold needs."""
+
+    def __init__(self, command_type: str, twist_dims: Sequence[int], joint_names: Sequence[str]) -> None:
+        # What can be checked without an action is checked here, so a bad file fails at start-up.
+        if command_type not in COMMAND_TYPES:
+            raise ConfigError(f"command_type must be one of {list(COMMAND_TYPES)}, got {command_type!r}")
+        if command_type == "twist" and len(twist_dims) != len(TWIST_FIELDS):
+            raise ConfigError(f"twist_dims must have {len(TWIST_FIELDS)} entries "
+                              f"({', '.join(TWIST_FIELDS)}), got {len(twist_dims)}")
+        if command_type == "joint_trajectory":
+            if not joint_names:
+                raise ConfigError("joint_names must name at least one joint")
+            if len(set(joint_names)) != len(joint_names):
+                raise ConfigError(f"joint_names must be unique, got {list(joint_names)}")
+        self.command_type = command_type
+        self._twist_dims = tuple(twist_dims)
+        self._joint_names = tuple(joint_names)
+        self._held: tuple[float, ...] | None = None  # last commanded joint positions
+
+    def decide(self, action: TimedAction | None, now_ns: int, timeout_ms: float,
+               action_min: Sequence[float], action_max: Sequence[float]) -> Command:
+        """The command for a tick at monotonic ``now_ns``; never raises for a bad configuration."""
+        outcome, age_ms = age_outcome(action, now_ns, timeout_ms)
+        if outcome is not Outcome.FRESH:
+            return self._stop(outcome, action, age_ms)
+        if not all(math.isfinite(v) for v in action.values):
+            return self._stop(Outcome.INVALID, action, age_ms, f"action has non-finite values {list(action.values)}")
+        try:
+            values = self._map(clip(action.values, action_min, action_max))
+        except ConfigError as exc:
+            return self._stop(Outcome.CONFIG_ERROR, action, age_ms, str(exc))
+        if self.command_type == "joint_trajectory":
+            self._held = values
+        return Command(Outcome.FRESH, values, age_ms)
+
+    def _map(self, clipped: np.ndarray) -> tuple[float, ...]:
+        if self.command_type == "twist":
+            return twist_components(clipped, self._twist_dims)
+        if self.command_type == "joint_trajectory":
+            return joint_positions(clipped, self._joint_names)
+        return array_values(clipped)
+
+    def _stop(self, outcome: Outcome, action: TimedAction | None, age_ms: float | None,
+              error: str | None = None) -> Command:
+        if self.command_type == "twist":
+            values = (0.0,) * len(TWIST_FIELDS)
+        elif self.command_type == "joint_trajectory":
+            values = self._held
+        else:
+            values = (0.0,) * (0 if action is None else len(action.values))
+        return Command(outcome, values, age_ms, error)

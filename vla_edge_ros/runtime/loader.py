@@ -1,0 +1,81 @@
+"""Build a ready engine from validated settings: plan the memory, refuse what cannot fit, load, prefill."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from threadpoolctl import threadpool_limits
+
+from ..config import Settings
+from ..kv_store import BlockStore, load_key, load_or_prefill_prompt, model_fingerprint, restore_memory
+from ..memory import check_knobs, make_policy
+from ..model.budget import MemoryPlan, plan_memory, require_fit
+from ..model.checkpoint import Checkpoint, load_checkpoint
+from ..engine import VlaEngine
+from ..model.backends import resolve_backend
+
+_LOG = logging.getLogger("vla_edge_ros.runtime")
+
+
+class LoadedEngine(NamedTuple):
+    engine: VlaEngine
+    plan: MemoryPlan
+    store: BlockStore | None
+    prompt_from_store: bool = False
+    memory_restored: bool = False
+
+
+def plan_for(settings: Settings, checkpoint: Checkpoint | None = None) -> tuple[MemoryPlan, Checkpoint]:
+    """The memory plan of the reasoning node's configuration (reads tensor headers only)."""
+    node = settings["reasoning"]
+    checkpoint = checkpoint or load_checkpoint(Path(node["model_dir"]))
+    largest = max(checkpoint.config.vision.tokens_per_frame, len(node["prompt_token_ids"]))
+    plan = plan_memory(checkpoint, resolve_backend(node["backend"]), node["kv_capacity_tokens"],
+                       node["budget_bytes"], largest)
+    return plan, checkpoint
+
+
+def open_kv_store(node: dict[str, Any], checkpoint: Checkpoint) -> BlockStore | None:
+    """The configured KV block store bound to this checkpoint, or None when ``kv_store.dir`` is empty."""
+    if not node["kv_store.dir"]:
+        return None
+    aes_key = None
+    if node["kv_store.encryption"] == "aes-256-gcm":
+        aes_key = load_key(node["kv_store.key_file"], node["kv_store.key_env"])
+    else:
+        _LOG.warning("KV store %s is configured without encryption: blocks are stored in plain text",
+                     node["kv_store.dir"])
+    return BlockStore(node["kv_store.dir"], model_fingerprint(checkpoint), aes_key=aes_key,
+                      budget_bytes=node["kv_store.budget_bytes"], min_free_bytes=node["kv_store.min_free_bytes"])
+
+
+def load_engine(settings: Settings) -> LoadedEngine:
+    """Plan, check the budget, load the engine, prefill (or load) the pinned prompt, warm up, restore memory."""
+    node = settings["reasoning"]
+    plan, checkpoint = plan_for(settings)
+    require_fit(plan)
+    if node["blas_threads"]:
+        threadpool_limits(limits=node["blas_threads"], user_api="blas")  # process-wide, from here on
+    prompt = node["prompt_token_ids"]
+    vocab = checkpoint.config.vocab_size
+    if any(t >= vocab for t in prompt):
+        raise ValueError(f"{settings.source}: reasoning.prompt_token_ids has ids >= vocab_size {vocab}")
+    try:
+        check_knobs(node)
+        policy = make_policy(node["kv.policy"], node)
+        engine = VlaEngine(checkpoint, backend=plan.backend, kv_capacity_tokens=node["kv_capacity_tokens"],
+                           policy=policy)
+        store = open_kv_store(node, checkpoint)
+    except ValueError as exc:
+        raise ValueError(f"{settings.source}: reasoning: {exc}") from exc
+    from_store = restored = False
+    if store is not None and node["kv_store.prompt"]:
+        from_store = load_or_prefill_prompt(engine, store, prompt)
+    else:
+        engine.set_prompt(prompt)
+    engine.warm_up()
+    if store is not None and node["kv_store.memory"]:
+        restored = restore_memory(engine, store, node["kv_store.memory_name"])
+    return LoadedEngine(engine, plan, store, from_store, restored)

@@ -1,0 +1,85 @@
+"""One reasoning cycle: ask the gate, encode + prefill, decode, account. Shared by the live node and replay.
+
+The gate decides on its own clock. Live, that is the monotonic clock and blocks simply take the
+time they take. In replay the clock is virtual, and a ``BlockTimer`` moves it forward by each
+block's cost (measured, or taken from a fixed model), so that the same decisions follow from the
+same costs on any machine and at any replay speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from .admission import AdmissionGate, BlockKind, Verdict
+from ..engine.vla_engine import VlaEngine
+
+
+class BlockTimer(Protocol):
+    """Told when each admitted block starts and finishes (replay advances its virtual clock here)."""
+
+    def started(self, kind: BlockKind) -> None: ...
+
+    def finished(self, kind: BlockKind) -> None: ...
+
+
+class RealTime:
+    """Live: blocks take real time on the real clock; nothing to do."""
+
+    def started(self, kind: BlockKind) -> None:
+        pass
+
+    def finished(self, kind: BlockKind) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class CycleResult:
+    """What became of one frame."""
+
+    verdict: Verdict  # the cycle's verdict (stale, refused, warmup, admitted, probe, recovery)
+    action: np.ndarray | None  # None unless every block ran
+    ready_ns: int | None  # gate clock when the action was ready
+    missed: bool  # some block of this cycle finished after the frame's deadline (with or without an action)
+    refused_block: BlockKind | None = None  # the block the gate refused inside an admitted cycle
+
+
+class Reasoner:
+    """The engine behind the admission gate: the newest frame in, an action (or a reason for none) out."""
+
+    def __init__(self, engine: VlaEngine, gate: AdmissionGate, timer: BlockTimer | None = None) -> None:
+        self.engine = engine
+        self.gate = gate
+        self.timer = timer or RealTime()
+
+    def cycle(self, image: np.ndarray, receive_ns: int) -> CycleResult:
+        gate, timer = self.gate, self.timer
+        cycle = gate.start_cycle(receive_ns)
+        if not cycle:
+            return CycleResult(cycle.verdict, None, None, False)
+        block = gate.admit(BlockKind.ENCODE_PREFILL, cycle.deadline_ns, within=cycle.verdict)
+        if not block:
+            return CycleResult(cycle.verdict, None, None, False, BlockKind.ENCODE_PREFILL)
+        timer.started(BlockKind.ENCODE_PREFILL)
+        prefill = self.engine.add_frame(image)
+        timer.finished(BlockKind.ENCODE_PREFILL)
+        late = [gate.record(block)]
+
+        def admit_step():
+            step = gate.admit(BlockKind.DECODE, cycle.deadline_ns, within=cycle.verdict)
+            if step:
+                timer.started(BlockKind.DECODE)
+            return step
+
+        def finish_step(step) -> None:
+            timer.finished(BlockKind.DECODE)
+            late.append(gate.record(step))
+
+        decoded = self.engine.decode_action(prefill, admit=admit_step, done=finish_step)
+        if decoded is None:
+            return CycleResult(cycle.verdict, None, None, any(late), BlockKind.DECODE)
+        ready_ns = gate.now_ns()
+        late.append(gate.record(cycle, ready_ns))
+        return CycleResult(cycle.verdict, decoded[0], ready_ns, any(late))

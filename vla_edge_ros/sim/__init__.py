@@ -1,5 +1,0 @@
-"""A tiny simulated world for closed-loop evaluation: ``cue-reach`` needs memory, ``reach`` does not."""
-
-from vla_edge_ros.sim.world import TASKS, CueReachEnv, StepOutcome, TaskSpec
-
-__all__ = ["TASKS", "CueReachEnv", "StepOutcome", "TaskSpec"]

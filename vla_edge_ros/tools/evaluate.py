@@ -1,0 +1,361 @@
+"""Closed-loop evaluation: the simulator's camera feeds the runtime, the runtime's commands drive the robot.
+
+Per memory policy and memory budget, episodes of a ``vla_edge_ros.sim`` task run through the same
+objects as live: the frame buffer, the admission gate and the reasoning cycle, on a virtual clock
+that each block advances by its cost (as ``vla-edge replay`` does). At every camera tick the robot
+gets what the action publisher would send: the newest action that is ready and younger than
+``action_timeout_ms``, clipped, mapped through ``twist_dims``; otherwise a safe stop (zero velocity).
+The scripted expert runs through the same loop as a reference for what the task allows.
+
+Rows are policy *variants*: ``aura`` and ``dms`` decide with the checkpoint's learned gate when it has
+one (as configured), ``aura:surprise`` and ``dms:novelty`` with their documented scores instead, and
+``aura:random`` / ``aura:periodic`` are gates with no notion of surprise. The three ``aura:*`` rows are
+matched to the write rate the ``aura`` row measured, so a learned gate is compared with an untrained
+one, and with chance, at the same write budget. Aura's KV holds the prompt, one memory token and the
+current frame whatever the budget (its memory is the constant fast-weight state), so each aura row
+runs once and is reported at ``AURA_BUDGET`` frames.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..runtime.action_output import clip
+from ..runtime.admission import AdmissionGate, Verdict
+from ..config import Settings
+from ..runtime.frame_buffer import FrameBuffer
+from ..memory import AuraPolicy, MemoryPolicy, make_policy
+from ..model.config import ModelConfig, load_model_config
+from ..model.layout import arena_capacity
+from ..engine import VlaEngine
+from ..runtime.reasoner import Reasoner
+from ..runtime.clock import NS_PER_MS, CostModel, VirtualClock, VirtualTimer
+from ..runtime.loader import load_engine
+from ..worlds.sim.world import CueReachEnv, TaskSpec
+
+EXPERT = "expert"
+BAG_START_NS = 1_735_689_600 * 10**9  # recorded episodes start at 2025-01-01, as make-bag's bags do
+SCHEMA = "vla_edge_ros.evaluate/2"
+VARIANTS = ("fifo", "cosine", "aura", "aura:surprise", "aura:random", "aura:periodic", "dms", "dms:novelty")
+MATCHED = ("aura:surprise", "aura:random", "aura:periodic")  # write at the rate the ``aura`` row measured
+BASELINE_GATES = {"aura:random": "random", "aura:periodic": "periodic"}
+AURA_BUDGET = 1  # the frames aura's KV holds whatever the budget: its rows run once, reported at this budget
+AURA_NOTE = (f"aura rows run once, reported at budget_frames {AURA_BUDGET}: their KV holds the prompt, one memory "
+             "token and the current frame whatever the budget; their memory is the constant fast-weight state")
+
+
+@dataclass
+class Episode:
+    """One closed-loop episode's outcome and what the runtime did during it."""
+
+    seed: int
+    success: bool
+    time_s: float
+    path_length: float
+    actions: int = 0
+    refused: int = 0
+    missed: int = 0
+    safe_stops: int = 0
+    memory_peak_bytes: int = 0
+    memory_writes: int = 0
+    memory_frames: int = 0  # frames the memory processed (a refused cycle's frame never reaches it)
+
+
+@dataclass
+class Cell:
+    """All episodes of one (variant, budget) pair."""
+
+    variant: str
+    budget_frames: int | None
+    gate_rate: float | None = None  # an aura:* row's matched write rate (gate rate, or target_write_rate)
+    note: str | None = None
+    episodes: list[Episode] = field(default_factory=list)
+
+    @property
+    def policy(self) -> str:
+        return self.variant.split(":")[0]
+
+    def summary(self) -> dict[str, Any]:
+        n = len(self.episodes)
+        wins = [e for e in self.episodes if e.success]
+        low, high = wilson_interval(len(wins), n)
+        return {
+            "policy": self.policy, "variant": self.variant, "budget_frames": self.budget_frames,
+            "gate_rate": self.gate_rate, "note": self.note, "episodes": n,
+            "success_rate": len(wins) / n if n else 0.0, "success_ci95": [low, high],
+            "time_to_reach_s": float(np.mean([e.time_s for e in wins])) if wins else None,
+            "path_length": float(np.mean([e.path_length for e in wins])) if wins else None,
+            **{key: int(sum(getattr(e, key) for e in self.episodes))
+               for key in ("actions", "refused", "missed", "safe_stops", "memory_writes", "memory_frames")},
+            "memory_peak_bytes": max((e.memory_peak_bytes for e in self.episodes), default=0),
+        }
+
+    def matched_rate(self) -> tuple[float, str | None]:
+        """This (``aura``) row's write rate, writes / frames processed over all its episodes, for the aura:*
+        rows; a gate rate must be > 0, so a row that wrote nothing gives 1/frames, with a note saying so."""
+        frames = sum(e.memory_frames for e in self.episodes)
+        writes = sum(e.memory_writes for e in self.episodes)
+        if writes == 0:
+            smallest = max(frames, 1)
+            note = f"aura wrote nothing in {frames} frames: matched to 1/{smallest}, the smallest rate > 0"
+            return 1 / smallest, note
+        return min(1.0, writes / frames), None
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95 % Wilson score interval of a success rate (sound at 0 and n successes, unlike the normal one)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def capacity_for(config: ModelConfig, policy: MemoryPolicy, prompt_tokens: int, budget_frames: int | None,
+                 spec: TaskSpec) -> int:
+    """KV slots for ``budget_frames`` frames after the prompt (None: every frame of an episode fits)."""
+    frames = budget_frames if budget_frames is not None else math.ceil(spec.time_limit_s * spec.rate_hz) + 1
+    return arena_capacity(config, prompt_tokens, frames, policy.reserved_tokens())
+
+
+def run_episode(env: CueReachEnv, seed: int, settings: Settings, reasoner: Reasoner | None,
+                clock: VirtualClock | None, record: Callable[[int, np.ndarray, np.ndarray], None] | None = None
+                ) -> Episode:
+    """One episode; ``reasoner`` None drives with the scripted expert. ``record(time_ns, frame, expert
+    command)`` sees every camera frame with the expert's command for it (the ground truth)."""
+    spec = env.spec
+    publisher = settings["action_publisher"]
+    twist = publisher["twist_dims"][:2]
+    period_ns = round(1e9 / spec.rate_hz)
+    buffer = FrameBuffer(spec.image_size, spec.image_size) if reasoner else None
+    frame = env.reset()
+    episode = Episode(seed, False, 0.0, 0.0)
+    ready: list[tuple[int, np.ndarray]] = []  # actions in the order they became ready
+    latest: tuple[int, np.ndarray] | None = None
+    start = clock() if clock else 0
+    for tick in range(math.ceil(spec.time_limit_s * spec.rate_hz)):
+        now = start + tick * period_ns
+        if record is not None:
+            record(now, frame, env.expert_command())
+        if reasoner is None:
+            command = env.expert_command()
+        else:
+            buffer.write(frame, now, now)
+            if clock() <= now:  # the reasoner is free: it takes the newest frame
+                clock.wait_until(now)
+                taken = buffer.read_latest()
+                result = reasoner.cycle(taken.image, taken.receive_ns)
+                episode.missed += result.missed
+                if result.action is None:
+                    episode.refused += result.verdict is not Verdict.STALE
+                else:
+                    episode.actions += 1
+                    ready.append((result.ready_ns, clip(result.action, publisher["action_min"],
+                                                        publisher["action_max"])))
+                stats = reasoner.engine.memory_stats()
+                episode.memory_peak_bytes = max(episode.memory_peak_bytes, stats.memory_bytes)
+                episode.memory_writes, episode.memory_frames = stats.writes, stats.frames_seen
+            while ready and ready[0][0] <= now:
+                latest = ready.pop(0)
+            fresh = latest is not None and (now - latest[0]) / NS_PER_MS <= publisher["action_timeout_ms"]
+            command = np.array([latest[1][d] if 0 <= d < latest[1].size else 0.0 for d in twist]) if fresh \
+                else np.zeros(2)
+            episode.safe_stops += not fresh
+        outcome = env.step(command)
+        frame = outcome.frame
+        episode.time_s, episode.path_length = outcome.time_s, outcome.path_length
+        if outcome.done:
+            episode.success = outcome.success
+            break
+    return episode
+
+
+def run_order(variants: Sequence[str]) -> tuple[list[str], bool]:
+    """The variants in the order they run, ``aura`` before every row matched to its write rate; the bool
+    says whether ``aura`` had to be added because such a row was asked for without it."""
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown variants {unknown}, expected some of {VARIANTS}")
+    order = list(dict.fromkeys(variants))
+    first = next((i for i, v in enumerate(order) if v in MATCHED), None)
+    if first is None:
+        return order, False
+    added = "aura" not in order
+    if not added:
+        first = min(first, order.index("aura"))
+        order.remove("aura")  # shifts nothing before ``first``
+    order.insert(first, "aura")
+    return order, added
+
+
+def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budgets: Sequence[int | None],
+             episodes: int, seed: int, costs: CostModel, record_dir: Path | None = None,
+             progress: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+    """Every (variant, budget) over the same seeded episodes, plus the expert; returns evaluate.json's content."""
+    spec.validate()
+    order, added = run_order(variants)
+    notes = [AURA_NOTE] if "aura" in order else []
+    if added:
+        notes.append(f"aura added: it measures the write rate matched by {', '.join(v for v in order if v in MATCHED)}")
+        progress(notes[-1])
+    seeds = [seed + i for i in range(episodes)]
+    cells = [Cell(EXPERT, None, episodes=[_expert_episode(spec, s, settings, record_dir) for s in seeds])]
+    started = time.perf_counter()
+    matched: tuple[float, str | None] | None = None  # the aura row's write rate, once it ran
+    for variant in order:
+        for budget in [AURA_BUDGET] if variant.startswith("aura") else budgets:
+            cell = Cell(variant, budget)
+            if variant in MATCHED:
+                cell.gate_rate, cell.note = matched  # set: run_order puts aura first
+            fitted, budget_note = fit_to_budget(settings["reasoning"], variant, budget)
+            cell.note = "; ".join(filter(None, (cell.note, budget_note))) or None
+            engine, gate, clock = _runtime(settings, spec, variant, budget, cell.gate_rate, fitted)
+            reasoner = Reasoner(engine, gate, VirtualTimer(clock, costs))
+            for s in seeds:
+                _start_episode(engine, settings["reasoning"], variant, cell.gate_rate, s)
+                cell.episodes.append(run_episode(CueReachEnv(spec, s), s, settings, reasoner, clock))
+                clock.wait_until(clock() + 10 ** 9)  # a second between episodes: no frame is stale at the start
+            cells.append(cell)
+            if variant == "aura":
+                matched = cell.matched_rate()
+            summary = cell.summary()
+            rate = f", matched write rate {cell.gate_rate:.3f}" if cell.gate_rate is not None else ""
+            progress(f"{variant:>13} budget {budget if budget is not None else 'all':>4}: success "
+                     f"{summary['success_rate']:.2f} of {len(seeds)}, {summary['refused']} refused, "
+                     f"{summary['missed']} missed{rate}" + (f" ({cell.note})" if cell.note else ""))
+    return {"schema": SCHEMA, "task": asdict(spec), "seed": seed, "episodes": episodes,
+            "cost_model": costs.describe(), "model_dir": settings["reasoning"]["model_dir"], "notes": notes,
+            "runtime_s": time.perf_counter() - started, "cells": [cell.summary() for cell in cells]}
+
+
+def _expert_episode(spec: TaskSpec, seed: int, settings: Settings, record_dir: Path | None) -> Episode:
+    """The scripted expert's episode, also written as a bag (camera + its commands) when ``record_dir`` is set."""
+    if record_dir is None:
+        return run_episode(CueReachEnv(spec, seed), seed, settings, None, None)
+    from ..bags.writer import BagWriter
+
+    twist = settings["action_publisher"]["twist_dims"][:2]
+    dof = max(max(twist) + 1, 1)
+    with BagWriter(record_dir / f"{spec.name}_{seed:04d}.mcap", force=True) as writer:
+        types = writer.types
+        camera = writer.add_topic("/camera/image_raw", "sensor_msgs/msg/Image")
+        command = writer.add_topic("/vla/command", "std_msgs/msg/Float32MultiArray")
+        layout = types["std_msgs/msg/MultiArrayLayout"](dim=[], data_offset=0)
+
+        def record(time_ns: int, frame: np.ndarray, expert: np.ndarray) -> None:
+            stamp = BAG_START_NS + time_ns
+            height, width = frame.shape[:2]
+            writer.write(camera, stamp, types["sensor_msgs/msg/Image"](
+                header=writer.header(stamp, "camera"), height=height, width=width, encoding="rgb8",
+                is_bigendian=0, step=width * 3, data=frame.reshape(-1)))
+            values = np.full(dof, np.nan, dtype=np.float32)
+            for dim, value in zip(twist, expert):
+                if dim >= 0:
+                    values[dim] = value
+            writer.write(command, stamp, types["std_msgs/msg/Float32MultiArray"](layout=layout, data=values))
+
+        return run_episode(CueReachEnv(spec, seed), seed, settings, None, None, record)
+
+
+def variant_knobs(variant: str, rate: float | None) -> dict[str, Any]:
+    """The reasoning node's settings that turn the configured policy into ``variant`` (``rate``: the matched
+    write rate of an aura:* row); the baseline gates are installed per episode by ``_start_episode``."""
+    knobs: dict[str, Any] = {"kv.policy": variant.split(":")[0], "kv_store.dir": ""}
+    if variant == "aura:surprise":
+        knobs.update({"kv.aura.use_learned_gate": False, "kv.aura.target_write_rate": rate})
+    elif variant == "dms:novelty":
+        knobs["kv.dms.use_learned_gate"] = False
+    return knobs
+
+
+def _start_episode(engine: VlaEngine, node: dict[str, Any], variant: str, rate: float | None, seed: int) -> None:
+    """A new episode: the memory starts from the prompt. A baseline gate gets a fresh policy seeded by the
+    episode (as memory-bench does), so its draws and periodic phase differ between episodes, not between runs."""
+    gate = BASELINE_GATES.get(variant)
+    if gate is None:
+        engine.set_prompt(engine.prompt_ids)
+        return
+    policy = AuraPolicy(gate=gate, gate_rate=rate, seed=seed)
+    policy.configure_from(node)  # beta as configured
+    engine.set_policy(policy)
+
+
+def fit_to_budget(node: dict[str, Any], variant: str, budget: int | None) -> tuple[dict[str, Any], str | None]:
+    """Knobs a budget forces, and why: cosine must be able to evict one of its ``budget`` frames, so it
+    protects at most budget - 1 recent frames (a robot's config would be refused instead)."""
+    protect = node["kv.cosine.protect_recent_frames"]
+    if variant == "cosine" and budget is not None and protect >= budget:
+        return ({"kv.cosine.protect_recent_frames": budget - 1},
+                f"protect_recent_frames {protect} -> {budget - 1} to fit {budget} frames")
+    return {}, None
+
+
+def _runtime(settings: Settings, spec: TaskSpec, variant: str, budget: int | None, rate: float | None,
+             fitted: dict[str, Any]) -> tuple[VlaEngine, AdmissionGate, VirtualClock]:
+    """An engine sized for ``budget`` frames under ``variant`` (and ``fit_to_budget``'s knobs), and a
+    gate on a fresh virtual clock."""
+    node = dict(settings["reasoning"], **variant_knobs(variant, rate), **fitted)
+    config = load_model_config(node["model_dir"])
+    node["kv_capacity_tokens"] = capacity_for(config, make_policy(node["kv.policy"], node),
+                                              len(node["prompt_token_ids"]), budget, spec)
+    engine = load_engine(Settings({**settings.values, "reasoning": node}, settings.source)).engine
+    clock = VirtualClock(0)
+    gate = AdmissionGate(alpha=node["ema_alpha"], k=node["margin_k"], deadline_ms=node["deadline_ms"],
+                         warmup=node["warmup_cycles"], clock=clock)
+    return engine, gate, clock
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """One row per (variant, budget), then the report's notes and any row's own."""
+    lines = [f"{report['task']['name']}: {report['episodes']} episodes per cell, cost model {report['cost_model']}",
+             f"{'variant':>13} {'budget':>6} {'success':>8} {'95% CI':>13} {'t reach s':>9} {'path':>6} "
+             f"{'memory B':>11} {'writes':>7} {'w rate':>6} {'refused':>7} {'missed':>6}"]
+    for c in report["cells"]:
+        budget = "all" if c["budget_frames"] is None else str(c["budget_frames"])
+        reach = f"{c['time_to_reach_s']:.2f}" if c["time_to_reach_s"] is not None else "-"
+        path = f"{c['path_length']:.2f}" if c["path_length"] is not None else "-"
+        rate = f"{c['gate_rate']:.3f}" if c["gate_rate"] is not None else "-"
+        lines.append(f"{c['variant']:>13} {budget:>6} {c['success_rate']:>8.2f} "
+                     f"[{c['success_ci95'][0]:.2f}, {c['success_ci95'][1]:.2f}] {reach:>9} {path:>6} "
+                     f"{c['memory_peak_bytes']:>11,} {c['memory_writes']:>7} {rate:>6} {c['refused']:>7} "
+                     f"{c['missed']:>6}")
+    lines += [f"note: {note}" for note in report["notes"]]
+    lines += [f"note ({c['variant']}): {c['note']}" for c in report["cells"] if c["note"]]
+    if any(c["gate_rate"] is not None for c in report["cells"]):
+        lines.append("w rate: the write rate an aura:* row is matched to (the aura row's writes / frames)")
+    return "\n".join(lines)
+
+
+def write_report(report: dict[str, Any], out: Path) -> Path:
+    """evaluate.json and success.png (success rate with its 95 % interval per variant and budget)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "evaluate.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    cells = report["cells"]
+    labels = [f"{c['variant']}\n{'all' if c['budget_frames'] is None else c['budget_frames']}" for c in cells]
+    rates = [c["success_rate"] for c in cells]
+    errors = [[r - c["success_ci95"][0] for r, c in zip(rates, cells)],
+              [c["success_ci95"][1] - r for r, c in zip(rates, cells)]]
+    fig, ax = plt.subplots(figsize=(max(6, len(cells)), 4))
+    ax.bar(range(len(cells)), rates, yerr=errors, capsize=4)
+    ax.set_xticks(range(len(cells)), labels)
+    ax.set(ylim=(0, 1.05), ylabel="success rate (95 % CI)",
+           title=f"{report['task']['name']}: success per KV policy variant and memory budget (frames)")
+    fig.tight_layout()
+    fig.savefig(out / "success.png", dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,648 @@
+"""``vla-edge memory-bench``: can the model forget the right things?
+
+Each episode is a ``CueScene``: one cue frame (class = episode index % K), N near-identical
+distractor frames, then a query frame. At the query we ask each KV policy whether what it kept
+still holds the cue:
+
+- ``fifo`` / ``cosine`` with a memory budget of F frames (KV arena = prompt + F * tokens_per_frame
+  + dof tokens): ``cue_kept`` (the cue frame's slots are still one of the policy's frames; tracked
+  by identity of the policy's entry, because slot numbers are reused after evictions) and
+  ``cue_attention`` (attention mass of the query frame's last token on the cue's slots, summed
+  over them, mean over layers and heads; 0 once evicted), beside ``uniform_attention`` (cue tokens
+  / visible tokens: what a reader that looks everywhere equally would give).
+- ``aura`` (F does not apply: it keeps no past frames as KV): nearest-prototype readout of what
+  the memory adds to the present at the query, r - v_query, where r = W q + b is the read (q from
+  the query frame exactly as ``AuraPolicy`` computes it, read before the query is written) and
+  v_query = W_v z the query frame's own value. Subtracting the present matters: the episodes' own
+  tables and clutter move the raw read far more than a small cue does, and a readout of the raw
+  read scored chance even on a perfect memory (the ceiling below). Prototypes are per-class mean reads over
+  separate prototype episodes (other seeds, same N); a read is classified by its highest cosine
+  to (prototype - mean prototype) after subtracting the same mean. Four gates run: the
+  ``surprise`` gate (the policy's defaults), ``every_frame`` (a periodic gate of rate 1), and ``random`` / ``periodic``
+  at the write rate the surprise gate measured in that N (the same write budget).
+- ``dms`` with the same F-frame arena as fifo and cosine, per target ratio r (``dms_targets``), on
+  episodes of the same scenes with ``dms_lead_in`` look-alike frames before the cue. Without them
+  the cue would be an episode's first frame, judged against the text prompt alone and, with no score
+  history yet, against its own quantile, so dms would keep 1/r of it whatever it showed; with them
+  the cue must stand out from a window of near-duplicates, as it must for cosine (fifo keeps the
+  newest F frames, so frames before the cue change nothing for it). Reported: ``cue_kept`` (the
+  fraction of episodes in which some KV head still reads some cue token: dms keeps parts of frames),
+  ``cue_entries_kept`` (the fraction of the cue's (token, layer, KV head) entries still read),
+  ``cue_centre_kept`` (the same for the one token whose grid cell holds the centre of the cue disc:
+  did the heads keep the part of the frame that carries the cue, more than the 1/r they keep of
+  everything?),
+  ``cue_attention`` (as for fifo, over the cue tokens still held; a head that evicted one gives it no
+  weight), ``uniform_attention`` (mean over heads of cue entries / tokens the head reads),
+  ``compression`` (tokens seen / tokens kept, pooled over heads) and ``forced_evictions``. The
+  compression claim is measured apart (``dms_compression``) on a stream of ``compression_frames``
+  frames in an arena that holds every token, so what is kept is what the heads chose, never what
+  lack of room forced.
+
+Output ``memory_bench.json`` (schema ``vla_edge_ros.memory_bench/2``)::
+
+    schema      "vla_edge_ros.memory_bench/2"
+    config      model ("tiny preset, seed S" or the --model path), episodes, distractors [N],
+                budgets [F], policies, classes K, seed, prototypes_per_class, prompt_tokens,
+                tokens_per_frame, dof, kv_bytes_per_token, frame_hw, dms_targets, dms_window,
+                dms_lead_in, compression_frames
+    rows        one per policy x N x F (cosine: x signature; aura: x gate, budget_frames null;
+                dms: x target ratio):
+                  policy, gate (aura: surprise|every_frame|random|periodic, else null),
+                  signature (cosine: keys|values|embeddings, else null),
+                  gate_rate (aura baselines' write rate, else null), target_ratio (dms, else null),
+                  distractors, budget_frames,
+                  kv_capacity_tokens, protect_recent_frames (cosine, else null), episodes,
+                  cue_kept (fraction of episodes; fifo/cosine/dms, else null),
+                  cue_entries_kept, cue_centre_kept, compression, forced_evictions (dms, else null),
+                  cue_attention, uniform_attention (means; fifo/cosine/dms, else null),
+                  readout_accuracy (aura, else null), chance (1/K),
+                  writes_per_frame, evictions (mean per episode; dms: tokens, not frames),
+                  memory_bytes, kv_bytes, state_bytes (max over episodes, at the query)
+    dms_compression  one per target ratio: target_ratio, window, frames, tokens_seen,
+                compression (tokens seen / tokens kept, pooled over every layer and KV head),
+                decision_compression (tokens decided / keep decisions: without the window's share),
+                slot_compression (tokens seen / slots held: what memory holds), forced_evictions,
+                held_per_head [layers][kv_heads], compression_per_head [layers][kv_heads]
+                (null for a head that keeps nothing)
+    aura_readout_ceiling  the aura readout applied to v_cue - v_query (what a memory returning the
+                cue's value exactly would give; null without aura). When it is not above chance
+                (two binomial standard errors), the aura recall claims are "not tested".
+    overhead    one per policy: policy, arena_frames, frames, policy_ms (median per frame of the
+                policy's own make_room + add_frame (+ frame_prefix)), add_frame_ms (median full
+                engine.add_frame)
+    claims      id, claim, verdict ("holds" | "fails" | "not tested"), evidence (the numbers)
+    runtime_s   wall time of the run
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..memory import POLICIES, AuraPolicy, DmsPolicy, MemoryPolicy, make_policy
+from ..memory.aura import frame_feature
+from ..model.memory_tensors import feature_layout
+from ..memory.cosine import SIGNATURES
+from ..model.checkpoint import Checkpoint, load_checkpoint
+from ..engine.vla_engine import VlaEngine
+from ..model.init_model import preset, write_random_model
+from ..model.layout import arena_capacity
+from ..model.vision import FrameEncoder
+from ..worlds.scenes import COMPRESSION, MAX_CLASSES, OVERHEAD, PROTOTYPE, TEST, CueScene, scene_seed
+
+SCHEMA = "vla_edge_ros.memory_bench/2"
+PROMPT = tuple(range(1, 9))  # a fixed 8-token instruction; the bench is about frames, not words
+MODEL_SEED = 0
+FRAME_HW = (64, 64)
+AURA_GATES = ("surprise", "every_frame", "random", "periodic")
+NOT_DMS = {"target_ratio": None, "cue_entries_kept": None, "cue_centre_kept": None, "compression": None,
+           "forced_evictions": None}
+SEVERAL = 3.0  # "several times fewer writes" means at least this factor
+REACHES = 0.95  # "dms reaches r x compression" means a measured ratio of at least this times r
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """What to sweep; the defaults keep a run to a few minutes on a 2-core CPU."""
+
+    episodes: int = 32  # two binomial standard errors above chance 1/4 is then 0.40
+    distractors: tuple[int, ...] = (4, 16, 64)
+    budgets: tuple[int, ...] = (4, 8, 16)
+    policies: tuple[str, ...] = POLICIES
+    cosine_signatures: tuple[str, ...] = SIGNATURES  # the first is the one the claims judge
+    classes: int = 4
+    seed: int = 0
+    prototypes_per_class: int = 4
+    overhead_arena_frames: int = 64
+    overhead_frames: int = 200
+    dms_targets: tuple[float, ...] = (4.0, 8.0)  # the last is the one the recall claim judges
+    dms_window: int = 32
+    dms_lead_in: int = 4  # look-alike frames before the cue in dms episodes (see the module doc)
+    compression_frames: int = 256
+
+    def validate(self) -> None:
+        for name in ("episodes", "prototypes_per_class", "overhead_arena_frames", "overhead_frames", "dms_window",
+                     "compression_frames"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.dms_lead_in < 0:
+            raise ValueError(f"dms_lead_in must be >= 0, got {self.dms_lead_in}")
+        for name in ("distractors", "budgets"):
+            values = getattr(self, name)
+            if not values or min(values) < 1:
+                raise ValueError(f"{name} must be a non-empty list of positive integers, got {list(values)}")
+        if not self.cosine_signatures or any(sig not in SIGNATURES for sig in self.cosine_signatures):
+            raise ValueError(f"cosine_signatures must be a non-empty subset of {SIGNATURES}, "
+                             f"got {list(self.cosine_signatures)}")
+        unknown = [p for p in self.policies if p not in POLICIES]
+        if not self.policies or unknown:
+            raise ValueError(f"policies must be a non-empty subset of {POLICIES}, got {list(self.policies)}")
+        if not 2 <= self.classes <= MAX_CLASSES:
+            raise ValueError(f"classes must be in [2, {MAX_CLASSES}] (chance must be below 1), got {self.classes}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if not self.dms_targets or min(self.dms_targets) < 1:
+            raise ValueError(f"dms_targets must be a non-empty list of ratios >= 1, got {list(self.dms_targets)}")
+
+
+@dataclass(frozen=True)
+class Episode:
+    cls: int
+    seed: int
+    frames: list[np.ndarray]
+    cue_index: int = 0  # the cue's frame: after ``lead_in`` look-alike frames
+
+
+def make_episodes(spec: BenchSpec, split: int, count: int, distractors: int, lead_in: int = 0) -> list[Episode]:
+    """``count`` seeded episodes: ``lead_in`` distractor frames, the cue, ``distractors`` distractors, the query."""
+    episodes = []
+    for index in range(count):
+        seed, cls = scene_seed(spec.seed, split, index), index % spec.classes
+        scene = CueScene(seed, classes=spec.classes, height=FRAME_HW[0], width=FRAME_HW[1])
+        before = [scene.distractor_frame() for _ in range(lead_in)]
+        episodes.append(Episode(cls, seed, before + scene.episode(cls, distractors), lead_in))
+    return episodes
+
+
+def _engine(checkpoint: Checkpoint, policy: MemoryPolicy, capacity: int) -> VlaEngine:
+    engine = VlaEngine(checkpoint, backend="numpy", kv_capacity_tokens=capacity, policy=policy)
+    engine.set_prompt(list(PROMPT))
+    return engine
+
+
+def window_capacity(checkpoint: Checkpoint, frames: int) -> int:
+    """KV tokens for ``frames`` frames beside the pinned prompt and the action scratch."""
+    return arena_capacity(checkpoint.config, len(PROMPT), frames)
+
+
+def cosine_protect(frames: int) -> int:
+    """The configured default (4), but never more than half the window, so cosine can choose."""
+    return min(4, frames // 2)
+
+
+def _window_policy(name: str, frames: int, signature: str | None = None) -> MemoryPolicy:
+    knobs: dict[str, Any] = {"kv.cosine.protect_recent_frames": cosine_protect(frames)}
+    if signature is not None:
+        knobs["kv.cosine.signature"] = signature
+    return make_policy(name, knobs)
+
+
+def _memory_columns(engine: VlaEngine) -> dict[str, int]:
+    stats = engine.memory_stats()
+    return {"memory_bytes": stats.memory_bytes, "kv_bytes": stats.kv_bytes, "state_bytes": stats.state_bytes}
+
+
+def _summarise(per_episode: list[dict[str, Any]]) -> dict[str, Any]:
+    """Episode results -> one row's shared columns (means of rates, max of bytes)."""
+    return {
+        "episodes": len(per_episode),
+        "writes_per_frame": float(np.mean([e["writes"] / e["frames"] for e in per_episode])),
+        "evictions": float(np.mean([e["evictions"] for e in per_episode])),
+        **{key: max(e[key] for e in per_episode) for key in ("memory_bytes", "kv_bytes", "state_bytes")},
+    }
+
+
+def run_window(checkpoint: Checkpoint, name: str, frames: int, episodes: list[Episode],
+               signature: str | None = None) -> dict[str, Any]:
+    """fifo or cosine with a ``frames``-frame budget: is the cue still cached and read at the query?"""
+    engine = _engine(checkpoint, _window_policy(name, frames, signature), window_capacity(checkpoint, frames))
+    results = []
+    for episode in episodes:
+        engine.set_prompt(list(PROMPT))
+        cue = engine.add_frame(episode.frames[0])
+        cue_entry = engine.policy.frames[-1]  # the policy's own record of the cue: identity survives slot reuse
+        for image in episode.frames[1:-1]:
+            engine.add_frame(image)
+        query = engine.add_frame(episode.frames[-1], probe_attention=True)
+        kept = any(entry is cue_entry for entry in engine.policy.frames)
+        attention = float(query.attention[..., cue.slots].sum(axis=-1).mean()) if kept else 0.0
+        stats = engine.memory_stats()
+        results.append({"kept": kept, "attention": attention, "uniform": cue.slots.size / engine.arena.used,
+                        "writes": stats.writes, "frames": stats.frames_seen, "evictions": stats.evictions,
+                        **_memory_columns(engine)})
+    return {
+        "cue_kept": float(np.mean([r["kept"] for r in results])),
+        "cue_attention": float(np.mean([r["attention"] for r in results])),
+        "uniform_attention": float(np.mean([r["uniform"] for r in results])),
+        **_summarise(results),
+    }
+
+
+def _dms_policy(spec: BenchSpec, target: float) -> DmsPolicy:
+    return make_policy("dms", {"kv.dms.target_ratio": target, "kv.dms.window": spec.dms_window})
+
+
+def cue_token(spec: BenchSpec, episode: Episode, checkpoint: Checkpoint) -> int:
+    """Index of the frame token whose cell of the encoder's grid holds the centre of the cue disc."""
+    scene = CueScene(episode.seed, classes=spec.classes, height=FRAME_HW[0], width=FRAME_HW[1])
+    cy, cx, _ = scene.cue_region(episode.cls)
+    grid = checkpoint.config.vision.pool_grid
+    return int(cy * grid / FRAME_HW[0]) * grid + int(cx * grid / FRAME_HW[1])
+
+
+def run_dms(checkpoint: Checkpoint, spec: BenchSpec, target: float, frames: int,
+            episodes: list[Episode]) -> dict[str, Any]:
+    """dms in the same ``frames``-frame arena as fifo and cosine: how much of the cue do the heads still read?"""
+    engine = _engine(checkpoint, _dms_policy(spec, target), window_capacity(checkpoint, frames))
+    results = []
+    for episode in episodes:
+        engine.set_prompt(list(PROMPT))
+        for index, image in enumerate(episode.frames[:-1]):
+            prefill = engine.add_frame(image)
+            if index == episode.cue_index:
+                centre = int(prefill.slots[cue_token(spec, episode, checkpoint)])
+        query = engine.add_frame(episode.frames[-1], probe_attention=True)
+        policy: DmsPolicy = engine.policy
+        entries = policy.entries_of_frame(episode.cue_index)  # [layers, kv_heads] cue tokens each head reads
+        cue_slots = policy.slots_of_frame(episode.cue_index)
+        reads = engine.arena.head_valid.sum(axis=-1)  # tokens each head reads
+        report, stats = policy.compression(), engine.memory_stats()
+        results.append({"kept": bool(entries.sum()), "entries": float(entries.mean()) / engine.tokens_per_frame,
+                        "centre": float(engine.arena.head_valid[:, :, centre].mean()) if centre in cue_slots else 0.0,
+                        "attention": float(query.attention[..., cue_slots].sum(axis=-1).mean()),
+                        "uniform": float((entries / reads).mean()), "compression": report.ratio,
+                        "forced": report.forced_evictions, "writes": stats.writes,
+                        "frames": stats.frames_seen, "evictions": stats.evictions, **_memory_columns(engine)})
+    return {
+        "cue_kept": float(np.mean([r["kept"] for r in results])),
+        "cue_entries_kept": float(np.mean([r["entries"] for r in results])),
+        "cue_centre_kept": float(np.mean([r["centre"] for r in results])),
+        "cue_attention": float(np.mean([r["attention"] for r in results])),
+        "uniform_attention": float(np.mean([r["uniform"] for r in results])),
+        "compression": float(np.mean([r["compression"] for r in results])),
+        "forced_evictions": float(np.mean([r["forced"] for r in results])),
+        **_summarise(results),
+    }
+
+
+def measure_compression(checkpoint: Checkpoint, spec: BenchSpec) -> list[dict[str, Any]]:
+    """Per target ratio: dms over ``compression_frames`` frames of back-to-back episodes (largest N) in an
+    arena with room for every token, so nothing is forced out and the ratio is the heads' own choice."""
+    n = max(spec.distractors)
+    episodes = make_episodes(spec, COMPRESSION, math.ceil(spec.compression_frames / (n + 2)), n)
+    stream = [image for episode in episodes for image in episode.frames][:spec.compression_frames]
+    capacity = window_capacity(checkpoint, len(stream))
+    out = []
+    for target in spec.dms_targets:
+        engine = _engine(checkpoint, _dms_policy(spec, target), capacity)
+        for image in stream:
+            engine.add_frame(image)
+        report = engine.policy.compression()
+        per_head = report.ratio_per_head
+        out.append({"target_ratio": target, "window": spec.dms_window, "frames": len(stream),
+                    "tokens_seen": report.tokens_seen, "compression": report.ratio,
+                    "decision_compression": report.decision_ratio, "slot_compression": report.slot_ratio,
+                    "forced_evictions": report.forced_evictions, "held_per_head": report.held_per_head.tolist(),
+                    "compression_per_head": [[float(r) if math.isfinite(r) else None for r in layer]
+                                             for layer in per_head]})
+    return out
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    norm = float(np.linalg.norm(x))
+    return (x / norm).astype(np.float32) if norm > 0 else x.astype(np.float32)
+
+
+def aura_read(engine: VlaEngine, image: np.ndarray) -> np.ndarray:
+    """What the aura memory adds to ``image`` right now: r - v, r = W q + b with q and v as ``AuraPolicy`` makes them."""
+    policy = engine.policy
+    z = frame_feature(engine.encoder.encode(image), policy.layout)
+    return policy.memory.read(_unit(policy.q_proj @ z)) - policy.v_proj @ z
+
+
+def aura_policy(gate: str, rate: float, seed: int) -> AuraPolicy:
+    if gate == "surprise":
+        return make_policy("aura")
+    if gate == "every_frame":
+        return AuraPolicy(gate="periodic", gate_rate=1.0)
+    return AuraPolicy(gate=gate, gate_rate=rate, seed=seed)
+
+
+def aura_episodes(engine: VlaEngine, gate: str, rate: float, episodes: list[Episode]) -> list[dict[str, Any]]:
+    """Run each episode under a fresh aura policy; its read at the query, writes and bytes."""
+    results = []
+    for episode in episodes:
+        engine.set_policy(aura_policy(gate, rate, episode.seed))
+        for image in episode.frames[:-1]:
+            engine.add_frame(image)
+        read = aura_read(engine, episode.frames[-1])
+        engine.add_frame(episode.frames[-1])
+        stats = engine.memory_stats()
+        results.append({"cls": episode.cls, "read": read, "writes": stats.writes, "frames": stats.frames_seen,
+                        "evictions": stats.evictions, **_memory_columns(engine)})
+    return results
+
+
+def prototype_accuracy(prototype_runs: list[dict[str, Any]], test_runs: list[dict[str, Any]], classes: int) -> float:
+    """Fraction of test reads whose nearest centred class prototype (by cosine) is their own class."""
+    prototypes = np.stack([np.mean([r["read"] for r in prototype_runs if r["cls"] == c], axis=0)
+                           for c in range(classes)])
+    centre = prototypes.mean(axis=0)
+    centred = np.stack([_unit(p - centre) for p in prototypes])
+    hits = [int(np.argmax(centred @ _unit(r["read"] - centre))) == r["cls"] for r in test_runs]
+    return float(np.mean(hits))
+
+
+def readout_ceiling(checkpoint: Checkpoint, spec: BenchSpec, tests: list[Episode], prototypes: list[Episode]) -> float:
+    """The same readout on v_cue - v_query (v = W_v z): what a memory returning the cue's value exactly would
+    give. At chance, the readout cannot tell the classes apart even from a perfect memory."""
+    encoder, v_proj = FrameEncoder.from_checkpoint(checkpoint), checkpoint.float32("aura.v_proj.weight")
+    layout = feature_layout(checkpoint.config, v_proj.shape[1])
+
+    def value(image: np.ndarray) -> np.ndarray:
+        return v_proj @ frame_feature(encoder.encode(image), layout)
+
+    def values(episodes: list[Episode]) -> list[dict[str, Any]]:
+        return [{"cls": e.cls, "read": value(e.frames[0]) - value(e.frames[-1])} for e in episodes]
+
+    return prototype_accuracy(values(prototypes), values(tests), spec.classes)
+
+
+def above_chance(accuracy: float, chance: float, episodes: int) -> bool:
+    """More than two binomial standard errors above chance."""
+    return accuracy > chance + 2 * math.sqrt(chance * (1 - chance) / episodes)
+
+
+def run_aura(checkpoint: Checkpoint, spec: BenchSpec, tests: list[Episode],
+             prototypes: list[Episode]) -> list[dict[str, Any]]:
+    """The four aura gates at one N; the baselines get the write rate the surprise gate measured."""
+    config = checkpoint.config
+    capacity = arena_capacity(config, len(PROMPT), 1, reserved_tokens=1)  # aura: one memory token
+    engine = _engine(checkpoint, make_policy("aura"), capacity)
+    rows, rate = [], 1.0
+    for gate in AURA_GATES:
+        test_runs = aura_episodes(engine, gate, rate, tests)
+        proto_runs = aura_episodes(engine, gate, rate, prototypes)
+        if gate == "surprise":
+            measured = sum(r["writes"] for r in test_runs) / sum(r["frames"] for r in test_runs)
+            rate = min(1.0, max(measured, 1e-6))
+        rows.append({"policy": "aura", "gate": gate, **NOT_DMS,
+                     "gate_rate": None if gate == "surprise" else (1.0 if gate == "every_frame" else rate),
+                     "kv_capacity_tokens": capacity, "protect_recent_frames": None,
+                     "cue_kept": None, "cue_attention": None, "uniform_attention": None,
+                     "readout_accuracy": prototype_accuracy(proto_runs, test_runs, spec.classes),
+                     **_summarise(test_runs)})
+    return rows
+
+
+@contextmanager
+def _timing(policy: MemoryPolicy, names: tuple[str, ...]) -> Iterator[list[float]]:
+    """Accumulate the time spent in ``policy``'s named methods into the yielded one-element list."""
+    spent = [0.0]
+    originals = {name: getattr(policy, name) for name in names}
+
+    def timed(method: Callable) -> Callable:
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - start
+        return call
+
+    for name, method in originals.items():
+        setattr(policy, name, timed(method))
+    try:
+        yield spent
+    finally:
+        for name in names:
+            delattr(policy, name)  # the instance attribute goes; the class's method shows again
+
+
+def measure_overhead(checkpoint: Checkpoint, name: str, spec: BenchSpec) -> dict[str, Any]:
+    """Median per-frame cost of the policy's own work, and of the whole add_frame, on a full arena."""
+    arena_frames = spec.overhead_arena_frames
+    policy = _dms_policy(spec, spec.dms_targets[0]) if name == "dms" else _window_policy(name, arena_frames)
+    engine = _engine(checkpoint, policy, window_capacity(checkpoint, arena_frames))
+    scene = CueScene(scene_seed(spec.seed, OVERHEAD, 0), classes=spec.classes, height=FRAME_HW[0], width=FRAME_HW[1])
+    for _ in range(arena_frames):  # fill the window first, so every timed frame evicts (dms: decides and enforces)
+        engine.add_frame(scene.distractor_frame())
+    methods = ("frame_prefix", "make_room", "add_frame") if name == "aura" else ("make_room", "add_frame")
+    policy_ms, total_ms = [], []
+    images = [scene.distractor_frame() for _ in range(spec.overhead_frames)]
+    with _timing(engine.policy, methods) as spent:
+        for image in images:
+            spent[0] = 0.0
+            start = time.perf_counter()
+            engine.add_frame(image)
+            total_ms.append((time.perf_counter() - start) * 1e3)
+            policy_ms.append(spent[0] * 1e3)
+    return {"policy": name, "arena_frames": arena_frames, "frames": len(images),
+            "policy_ms": float(np.median(policy_ms)), "add_frame_ms": float(np.median(total_ms))}
+
+
+def evaluate_claims(rows: list[dict[str, Any]], episodes: int, chance: float, ceiling: float | None,
+                    compression: list[dict[str, Any]], signature: str = SIGNATURES[0]) -> list[dict[str, Any]]:
+    """Each claim's verdict from the measured rows; nothing here knows the answer in advance."""
+    def find(policy: str, **where) -> list[dict[str, Any]]:
+        return [r for r in rows if r["policy"] == policy and all(r[k] == v for k, v in where.items())]
+
+    def verdict(tested: bool, passed: list[bool]) -> str:
+        return "not tested" if not (tested and passed) else "holds" if all(passed) else "fails"
+
+    cells = [{"distractors": f["distractors"], "budget_frames": f["budget_frames"], "fifo_cue_kept": f["cue_kept"],
+              "cosine_cue_kept": c["cue_kept"], "cosine_cue_attention": c["cue_attention"],
+              "uniform_attention": c["uniform_attention"]}
+             for f in find("fifo") if f["cue_kept"] == 0
+             for c in find("cosine", distractors=f["distractors"], budget_frames=f["budget_frames"],
+                           signature=signature)]
+    claims = [{"id": "1", "claim": f"cosine ({signature} signature) keeps the cue (in most episodes) in every cell "
+                                    "where fifo lost it in all",
+               "verdict": verdict(True, [c["cosine_cue_kept"] > 0.5 for c in cells]), "evidence": cells}]
+
+    sizes = sorted({r["state_bytes"] for r in find("aura")})
+    claims.append({"id": "2a", "claim": "aura state bytes are the same for every number of distractors",
+                   "verdict": verdict(True, [len(sizes) == 1] if sizes else []),
+                   "evidence": {"state_bytes": sizes, "distractors": sorted({r["distractors"] for r in find("aura")})}})
+    per_n = []
+    for surprise in find("aura", gate="surprise"):
+        gates = {r["gate"]: r for r in find("aura", distractors=surprise["distractors"])}
+        per_n.append({"distractors": surprise["distractors"], "chance": chance, "readout_ceiling": ceiling,
+                      **{f"{g}_accuracy": gates[g]["readout_accuracy"] for g in AURA_GATES},
+                      **{f"{g}_writes_per_frame": gates[g]["writes_per_frame"] for g in AURA_GATES}})
+    # recall comparisons mean nothing when the readout cannot tell the classes apart from the cue itself
+    readable = ceiling is not None and above_chance(ceiling, chance, episodes)
+    claims.append({"id": "2b", "claim": f"the surprise gate writes at least {SEVERAL:g}x less than write-every-frame, "
+                                         "at equal or better readout accuracy that is above chance, for every N",
+                   "verdict": verdict(readable, [
+                       c["every_frame_writes_per_frame"] >= SEVERAL * c["surprise_writes_per_frame"]
+                       and c["surprise_accuracy"] >= c["every_frame_accuracy"]
+                       and above_chance(c["surprise_accuracy"], chance, episodes) for c in per_n]),
+                   "evidence": per_n})
+    claims.append({"id": "3", "claim": "random and periodic gates at the surprise gate's write budget read out less "
+                                        "accurately than the surprise gate, for every N",
+                   "verdict": verdict(readable, [
+                       c["surprise_accuracy"] > max(c["random_accuracy"], c["periodic_accuracy"]) for c in per_n]),
+                   "evidence": per_n})
+    targets = " and ".join(f"{c['target_ratio']:g}x" for c in compression) or "its target"
+    claims.append({"id": "4", "claim": f"dms reaches {targets} compression: tokens "
+                                        f"seen / tokens kept, pooled over every layer and KV head, at least {REACHES:g} "
+                                        "x the target ratio, on a stream with no forced evictions",
+                   "verdict": verdict(bool(compression), [
+                       c["forced_evictions"] == 0 and c["compression"] >= REACHES * c["target_ratio"]
+                       for c in compression]),
+                   "evidence": compression})
+    dms_target = max((r["target_ratio"] for r in find("dms")), default=None)
+    dms_cells = [{"distractors": f["distractors"], "budget_frames": f["budget_frames"], "target_ratio": dms_target,
+                  "keep_share": 1 / dms_target, "fifo_cue_kept": f["cue_kept"], "dms_cue_kept": d["cue_kept"],
+                  "dms_cue_entries_kept": d["cue_entries_kept"], "dms_cue_centre_kept": d["cue_centre_kept"],
+                  "dms_cue_attention": d["cue_attention"], "dms_uniform_attention": d["uniform_attention"],
+                  "dms_compression": d["compression"]}
+                 for f in find("fifo") if f["cue_kept"] == 0
+                 for d in find("dms", distractors=f["distractors"], budget_frames=f["budget_frames"],
+                               target_ratio=dms_target)]
+    target_text = f"{dms_target:g}x target" if dms_target is not None else "not run"
+    claims.append({"id": "4b", "claim": f"dms ({target_text}) forgets the right things: in every cell where fifo lost "
+                                         "the cue, its heads still read the token under the cue in a larger share of "
+                                         "(layer, KV head) entries than the 1/target they keep of everything",
+                   "verdict": verdict(True, [c["dms_cue_centre_kept"] > c["keep_share"] for c in dms_cells]),
+                   "evidence": dms_cells})
+    return claims
+
+
+def _window_rows(checkpoint: Checkpoint, spec: BenchSpec, n: int, tests: list[Episode],
+                 progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    rows = []
+    for name in (p for p in spec.policies if p in ("fifo", "cosine")):
+        for signature in spec.cosine_signatures if name == "cosine" else (None,):
+            for frames in spec.budgets:
+                start = time.perf_counter()
+                rows.append({"policy": name, "gate": None, "gate_rate": None, "signature": signature, **NOT_DMS,
+                             "distractors": n, "budget_frames": frames,
+                             "kv_capacity_tokens": window_capacity(checkpoint, frames),
+                             "protect_recent_frames": cosine_protect(frames) if name == "cosine" else None,
+                             **run_window(checkpoint, name, frames, tests, signature), "readout_accuracy": None})
+                progress(f"{name:<6} {signature or '':<10} N={n:<4} F={frames:<3} cue kept "
+                         f"{rows[-1]['cue_kept']:.2f} ({time.perf_counter() - start:.1f} s)")
+    return rows
+
+
+def _dms_rows(checkpoint: Checkpoint, spec: BenchSpec, n: int, tests: list[Episode],
+              progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    rows = []
+    for target in spec.dms_targets:
+        for frames in spec.budgets:
+            start = time.perf_counter()
+            rows.append({"policy": "dms", "gate": None, "gate_rate": None, "signature": None, "target_ratio": target,
+                         "distractors": n, "budget_frames": frames,
+                         "kv_capacity_tokens": window_capacity(checkpoint, frames), "protect_recent_frames": None,
+                         **run_dms(checkpoint, spec, target, frames, tests), "readout_accuracy": None})
+            progress(f"dms    target {target:<4g} N={n:<4} F={frames:<3} cue kept {rows[-1]['cue_kept']:.2f}, "
+                     f"entries {rows[-1]['cue_entries_kept']:.2f} ({time.perf_counter() - start:.1f} s)")
+    return rows
+
+
+def run_bench(spec: BenchSpec, model_dir: Path | None = None,
+              progress: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+    """Run the whole sweep and return the report (see the module doc for its schema)."""
+    spec.validate()
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="vla-memory-bench-") as scratch:
+        model_name = str(model_dir) if model_dir else f"tiny preset, seed {MODEL_SEED}"
+        model_dir = model_dir or write_random_model(Path(scratch) / "tiny", preset("tiny"), seed=MODEL_SEED)
+        checkpoint = load_checkpoint(model_dir)
+        rows, ceiling = [], None
+        for n in spec.distractors:
+            tests = make_episodes(spec, TEST, spec.episodes, n)
+            rows += _window_rows(checkpoint, spec, n, tests, progress)
+            if "dms" in spec.policies:
+                rows += _dms_rows(checkpoint, spec, n, make_episodes(spec, TEST, spec.episodes, n, spec.dms_lead_in),
+                                  progress)
+            if "aura" in spec.policies:
+                cell_start = time.perf_counter()
+                prototypes = make_episodes(spec, PROTOTYPE, spec.classes * spec.prototypes_per_class, n)
+                if ceiling is None:  # cue frames do not depend on N
+                    ceiling = readout_ceiling(checkpoint, spec, tests, prototypes)
+                rows += [{**row, "signature": None, "distractors": n, "budget_frames": None}
+                         for row in run_aura(checkpoint, spec, tests, prototypes)]
+                progress(f"aura   N={n:<4} {len(AURA_GATES)} gates ({time.perf_counter() - cell_start:.1f} s)")
+        for row in rows:
+            row["chance"] = 1.0 / spec.classes
+        compression = measure_compression(checkpoint, spec) if "dms" in spec.policies else []
+        for c in compression:
+            progress(f"dms    target {c['target_ratio']:g}: {c['compression']:.2f}x over {c['frames']} frames")
+        overhead = []
+        for name in spec.policies:
+            overhead.append(measure_overhead(checkpoint, name, spec))
+            progress(f"{name:<6} overhead at {spec.overhead_arena_frames} frames: {overhead[-1]['policy_ms']:.3f} ms")
+        config = checkpoint.config
+        kv_bytes_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
+    return {
+        "schema": SCHEMA,
+        "config": {"model": model_name, "episodes": spec.episodes, "distractors": list(spec.distractors),
+                   "budgets": list(spec.budgets), "policies": list(spec.policies),
+                   "cosine_signatures": list(spec.cosine_signatures), "classes": spec.classes,
+                   "seed": spec.seed, "prototypes_per_class": spec.prototypes_per_class,
+                   "prompt_tokens": len(PROMPT), "tokens_per_frame": config.vision.tokens_per_frame,
+                   "dof": config.action.dof, "kv_bytes_per_token": kv_bytes_per_token, "frame_hw": list(FRAME_HW),
+                   "dms_targets": list(spec.dms_targets), "dms_window": spec.dms_window,
+                   "dms_lead_in": spec.dms_lead_in, "compression_frames": spec.compression_frames},
+        "rows": rows,
+        "aura_readout_ceiling": ceiling,
+        "dms_compression": compression,
+        "overhead": overhead,
+        "claims": evaluate_claims(rows, spec.episodes, 1.0 / spec.classes, ceiling, compression,
+                                  spec.cosine_signatures[0]),
+        "runtime_s": time.perf_counter() - start,
+    }
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, fmt)
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The report as text: one row per policy x N x F (aura: x gate), overheads, then the claims."""
+    header = (f"{'policy':<6} {'variant':<13} {'N':>4} {'F':>3} {'cue kept':>8} {'entries':>7} {'cue attn':>8} "
+              f"{'uniform':>7} {'readout':>7} {'chance':>6} {'ratio':>6} {'writes/fr':>9} {'evict':>6} "
+              f"{'memory B':>10} {'kv B':>10} {'state B':>7}")
+    lines = [header, "-" * len(header)]
+    for r in report["rows"]:
+        gate = r["gate"] or (f"sig {r['signature']}" if r["signature"] else "-")
+        if r["gate"] in ("random", "periodic"):
+            gate += f" {r['gate_rate']:.2f}"
+        if r["target_ratio"] is not None:
+            gate = f"target {r['target_ratio']:g}"
+        lines.append(f"{r['policy']:<6} {gate:<13} {r['distractors']:>4} {_cell(r['budget_frames'], 'd'):>3} "
+                     f"{_cell(r['cue_kept'], '.2f'):>8} {_cell(r['cue_entries_kept'], '.2f'):>7} "
+                     f"{_cell(r['cue_attention'], '.4f'):>8} "
+                     f"{_cell(r['uniform_attention'], '.4f'):>7} {_cell(r['readout_accuracy'], '.2f'):>7} "
+                     f"{r['chance']:>6.2f} {_cell(r['compression'], '.2f'):>6} {r['writes_per_frame']:>9.3f} "
+                     f"{r['evictions']:>6.1f} {r['memory_bytes']:>10,} {r['kv_bytes']:>10,} {r['state_bytes']:>7,}")
+    lines.append("")
+    for c in report["dms_compression"]:
+        heads = [r for layer in c["compression_per_head"] for r in layer]
+        finite = [r for r in heads if r is not None]
+        lines.append(f"dms target {c['target_ratio']:g}x over {c['frames']} frames (window {c['window']}): "
+                     f"tokens seen / kept {c['compression']:.2f}x pooled over heads (per head "
+                     f"{min(finite, default=float('nan')):.2f}..{max(finite, default=float('nan')):.2f}"
+                     f"{', ' + str(heads.count(None)) + ' keep nothing' if None in heads else ''}), "
+                     f"{c['decision_compression']:.2f}x of the decisions, {c['slot_compression']:.2f}x of the "
+                     f"slots held; {c['forced_evictions']} forced")
+    lines.append("")
+    for o in report["overhead"]:
+        lines.append(f"overhead {o['policy']:<6} at {o['arena_frames']} frames: policy {o['policy_ms']:.3f} ms/frame "
+                     f"(median of {o['frames']}), whole add_frame {o['add_frame_ms']:.2f} ms")
+    lines.append("")
+    for c in report["claims"]:
+        lines.append(f"claim {c['id']:<2} {c['verdict'].upper():<10} {c['claim']}")
+    if report["aura_readout_ceiling"] is not None:
+        lines.append(f"aura readout ceiling (v_cue - v_query, a perfect memory): {report['aura_readout_ceiling']:.2f} "
+                     f"(chance {1 / report['config']['classes']:.2f})")
+    return "\n".join(lines)
+
+
+def write_report(report: dict[str, Any], out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "memory_bench.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    return path

@@ -1,0 +1,5 @@
+"""A tiny simulated world for closed-loop evaluation: ``cue-reach`` needs memory, ``reach`` does not."""
+
+from .world import TASKS, CueReachEnv, StepOutcome, TaskSpec
+
+__all__ = ["TASKS", "CueReachEnv", "StepOutcome", "TaskSpec"]

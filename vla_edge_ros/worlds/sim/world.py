@@ -1,0 +1,210 @@
+"""A tiny 2-D world with a task that needs memory: ``cue-reach``, and its no-memory control ``reach``.
+
+The world is the unit square [0, 1]^2 seen from above by a fixed camera (``render``): x runs right
+along image columns, y runs down along image rows, so a command (vx, vy) is in image directions.
+A robot (white disc) must drive onto the goal, one of K targets that all look alike.
+
+- ``reach``: the goal wears a bright ring in every frame and the robot may move from the first step.
+- ``cue-reach``: the ring is shown for the first ``cue_s`` only, and the robot is held still (commands
+  ignored) from the start until ``cue_s + hold_s``. Holding it during the cue too matters: a robot
+  that could already move toward the goal while it is marked would carry the answer in its own
+  position, and the task would no longer need memory. During the hold the frames differ only by
+  sensor noise.
+
+Durations are whole frames: ``round(seconds * rate_hz)``. Commands are clipped per component to
+[-1, 1] (NaN -> 0) and move the robot by ``command * max_speed / rate_hz`` per step; the robot stops
+at the walls. An episode ends on success (robot centre within ``reach_radius`` of the goal's) or at
+``time_limit_s``; touching a wrong target does not end it (a policy may recover), it is recorded in
+``StepOutcome.touched_wrong``. Everything (layout, colours, floor, clutter, noise) follows from the
+seed: layout and noise come from two separate streams spawned from it, and ``reset`` replays both.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import render
+
+TASKS = ("reach", "cue-reach")
+PLACEMENT_MARGIN = 0.1     # targets and robot start this far from the walls, so all of them stay in view
+PLACEMENT_TRIES = 10_000   # at the default reach_radius: K <= 5 fit (50 of 50 seeds), K = 6 in 36 of 50
+EXPERT_GAIN = 10.0         # command per world unit of distance: saturated until 0.1 from the goal
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task's world and timing; the defaults are the ``cue-reach`` the evaluation uses."""
+
+    name: str = "cue-reach"
+    image_size: int = 96
+    targets: int = 3
+    rate_hz: float = 30.0
+    cue_s: float = 0.3
+    hold_s: float = 1.5
+    time_limit_s: float = 8.0
+    reach_radius: float = 0.08
+    max_speed: float = 0.5
+    noise_sigma: float = 4.0
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad field."""
+        if self.name not in TASKS:
+            raise ValueError(f"name: unknown task {self.name!r}, expected one of {TASKS}")
+        if not isinstance(self.image_size, (int, np.integer)) or self.image_size < 32:
+            raise ValueError(f"image_size: need an int >= 32 (pixels per side), got {self.image_size!r}")
+        if not isinstance(self.targets, (int, np.integer)) or self.targets < 2:
+            raise ValueError(f"targets: need an int >= 2 (one goal and a look-alike), got {self.targets!r}")
+        for field in ("rate_hz", "cue_s", "time_limit_s", "max_speed"):
+            value = getattr(self, field)
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{field}: need a finite value > 0, got {value!r}")
+        for field in ("hold_s", "noise_sigma"):
+            value = getattr(self, field)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{field}: need a finite value >= 0, got {value!r}")
+        if not math.isfinite(self.reach_radius) or not 0 < self.reach_radius < 0.5:
+            raise ValueError(f"reach_radius: need 0 < reach_radius < 0.5 (world units), got {self.reach_radius!r}")
+        if self.frames(self.cue_s) < 1:
+            raise ValueError(f"cue_s: {self.cue_s} s is less than one frame at {self.rate_hz} Hz")
+        if self.name == "cue-reach" and self.frames(self.time_limit_s) <= self.release_frames:
+            raise ValueError(f"time_limit_s: {self.time_limit_s} s leaves no time to move after "
+                             f"cue_s + hold_s = {self.cue_s + self.hold_s} s")
+
+    def frames(self, seconds: float) -> int:
+        """A duration in whole simulator steps."""
+        return round(seconds * self.rate_hz)
+
+    @property
+    def release_frames(self) -> int:
+        """Steps during which commands are ignored: cue and hold in ``cue-reach``, none in ``reach``."""
+        return self.frames(self.cue_s) + self.frames(self.hold_s) if self.name == "cue-reach" else 0
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    frame: np.ndarray        # HxWx3 uint8 RGB, the camera view after the step
+    done: bool               # success or time limit (a wrong target does not end the episode)
+    success: bool            # robot centre within reach_radius of the goal's, at or before the time limit
+    time_s: float            # simulated time since reset
+    path_length: float       # distance the robot has moved since reset (world units)
+    touched_wrong: bool      # the robot has come within reach_radius of a non-goal target since reset
+
+
+class CueReachEnv:
+    """One seeded episode of ``spec``; ``step`` advances it by one camera frame. ``goal`` is read
+    afresh by every frame, the expert and the success test, so a harness may reassign it."""
+
+    def __init__(self, spec: TaskSpec, seed: int) -> None:
+        spec.validate()
+        self.spec, self.seed = spec, seed
+        layout_seed, self._noise_seed = np.random.SeedSequence(seed).spawn(2)
+        rng = np.random.default_rng(layout_seed)
+        self.start, self.targets = _layout(rng, spec)
+        self.goal = int(rng.integers(spec.targets))
+        self._plain = render.floor(rng, spec.image_size)
+        colour = render.TARGET_COLOURS[rng.integers(len(render.TARGET_COLOURS))]
+        render.paint_targets(self._plain, self.targets, colour)
+        self._cue_frames = spec.frames(spec.cue_s)
+        self._limit_frames = spec.frames(spec.time_limit_s)
+        self.reset()
+
+    def reset(self) -> np.ndarray:
+        """Restart the same episode (layout and noise sequence) and return its first frame."""
+        self._noise = np.random.default_rng(self._noise_seed)
+        self.robot = self.start.copy()
+        self._steps = 0
+        self.path_length = 0.0
+        self._touched_wrong = False
+        self._done = False
+        return self._frame()
+
+    @property
+    def time_s(self) -> float:
+        """Simulated seconds since reset (whole steps / rate_hz, so no drift)."""
+        return self._steps / self.spec.rate_hz
+
+    @property
+    def cue_visible(self) -> bool:
+        """Whether the current frame marks the goal."""
+        return self.spec.name == "reach" or self._steps < self._cue_frames
+
+    @property
+    def held(self) -> bool:
+        """Whether the next ``step`` ignores its command (cue and hold of ``cue-reach``)."""
+        return self._steps < self.spec.release_frames
+
+    def step(self, command: np.ndarray) -> StepOutcome:
+        """Apply ``command`` (vx, vy) for one frame period and return what the camera sees after it."""
+        if self._done:
+            raise RuntimeError("the episode is over; call reset() to replay it")
+        command = np.asarray(command, dtype=np.float64)
+        if command.shape != (2,):
+            raise ValueError(f"a command is (vx, vy), got shape {command.shape}")
+        command = np.clip(np.nan_to_num(command, nan=0.0), -1.0, 1.0)
+        if not self.held:
+            moved = np.clip(self.robot + command * self.spec.max_speed / self.spec.rate_hz, 0.0, 1.0)
+            self.path_length += float(np.linalg.norm(moved - self.robot))
+            self.robot = moved
+        self._steps += 1
+        distances = np.linalg.norm(self.targets - self.robot, axis=1)
+        reached = distances <= self.spec.reach_radius
+        success = bool(reached[self.goal])
+        self._touched_wrong |= bool(np.delete(reached, self.goal).any())
+        self._done = success or self._steps >= self._limit_frames
+        return StepOutcome(self._frame(), self._done, success, self.time_s, self.path_length, self._touched_wrong)
+
+    def place_robot(self, position: np.ndarray) -> np.ndarray:
+        """Put the robot at ``position`` (x, y), clipped into the world, and return the camera's view.
+
+        For training data: single frames with the robot anywhere, not only where some policy drove
+        it. Time, path length and the episode's outcome are left as they were."""
+        self.robot = np.clip(np.asarray(position, dtype=np.float64), 0.0, 1.0)
+        return self._frame()
+
+    def expert_command(self) -> np.ndarray:
+        """The scripted (privileged: it knows the goal) command: toward the goal, proportional with the
+        magnitude saturated at 1, zero within reach_radius / 2. It also points at the goal while the
+        robot is held, so demonstrations label the hold with what the cue asked for. The gain is capped
+        so one step never overshoots the goal."""
+        delta = self.targets[self.goal] - self.robot
+        if np.linalg.norm(delta) <= self.spec.reach_radius / 2:
+            return np.zeros(2)
+        command = min(EXPERT_GAIN, self.spec.rate_hz / self.spec.max_speed) * delta
+        return command / max(1.0, float(np.linalg.norm(command)))
+
+    def _frame(self) -> np.ndarray:
+        image = self._plain.copy()
+        if self.cue_visible:
+            render.paint_ring(image, self.targets[self.goal])
+        render.paint_robot(image, self.robot)
+        image += self._noise.normal(0.0, self.spec.noise_sigma, size=image.shape).astype(np.float32)
+        return np.clip(np.rint(image), 0, 255).astype(np.uint8)
+
+
+def _layout(rng: np.random.Generator, spec: TaskSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Robot start and pixel-snapped targets, pairwise more than 3 * reach_radius apart (standing
+    still reaches nothing, no spot is within reach of two targets), and every straight path from the
+    start to a target passes more than 2 * reach_radius from the others: the expert never brushes a
+    look-alike, so ``touched_wrong`` is the policy's mistake. The rule holds for every target, not
+    just the goal, so the layout does not hint at which one is the goal."""
+    separation = 3 * spec.reach_radius
+    for _ in range(PLACEMENT_TRIES):
+        points = rng.uniform(PLACEMENT_MARGIN, 1 - PLACEMENT_MARGIN, size=(spec.targets + 1, 2))
+        points[1:] = render.snap(points[1:], spec.image_size)
+        gaps = np.linalg.norm(points[:, None] - points[None], axis=-1)[np.triu_indices(len(points), 1)]
+        if (gaps > separation).all() and path_clearance(points[0], points[1:]) > 2 * spec.reach_radius:
+            return points[0], points[1:]
+    raise ValueError(f"targets: could not place {spec.targets} targets and the robot apart in "
+                     f"{PLACEMENT_TRIES} tries; use fewer targets or a smaller reach_radius")
+
+
+def path_clearance(start: np.ndarray, targets: np.ndarray) -> float:
+    """How close any target comes to the straight segment from ``start`` to another target."""
+    paths = targets - start                                                   # [K, 2]
+    along = np.clip(paths @ paths.T / (paths ** 2).sum(axis=1), 0.0, 1.0)     # [j, i]: target j on path i
+    distance = np.linalg.norm(paths[:, None] - along[..., None] * paths[None], axis=-1)
+    np.fill_diagonal(distance, np.inf)
+    return float(distance.min())
