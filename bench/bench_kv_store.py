@@ -31,11 +31,11 @@ import cryptography
 import numpy as np
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from vla_edge_ros.engine.vla_engine import PREFILL_CHUNK_TOKENS, VlaEngine
 from vla_edge_ros.kv_store import BlockStore, model_fingerprint
 from vla_edge_ros.kv_store.block_file import HEADER_BYTES, parse_header
 from vla_edge_ros.kv_store.engine_blocks import PROMPT_KIND, prompt_key
 from vla_edge_ros.model.checkpoint import load_checkpoint
-from vla_edge_ros.engine.vla_engine import PREFILL_CHUNK_TOKENS, VlaEngine
 from vla_edge_ros.model.init_model import preset, write_random_model
 
 MODELS = (("tiny", "tiny", None), ("1.5b-shape x4", "qwen2.5-1.5b-shape", 4))
@@ -167,7 +167,7 @@ def main() -> None:
             speeds[name] = (read_gbs, decrypt_gbs, rows[-1].file_bytes)
             del engine, checkpoint
 
-    print(f"\n1. recompute (set_prompt prefill) vs load (store.get: read + decrypt + unpack, then set_prompt(cached))")
+    print("\n1. recompute (set_prompt prefill) vs load (store.get: read + decrypt + unpack, then set_prompt(cached))")
     print(f"   load: median of {args.repeats}; recompute: median of {args.repeats}, or 1 run where the first took "
           f"> {args.slow_s:g} s (runs column)")
     print(f"   {'model':15}{'tokens':>7}{'recompute s':>13}{'runs':>5}{'load ms':>10}{'recomp/load':>13}"

@@ -13,10 +13,16 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from vla_edge_ros.runtime.action_output import (ActionOutput, Outcome, age_outcome, clip, joint_positions,
-                                        twist_components)
+from vla_edge_ros.config import ConfigError, OutputKnobs, defaults
+from vla_edge_ros.runtime.action_output import (
+    ActionOutput,
+    Outcome,
+    age_outcome,
+    clip,
+    joint_positions,
+    twist_components,
+)
 from vla_edge_ros.runtime.action_slot import ActionSlot, TimedAction
-from vla_edge_ros.config import ConfigError, defaults
 
 try:
     import rclpy
@@ -26,6 +32,16 @@ except ImportError:  # the decision tests above the graph still run
 needs_ros = pytest.mark.skipif(rclpy is None, reason="rclpy is not installed")
 MS = 1_000_000
 NOW = 10_000 * MS
+
+
+def output_for(command_type: str, twist_dims: list[int], joint_names: list[str]) -> ActionOutput:
+    return ActionOutput(OutputKnobs.of({"command_type": command_type, "twist_dims": twist_dims,
+                                        "joint_names": joint_names}))
+
+
+def limits(timeout_ms: float, action_min: list[float], action_max: list[float]) -> OutputKnobs:
+    """The live knobs a tick reads: the action timeout and the clip limits."""
+    return OutputKnobs.of({"action_timeout_ms": timeout_ms, "action_min": action_min, "action_max": action_max})
 
 
 def _action(values, age_ms: float = 0.0) -> TimedAction:
@@ -74,49 +90,49 @@ def test_joint_positions_need_exactly_one_name_per_dimension():
 
 
 def test_float_array_fresh_is_clipped_and_every_safe_stop_is_zeros_of_the_action_size():
-    output = ActionOutput("float32_multi_array", [], [])
-    fresh = output.decide(_action([0.5, 2.0, -3.0], age_ms=10.0), NOW, 200.0, [-1.0], [1.0])
+    output = output_for("float32_multi_array", [], [])
+    fresh = output.decide(_action([0.5, 2.0, -3.0], age_ms=10.0), NOW, limits(200.0, [-1.0], [1.0]))
     assert (fresh.outcome, fresh.values, fresh.age_ms) == (Outcome.FRESH, (0.5, 1.0, -1.0), 10.0)
     assert not fresh.safe_stop
-    stale = output.decide(_action([0.5, 2.0, -3.0], age_ms=250.0), NOW, 200.0, [-1.0], [1.0])
+    stale = output.decide(_action([0.5, 2.0, -3.0], age_ms=250.0), NOW, limits(200.0, [-1.0], [1.0]))
     assert (stale.outcome, stale.values, stale.age_ms) == (Outcome.STALE, (0.0, 0.0, 0.0), 250.0)
     assert stale.safe_stop
-    none = output.decide(None, NOW, 200.0, [-1.0], [1.0])
+    none = output.decide(None, NOW, limits(200.0, [-1.0], [1.0]))
     assert (none.outcome, none.values, none.age_ms) == (Outcome.NONE, (), None)
-    wrong = output.decide(_action([0.5, 2.0, -3.0]), NOW, 200.0, [-1.0, -1.0], [1.0])
+    wrong = output.decide(_action([0.5, 2.0, -3.0]), NOW, limits(200.0, [-1.0, -1.0], [1.0]))
     assert (wrong.outcome, wrong.values) == (Outcome.CONFIG_ERROR, (0.0, 0.0, 0.0))
     assert wrong.error == ("action_min has 2 values but the action has 3 dimensions "
                            "(give one value for all, or one per dimension)")
 
 
 def test_twist_fresh_is_mapped_after_clipping_and_every_safe_stop_is_a_zero_twist():
-    output = ActionOutput("twist", [2, -1, 0, -1, -1, 1], [])
-    fresh = output.decide(_action([0.25, 3.0, -0.5]), NOW, 200.0, [-1.0], [0.75])
+    output = output_for("twist", [2, -1, 0, -1, -1, 1], [])
+    fresh = output.decide(_action([0.25, 3.0, -0.5]), NOW, limits(200.0, [-1.0], [0.75]))
     assert fresh.values == (-0.5, 0.0, 0.25, 0.0, 0.0, 0.75)
     for action in (None, _action([0.25, 3.0, -0.5], age_ms=201.0)):
-        assert output.decide(action, NOW, 200.0, [-1.0], [1.0]).values == (0.0,) * 6
-    beyond = ActionOutput("twist", [0, 1, 2, 3, 4, 5], []).decide(_action([0.1, 0.2]), NOW, 200.0, [-1.0], [1.0])
+        assert output.decide(action, NOW, limits(200.0, [-1.0], [1.0])).values == (0.0,) * 6
+    beyond = output_for("twist", [0, 1, 2, 3, 4, 5], []).decide(_action([0.1, 0.2]), NOW, limits(200.0, [-1.0], [1.0]))
     assert (beyond.outcome, beyond.values) == (Outcome.CONFIG_ERROR, (0.0,) * 6)
     assert beyond.error == "twist_dims maps linear.z to action dimension 2, but the action has only 2 dimensions"
 
 
 def test_joint_trajectory_holds_the_last_commanded_positions_and_publishes_nothing_before_any():
-    output = ActionOutput("joint_trajectory", [], ["a", "b"])
-    assert output.decide(None, NOW, 200.0, [-1.0], [1.0]).values is None
-    mismatch = output.decide(_action([0.1, 0.2, 0.3]), NOW, 200.0, [-1.0], [1.0])
+    output = output_for("joint_trajectory", [], ["a", "b"])
+    assert output.decide(None, NOW, limits(200.0, [-1.0], [1.0])).values is None
+    mismatch = output.decide(_action([0.1, 0.2, 0.3]), NOW, limits(200.0, [-1.0], [1.0]))
     assert (mismatch.outcome, mismatch.values) == (Outcome.CONFIG_ERROR, None)
-    assert output.decide(_action([0.5, 1.5]), NOW, 200.0, [-1.0], [1.0]).values == (0.5, 1.0)
-    stale = output.decide(_action([0.25, 0.25], age_ms=500.0), NOW, 200.0, [-1.0], [1.0])
+    assert output.decide(_action([0.5, 1.5]), NOW, limits(200.0, [-1.0], [1.0])).values == (0.5, 1.0)
+    stale = output.decide(_action([0.25, 0.25], age_ms=500.0), NOW, limits(200.0, [-1.0], [1.0]))
     assert (stale.outcome, stale.values) == (Outcome.STALE, (0.5, 1.0))
-    held = output.decide(_action([0.25, 0.25]), NOW, 200.0, [-1.0, -1.0, -1.0], [1.0])
+    held = output.decide(_action([0.25, 0.25]), NOW, limits(200.0, [-1.0, -1.0, -1.0], [1.0]))
     assert (held.outcome, held.values) == (Outcome.CONFIG_ERROR, (0.5, 1.0))
-    assert output.decide(_action([0.25, -0.75]), NOW, 200.0, [-1.0], [1.0]).values == (0.25, -0.75)
+    assert output.decide(_action([0.25, -0.75]), NOW, limits(200.0, [-1.0], [1.0])).values == (0.25, -0.75)
 
 
 def test_an_action_with_nan_or_infinity_is_a_safe_stop_not_a_clip():
-    output = ActionOutput("float32_multi_array", [], [])
+    output = output_for("float32_multi_array", [], [])
     for bad in (math.nan, math.inf):
-        command = output.decide(_action([0.5, bad]), NOW, 200.0, [-1.0], [1.0])
+        command = output.decide(_action([0.5, bad]), NOW, limits(200.0, [-1.0], [1.0]))
         assert (command.outcome, command.values) == (Outcome.INVALID, (0.0, 0.0))
         assert "non-finite" in command.error
 
@@ -129,7 +145,7 @@ def test_an_action_with_nan_or_infinity_is_a_safe_stop_not_a_clip():
 ])
 def test_what_needs_no_action_to_check_is_refused_at_construction(command_type, twist_dims, joint_names, message):
     with pytest.raises(ConfigError, match=message):
-        ActionOutput(command_type, twist_dims, joint_names)
+        output_for(command_type, twist_dims, joint_names)
 
 
 # --- the node, on a private DDS graph ------------------------------------------------------------
@@ -160,7 +176,9 @@ class Graph:
         self.nodes = [self.probe]
 
     def start(self, slot: ActionSlot, **overrides) -> ActionPublisher:
-        node = ActionPublisher(slot, dict(defaults()["action_publisher"], **overrides), context=self.context)
+        """An action publisher with the defaults, commanding float arrays unless ``overrides`` say otherwise."""
+        settings = {**defaults()["action_publisher"], "command_type": "float32_multi_array", **overrides}
+        node = ActionPublisher(slot, settings, context=self.context)
         self.executor.add_node(node)
         self.nodes.append(node)
         return node

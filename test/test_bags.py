@@ -12,8 +12,7 @@ import pytest
 from rosbags.typesys import Stores, get_typestore
 
 from vla_edge_ros.bags import Bag, BagError, command_vector
-from vla_edge_ros.bags.scenarios import (COMMAND_DIMS, CUE_CLASSES, START_NS, BagSpec, scenario_frames,
-                                         write_bag)
+from vla_edge_ros.bags.scenarios import COMMAND_DIMS, CUE_CLASSES, START_NS, BagSpec, scenario_frames, write_bag
 from vla_edge_ros.bags.writer import BagWriter
 from vla_edge_ros.cli import main
 from vla_edge_ros.runtime.image_codec import decode_compressed, decode_raw

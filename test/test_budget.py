@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from vla_edge_ros.config import parse_settings
+from vla_edge_ros.engine.vla_engine import VlaEngine
 from vla_edge_ros.model.budget import BudgetError
 from vla_edge_ros.model.checkpoint import load_checkpoint
-from vla_edge_ros.engine.vla_engine import VlaEngine
 from vla_edge_ros.runtime.loader import load_engine, plan_for
 
 

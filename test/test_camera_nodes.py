@@ -26,10 +26,10 @@ from sensor_msgs.msg import CompressedImage, Image  # noqa: E402
 import vla_edge_ros.nodes.camera_subscriber as camera_subscriber  # noqa: E402
 from ros_graph import private_graph  # noqa: E402
 from vla_edge_ros.config import defaults  # noqa: E402
-from vla_edge_ros.runtime.frame_buffer import FrameBuffer  # noqa: E402
-from vla_edge_ros.runtime.image_codec import REASONS  # noqa: E402
 from vla_edge_ros.nodes.camera_subscriber import DROP_REASONS, INTERNAL_ERROR, CameraSubscriber  # noqa: E402
 from vla_edge_ros.nodes.synthetic_camera import SyntheticCameraPublisher  # noqa: E402
+from vla_edge_ros.runtime.frame_buffer import FrameBuffer  # noqa: E402
+from vla_edge_ros.runtime.image_codec import REASONS  # noqa: E402
 
 TOPIC = "/test_camera/image_raw"
 H, W = 48, 64

@@ -2,14 +2,75 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 
-from vla_edge_ros.config import SCHEMA, ConfigError, load_settings, parse_settings
+from vla_edge_ros.config import (
+    KNOB_GROUPS,
+    SCHEMA,
+    ConfigError,
+    MemoryKnobs,
+    _flatten,
+    defaults,
+    load_settings,
+    package_share,
+    parse_settings,
+    resolve_path,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_YAML = ROOT / "config" / "default.yaml"
 
 
-def test_default_yaml_is_valid_and_matches_schema(tmp_path):
-    settings = load_settings("config/default.yaml")
-    assert set(settings["reasoning"]) == {p.name for p in SCHEMA["reasoning"]}
+def test_default_yaml_names_every_parameter_with_the_schema_default():
+    """config/default.yaml is the schema's defaults written out: the same keys and the same values, so a
+    command run without --config behaves as one run with the shipped file."""
+    raw = yaml.safe_load(DEFAULT_YAML.read_text())
+    assert set(raw) == set(SCHEMA)
+    for node, params in SCHEMA.items():
+        written = _flatten(raw[node]["ros__parameters"])
+        assert set(written) == {p.name for p in params}, node
+        for param in params:
+            assert written[param.name] == param.default, f"{node}.{param.name}"
+    assert load_settings(DEFAULT_YAML).values == defaults().values
+
+
+def test_every_knob_group_reads_schema_names_only_and_covers_its_prefix():
+    for group in KNOB_GROUPS:
+        names = {p.name for p in SCHEMA[group.NODE]}
+        assert set(group.keys()) <= names, group
+        if group.PREFIX:
+            assert {n for n in names if n.startswith(group.PREFIX)} == set(group.keys()), group
+    assert MemoryKnobs.of().dms.window == next(p.default for p in SCHEMA["reasoning"] if p.name == "kv.dms.window")
+
+
+def test_relative_paths_resolve_against_the_yaml_file_then_the_package_share(tmp_path):
+    share = package_share()
+    assert share is not None and (share / "models" / "sim" / "config.json").is_file()
+    assert defaults()["reasoning"]["model_dir"] == str(share / "models" / "sim")
+    here = tmp_path / "robot"
+    (here / "models" / "mine").mkdir(parents=True)
+    config = here / "robot.yaml"
+    config.write_text(yaml.safe_dump({"reasoning": {"ros__parameters": {
+        "model_dir": "models/mine", "kv_store": {"dir": "kv", "key_file": "~/kv.key"}}}}))
+    node = load_settings(config)["reasoning"]
+    assert node["model_dir"] == str(here / "models" / "mine")  # beside the YAML file first
+    assert node["kv_store.dir"] == str(here / "kv")  # found nowhere: where the YAML file is
+    assert node["kv_store.key_file"] == str(Path("~/kv.key").expanduser())
+    config.write_text(yaml.safe_dump({"reasoning": {"ros__parameters": {"model_dir": "models/sim"}}}))
+    assert load_settings(config)["reasoning"]["model_dir"] == str(share / "models" / "sim")  # then the share
+    assert resolve_path("", here) == "" and resolve_path("/abs/x", here) == "/abs/x"
+
+
+def test_non_finite_numbers_and_group_rules_are_refused_with_the_file_named():
+    with pytest.raises(ConfigError, match=r"robot.yaml: reasoning: deadline_ms must be a finite number, got nan"):
+        parse_settings({"reasoning": {"ros__parameters": {"deadline_ms": float("nan")}}}, "robot.yaml")
+    with pytest.raises(ConfigError, match=r"robot.yaml: action_publisher: action_max\[0\] must be a finite number"):
+        parse_settings({"action_publisher": {"ros__parameters": {"action_max": [float("inf")]}}}, "robot.yaml")
+    with pytest.raises(ConfigError, match="robot.yaml: reasoning: kv.dms.target_ratio must be 0"):
+        parse_settings({"reasoning": {"ros__parameters": {"kv": {"dms": {"target_ratio": 0.5}}}}}, "robot.yaml")
 
 
 def test_every_param_has_a_description_and_numbers_have_ranges():

@@ -3,24 +3,24 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from types import SimpleNamespace
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from vla_edge_ros.config import ConfigError, parse_settings
-from vla_edge_ros.kernels import reference as ref
-from vla_edge_ros.memory import DmsPolicy, FifoPolicy, make_policy
-from vla_edge_ros.memory.dms_scores import LearnedGate
-from vla_edge_ros.model.memory_tensors import dms_gate_names
-from vla_edge_ros.memory.dms_threshold import HISTORY_TOKENS
-from vla_edge_ros.numerics import ops
-from vla_edge_ros.model.arena import KVArena
-from vla_edge_ros.model.checkpoint import CheckpointError, load_checkpoint
-from vla_edge_ros.model.config import ActionConfig, VisionConfig
+from vla_edge_ros.config import ConfigError, DmsKnobs, MemoryKnobs, parse_settings
 from vla_edge_ros.engine.vla_engine import VlaEngine
+from vla_edge_ros.kernels import reference as ref
+from vla_edge_ros.memory import DmsPolicy, FifoPolicy, MemoryContext, make_policy
+from vla_edge_ros.memory.dms_scores import LearnedGate
+from vla_edge_ros.memory.dms_threshold import HISTORY_TOKENS
+from vla_edge_ros.model.arena import KVArena
+from vla_edge_ros.model.checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from vla_edge_ros.model.config import ActionConfig, ModelConfig, VisionConfig
 from vla_edge_ros.model.init_model import preset, write_random_model
+from vla_edge_ros.model.memory_tensors import dms_gate_names
 from vla_edge_ros.model.safetensors_io import StoredTensor, read_safetensors, write_safetensors
+from vla_edge_ros.numerics import ops
 from vla_edge_ros.runtime.loader import load_engine
 from vla_edge_ros.worlds.synthetic import SyntheticCamera
 
@@ -64,26 +64,30 @@ def test_numpy_attention_with_a_bias_per_kv_head_matches_the_kernel_twin():
 # --- the policy on a hand-built arena (scores given, no model) -------------------------------------------
 
 
-def fake_engine(capacity: int, layers: int = 1, heads: int = 2, prompt: int = 1) -> SimpleNamespace:
-    """What dms reads of an engine, with no model: an arena with head masks and a pinned prompt."""
+def fake_engine(capacity: int, layers: int = 1, heads: int = 2, prompt: int = 1) -> MemoryContext:
+    """What dms reads of an engine, with no model: an arena with head masks and a pinned prompt, keys of zeros."""
     arena = KVArena(capacity)
     arena.set_head_masks((layers, heads))
-    prompt_slots = arena.allocate(prompt)
-    arena.commit(prompt_slots, np.arange(prompt, dtype=np.int32))
-    config = SimpleNamespace(num_hidden_layers=layers, num_key_value_heads=heads, head_dim=4, hidden_size=4,
-                             rope_theta=10000.0, rms_norm_eps=1e-6)
+    arena.pinned = arena.allocate(prompt)
+    arena.commit(arena.pinned, np.arange(prompt, dtype=np.int32))
+    config = ModelConfig(hidden_size=4, intermediate_size=4, num_hidden_layers=layers, num_attention_heads=heads,
+                         num_key_value_heads=heads, vocab_size=8, head_dim=4, vision=VisionConfig(tokens_per_frame=1),
+                         action=ActionConfig(head="linear", dof=1))
 
     def read_kv(slots):
         zeros = np.zeros((layers, heads, len(slots), 4), np.float32)
         return zeros, zeros
 
-    return SimpleNamespace(arena=arena, prompt_slots=prompt_slots, scratch_tokens=0, tokens_per_frame=1,
-                           config=config, backend=SimpleNamespace(name="numpy", read_kv=read_kv),
-                           checkpoint=SimpleNamespace(tensors={}, config=config, path="fake"), kv_bytes_per_token=8)
+    return MemoryContext(Checkpoint(Path("fake"), config, {}, True), arena, read_kv, device="numpy")
+
+
+def dms_knobs(**knobs) -> DmsKnobs:
+    """``kv.dms.<name>`` knobs by short name; the rest take the schema's defaults."""
+    return DmsKnobs.of({f"kv.dms.{name}": value for name, value in knobs.items()})
 
 
 def dms(engine, **knobs) -> DmsPolicy:
-    policy = DmsPolicy(**{"target_ratio": 0.0, **knobs})
+    policy = DmsPolicy(dms_knobs(**{"target_ratio": 0.0, **knobs}))
     policy.attach(engine)
     policy.reset()
     return policy
@@ -224,16 +228,14 @@ def test_the_policy_state_round_trips_and_decides_on_exactly_as_before():
 
 
 def test_bad_knobs_are_refused_with_the_knob_named():
-    with pytest.raises(ValueError, match="kv.dms.window must be >= 1"):
-        DmsPolicy(window=0)
+    with pytest.raises(ValueError, match="kv.dms.window=0 is below the minimum 1"):
+        dms_knobs(window=0)
     with pytest.raises(ValueError, match="kv.dms.target_ratio must be 0"):
         make_policy("dms", {"kv.dms.target_ratio": 0.5})
-    with pytest.raises(ValueError, match="kv.dms.threshold must be finite"):
-        DmsPolicy(threshold=float("nan"))
-    policy = DmsPolicy()
-    with pytest.raises(ValueError, match="kv.dms.target_ratio"):
-        policy.configure_from({"kv.dms.threshold": 1.0, "kv.dms.target_ratio": 0.9})
-    assert (policy.threshold, policy.target_ratio) == (0.0, 4.0)  # nothing applied
+    with pytest.raises(ValueError, match="kv.dms.threshold must be a finite number"):
+        dms_knobs(threshold=float("nan"))
+    with pytest.raises(ValueError, match="kv.dms.target_ratio"):  # a live change is checked before it exists
+        MemoryKnobs.of({"kv.dms.threshold": 1.0, "kv.dms.target_ratio": 0.9})
     with pytest.raises(ValueError, match=r"kv.dms.window=15 must be in \[1, 14\]"):
         dms(fake_engine(capacity=16), window=15)
     with pytest.raises(ConfigError, match="kv.dms.window=0 is below the minimum"):
@@ -241,14 +243,19 @@ def test_bad_knobs_are_refused_with_the_knob_named():
     settings = parse_settings({"reasoning": {"ros__parameters": {"kv": {"policy": "dms", "dms": {
         "window": 8, "target_ratio": 8}}}}}, "x.yaml")
     policy = make_policy("dms", settings["reasoning"])
-    assert (policy.window, policy.target_ratio, policy.use_learned_gate) == (8, 8.0, True)
+    assert (policy.knobs.window, policy.knobs.target_ratio, policy.knobs.use_learned_gate) == (8, 8.0, True)
 
 
 def test_a_bad_dms_knob_is_refused_at_load_even_when_another_policy_runs(tiny_model):
-    settings = parse_settings({"reasoning": {"ros__parameters": {
-        "model_dir": str(tiny_model), "backend": "numpy", "kv": {"policy": "fifo", "dms": {"target_ratio": 0.5}}}}},
+    with pytest.raises(ConfigError, match="robot.yaml: reasoning: kv.dms.target_ratio must be 0"):
+        parse_settings({"reasoning": {"ros__parameters": {
+            "model_dir": str(tiny_model), "backend": "numpy", "kv": {"policy": "fifo", "dms": {"target_ratio": 0.5}}}}},
+            "robot.yaml")
+    settings = parse_settings({"reasoning": {"ros__parameters": {  # a window the arena cannot hold beside a frame
+        "model_dir": str(tiny_model), "backend": "numpy", "kv_capacity_tokens": 64,
+        "kv": {"dms": {"window": 40}, "cosine": {"protect_recent_frames": 1}}}}},
         "robot.yaml")
-    with pytest.raises(ValueError, match="robot.yaml: reasoning: kv.dms.target_ratio must be 0"):
+    with pytest.raises(ValueError, match=r"robot.yaml: reasoning: kv.dms.window=40 must be in \[1, 35\]"):
         load_engine(settings)
 
 

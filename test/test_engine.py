@@ -8,9 +8,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from vla_edge_ros.engine.vla_engine import VlaEngine
 from vla_edge_ros.model.checkpoint import load_checkpoint
 from vla_edge_ros.model.config import ActionConfig
-from vla_edge_ros.engine.vla_engine import VlaEngine
 from vla_edge_ros.model.init_model import preset, write_random_model
 from vla_edge_ros.model.vision import FrameError
 from vla_edge_ros.worlds.synthetic import SyntheticCamera
@@ -142,7 +142,7 @@ def test_backend_choice(tiny_model):
 
     assert resolve_backend("auto") == "numpy"  # the simulator never counts as a GPU
     with pytest.raises(ValueError, match="backend must be one of"):
-        VlaEngine(load_checkpoint(tiny_model), backend="tpu")
+        VlaEngine(load_checkpoint(tiny_model), backend="tpu", kv_capacity_tokens=256)
 
 
 def test_cuda_without_a_gpu_is_a_clear_error(tiny_model):
@@ -151,7 +151,7 @@ def test_cuda_without_a_gpu_is_a_clear_error(tiny_model):
 
     code = ("from vla_edge_ros.model.checkpoint import load_checkpoint\n"
             "from vla_edge_ros.engine import VlaEngine\n"
-            f"VlaEngine(load_checkpoint({str(tiny_model)!r}), backend='cuda')\n")
+            f"VlaEngine(load_checkpoint({str(tiny_model)!r}), backend='cuda', kv_capacity_tokens=256)\n")
     env = {**__import__("os").environ, "NUMBA_ENABLE_CUDASIM": "0"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode != 0

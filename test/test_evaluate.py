@@ -10,10 +10,18 @@ import pytest
 from vla_edge_ros.bags import Bag
 from vla_edge_ros.cli.main import build_parser, main
 from vla_edge_ros.config import parse_settings
-from vla_edge_ros.tools.evaluate import (AURA_NOTE, EXPERT, evaluate, format_table, run_episode, run_order, wilson_interval,
-                                   write_report)
 from vla_edge_ros.model.config import load_model_config
 from vla_edge_ros.model.safetensors_io import StoredTensor, read_safetensors, write_safetensors
+from vla_edge_ros.tools.evaluate import (
+    AURA_NOTE,
+    EXPERT,
+    evaluate,
+    format_table,
+    run_episode,
+    run_order,
+    wilson_interval,
+    write_report,
+)
 from vla_edge_ros.tools.replay import parse_cost
 from vla_edge_ros.worlds.sim.world import CueReachEnv, TaskSpec
 

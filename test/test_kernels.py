@@ -20,9 +20,9 @@ if not cuda.is_available():
     pytest.skip("no CUDA GPU and the CUDA simulator is off", allow_module_level=True)
 
 import vla_edge_ros.kernels as K  # noqa: E402
-from vla_edge_ros.numerics.bf16 import bf16_bits, bf16_bits_to_float32  # noqa: E402
 from vla_edge_ros.kernels import reference as ref  # noqa: E402
 from vla_edge_ros.kernels.dtypes import WeightKind  # noqa: E402
+from vla_edge_ros.numerics.bf16 import bf16_bits, bf16_bits_to_float32  # noqa: E402
 
 F32 = np.float32
 KINDS = list(WeightKind)

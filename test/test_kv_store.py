@@ -14,16 +14,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vla_edge_ros.kv_store import (BlockStore, StoreFullError, StoreKeyError, load_key, load_or_prefill_prompt,
-                                   model_fingerprint, restore_memory, save_memory)
+from vla_edge_ros.engine import vla_engine as engine_module
+from vla_edge_ros.engine.vla_engine import VlaEngine
+from vla_edge_ros.kv_store import (
+    BlockStore,
+    StoreFullError,
+    StoreKeyError,
+    load_key,
+    load_or_prefill_prompt,
+    model_fingerprint,
+    restore_memory,
+    save_memory,
+)
 from vla_edge_ros.kv_store import store as store_module
 from vla_edge_ros.kv_store.block_file import HEADER_BYTES
 from vla_edge_ros.kv_store.engine_blocks import prompt_key
 from vla_edge_ros.kv_store.keys import chain_key, write_new_key
 from vla_edge_ros.memory import POLICIES, make_policy
-from vla_edge_ros.engine import vla_engine as engine_module
 from vla_edge_ros.model.checkpoint import load_checkpoint
-from vla_edge_ros.engine.vla_engine import VlaEngine
 from vla_edge_ros.worlds.synthetic import SyntheticCamera
 
 AES_KEY = bytes(range(32))

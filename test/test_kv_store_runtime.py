@@ -85,9 +85,9 @@ def test_save_memory_service_and_shutdown_save_over_ros(tiny_model, tmp_path, ke
     from std_srvs.srv import Trigger
 
     from ros_graph import call, private_graph
+    from vla_edge_ros.nodes.reasoning import ReasoningNode
     from vla_edge_ros.runtime.action_slot import ActionSlot
     from vla_edge_ros.runtime.frame_buffer import FrameBuffer
-    from vla_edge_ros.nodes.reasoning import ReasoningNode
 
     settings = _settings(tiny_model, tmp_path / "store", key_file, memory_name="arm_left")
     loaded = load_engine(settings)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from vla_edge_ros.cli import main
-from vla_edge_ros.tools.memory_bench import AURA_GATES, SCHEMA, BenchSpec, format_table, run_bench
 from vla_edge_ros.model.init_model import preset, write_random_model
+from vla_edge_ros.tools.memory_bench import AURA_GATES, SCHEMA, BenchSpec, format_table, run_bench
 from vla_edge_ros.worlds.scenes import MAX_CLASSES, CueScene
 
 ROW_KEYS = {"policy", "gate", "gate_rate", "signature", "target_ratio", "distractors", "budget_frames",

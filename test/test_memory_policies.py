@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from types import SimpleNamespace
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from vla_edge_ros.config import ConfigError, parse_settings
-from vla_edge_ros.memory import POLICIES, AuraPolicy, CosinePolicy, FifoPolicy, FrameTokens, make_policy
-from vla_edge_ros.model.arena import KVArena
-from vla_edge_ros.model.checkpoint import load_checkpoint
-from vla_edge_ros.model.config import ActionConfig, VisionConfig
+from vla_edge_ros.config import AuraKnobs, ConfigError, parse_settings
 from vla_edge_ros.engine.vla_engine import VlaEngine
+from vla_edge_ros.memory import POLICIES, AuraPolicy, CosinePolicy, FifoPolicy, FrameTokens, MemoryContext, make_policy
+from vla_edge_ros.model.arena import KVArena
+from vla_edge_ros.model.checkpoint import Checkpoint, load_checkpoint
+from vla_edge_ros.model.config import ActionConfig, ModelConfig, VisionConfig
 from vla_edge_ros.model.init_model import preset, write_random_model
 from vla_edge_ros.model.safetensors_io import StoredTensor
 from vla_edge_ros.worlds.synthetic import SyntheticCamera
@@ -21,24 +21,34 @@ from vla_edge_ros.worlds.synthetic import SyntheticCamera
 TPF = 2  # tokens per frame in the hand-built cases
 
 
-def fake_engine(frames: int, prompt: int = 1, dim: int = 3) -> SimpleNamespace:
-    """Just what a frame-window policy reads: an arena sized for ``frames`` frames, no model."""
+def fake_context(frames: int, prompt: int = 1, dim: int = 3) -> MemoryContext:
+    """Just what a frame-window policy reads: an arena sized for ``frames`` frames, a model's shapes, no weights."""
+    config = ModelConfig(hidden_size=dim, intermediate_size=dim, num_hidden_layers=1, num_attention_heads=1,
+                         num_key_value_heads=1, vocab_size=8, head_dim=dim + dim % 2,
+                         vision=VisionConfig(tokens_per_frame=TPF), action=ActionConfig(head="linear", dof=1))
     arena = KVArena(prompt + frames * TPF)
-    prompt_slots = arena.allocate(prompt)
-    arena.commit(prompt_slots, np.arange(prompt, dtype=np.int32))
-    config = SimpleNamespace(num_hidden_layers=1, num_key_value_heads=1, head_dim=dim, hidden_size=dim,
-                             rope_theta=10000.0)
-    return SimpleNamespace(arena=arena, prompt_slots=prompt_slots, scratch_tokens=0, tokens_per_frame=TPF,
-                           config=config, backend=SimpleNamespace(name="numpy"), kv_bytes_per_token=8)
+    arena.pinned = arena.allocate(prompt)
+    arena.commit(arena.pinned, np.arange(prompt, dtype=np.int32))
+    return MemoryContext(Checkpoint(Path("fake"), config, {}, True), arena, read_kv=None, device="numpy")
 
 
-def offer(policy, engine, embedding) -> np.ndarray:
+def aura_policy(gate: str = "surprise", gate_rate: float = 0.1, seed: int = 0, **knobs) -> AuraPolicy:
+    """An aura policy with ``kv.aura.<name>`` knobs by short name (the rest: the schema's defaults)."""
+    return AuraPolicy(AuraKnobs.of({f"kv.aura.{name}": value for name, value in knobs.items()}), gate=gate,
+                      gate_rate=gate_rate, seed=seed)
+
+
+def cosine_policy(**knobs) -> CosinePolicy:
+    return make_policy("cosine", {f"kv.cosine.{name}": value for name, value in knobs.items()})
+
+
+def offer(policy, context, embedding) -> np.ndarray:
     """Make room for and add one frame whose tokens all carry ``embedding``; return its slots."""
     policy.make_room(TPF)
-    slots = engine.arena.allocate(TPF)
-    start = engine.arena.next_position()
+    slots = context.arena.allocate(TPF)
+    start = context.arena.next_position()
     positions = np.arange(start, start + TPF, dtype=np.int32)
-    engine.arena.commit(slots, positions)
+    context.arena.commit(slots, positions)
     embeddings = np.tile(np.asarray(embedding, dtype=np.float32), (TPF, 1))
     policy.add_frame(FrameTokens(slots, positions, embeddings, np.empty(0, np.int32)))
     return slots
@@ -51,7 +61,7 @@ def kept(policy, named: dict[str, np.ndarray]) -> list[str]:
 
 
 def test_fifo_evicts_the_oldest_frame():
-    engine = fake_engine(frames=3)
+    engine = fake_context(frames=3)
     policy = FifoPolicy()
     policy.attach(engine)
     policy.reset()
@@ -61,12 +71,12 @@ def test_fifo_evicts_the_oldest_frame():
     assert kept(policy, named) == ["c", "d", "e"]
     stats = policy.stats()
     assert (stats.frames_seen, stats.frames_kept, stats.evictions, stats.writes) == (5, 3, 2, 5)
-    assert stats.kv_tokens == 1 + 3 * TPF and stats.kv_bytes == stats.kv_tokens * 8
+    assert stats.kv_tokens == 1 + 3 * TPF and stats.kv_bytes == stats.kv_tokens * 2 * 4 * 4  # K, V; fp32; D 4
 
 
-def cosine(frames: int, protect: int) -> tuple[CosinePolicy, SimpleNamespace]:
-    engine = fake_engine(frames=frames)
-    policy = CosinePolicy(signature="embeddings", protect_recent_frames=protect)
+def cosine(frames: int, protect: int) -> tuple[CosinePolicy, MemoryContext]:
+    engine = fake_context(frames=frames)
+    policy = cosine_policy(signature="embeddings", protect_recent_frames=protect)
     policy.attach(engine)
     policy.reset()
     return policy, engine
@@ -123,9 +133,9 @@ def test_policy_names_and_bad_knobs_are_reported():
     with pytest.raises(ValueError, match="kv.policy must be one of"):
         make_policy("lru")
     with pytest.raises(ValueError, match="kv.cosine.signature must be one of"):
-        CosinePolicy(signature="pixels")
+        cosine_policy(signature="pixels")
     with pytest.raises(ValueError, match="kv.aura.beta"):
-        AuraPolicy(beta=0.0)
+        aura_policy(beta=0.0)
     with pytest.raises(ConfigError, match="kv.policy must be one of"):
         parse_settings({"reasoning": {"ros__parameters": {"kv": {"policy": "lru"}}}}, "x.yaml")
     settings = parse_settings({"reasoning": {"ros__parameters": {"kv": {"policy": "aura", "aura": {"beta": 0.25}}}}},
@@ -162,7 +172,7 @@ def frames(count: int, seed: int = 0):
 
 
 def test_aura_state_is_4224_bytes_forever_and_the_cache_holds_prompt_memory_token_and_frame(micro_model):
-    engine = micro_engine(micro_model, AuraPolicy())
+    engine = micro_engine(micro_model, aura_policy())
     sizes = set()
     for image in frames(30):
         engine.step(image)
@@ -173,7 +183,7 @@ def test_aura_state_is_4224_bytes_forever_and_the_cache_holds_prompt_memory_toke
 
 
 def test_aura_writes_a_repeated_frame_once_and_a_novel_frame_again(micro_model):
-    engine = micro_engine(micro_model, AuraPolicy(threshold=0.1, beta=0.5))
+    engine = micro_engine(micro_model, aura_policy(threshold=0.1, beta=0.5))
     still, novel = frames(1, seed=1)[0], np.full((16, 16, 3), 255, dtype=np.uint8)
     for _ in range(5):
         engine.add_frame(still)
@@ -184,7 +194,7 @@ def test_aura_writes_a_repeated_frame_once_and_a_novel_frame_again(micro_model):
 
 
 def test_aura_threshold_rises_until_writes_meet_the_target_rate(micro_model):
-    policy = AuraPolicy(threshold=0.01, beta=0.9, target_write_rate=0.2)
+    policy = aura_policy(threshold=0.01, beta=0.9, target_write_rate=0.2)
     engine = micro_engine(micro_model, policy)
     images = frames(400, seed=2)
     for image in images[:200]:
@@ -193,7 +203,7 @@ def test_aura_threshold_rises_until_writes_meet_the_target_rate(micro_model):
     for image in images[200:]:
         engine.add_frame(image)
     late_rate = (policy.writes - early_writes) / 200
-    assert policy.effective_threshold > policy.threshold  # it had to rise: nearly every frame surprised it
+    assert policy.effective_threshold > policy.knobs.threshold  # it had to rise: nearly every frame surprised it
     assert late_rate <= 0.2 + 0.05
 
 
@@ -211,7 +221,7 @@ def with_aura_gate(checkpoint, weight: np.ndarray, bias: float):
     (10.0, 1e6, False, 0),
 ])
 def test_the_learned_gate_alone_decides_when_it_is_used(micro_model, bias, threshold, use_learned_gate, writes):
-    policy = AuraPolicy(threshold=threshold, use_learned_gate=use_learned_gate)
+    policy = aura_policy(threshold=threshold, use_learned_gate=use_learned_gate)
     engine = micro_engine(with_aura_gate(micro_model, np.zeros(64), bias), policy)
     for image in frames(20, seed=4):
         engine.add_frame(image)
@@ -227,7 +237,7 @@ def test_target_write_rate_lowers_the_learned_gate_toward_it(micro_model):
     images = frames(400, seed=2)
     late_rates = []
     for target in (0.0, 0.2):
-        policy = AuraPolicy(threshold=0.0, beta=0.9, target_write_rate=target)  # threshold 0 would write always
+        policy = aura_policy(threshold=0.0, beta=0.9, target_write_rate=target)  # threshold 0 would write always
         engine = micro_engine(checkpoint, policy)
         for image in images[:200]:
             engine.add_frame(image)
@@ -248,7 +258,7 @@ def test_aura_needs_its_checkpoint_tensors(tmp_path):
     write_safetensors(directory / "stripped.safetensors", tensors)  # not in place: the old file is memory-mapped
     (directory / "stripped.safetensors").replace(directory / "model.safetensors")
     with pytest.raises(CheckpointError, match="kv.policy aura needs tensors"):
-        micro_engine(load_checkpoint(directory), AuraPolicy())
+        micro_engine(load_checkpoint(directory), aura_policy())
 
 
 @pytest.mark.parametrize("name", POLICIES)
@@ -273,14 +283,14 @@ def test_memory_state_round_trip_resumes_exactly(micro_model, name):
 def test_memory_state_of_another_policy_is_refused(micro_model):
     state = micro_engine(micro_model, FifoPolicy()).memory_state()
     with pytest.raises(ValueError, match="memory state is of policy 'fifo'"):
-        micro_engine(micro_model, AuraPolicy()).load_memory_state(state)
+        micro_engine(micro_model, aura_policy()).load_memory_state(state)
 
 
 def test_switching_policy_starts_a_new_episode(micro_model):
     engine = micro_engine(micro_model, FifoPolicy())
     for image in frames(5):
         engine.step(image)
-    engine.set_policy(CosinePolicy(protect_recent_frames=1))
+    engine.set_policy(cosine_policy(protect_recent_frames=1))
     assert engine.policy.name == "cosine" and engine.arena.used == 3 and engine.memory_stats().frames_seen == 0
 
 
@@ -353,7 +363,7 @@ def test_the_attention_probe_is_a_distribution_over_what_the_frame_may_read(micr
 
 @pytest.mark.parametrize("gate", ["periodic", "random"])
 def test_baseline_gates_write_at_their_rate_whatever_the_frames_say(micro_model, gate):
-    policy = AuraPolicy(gate=gate, gate_rate=0.25, seed=11, threshold=0.0)
+    policy = aura_policy(gate=gate, gate_rate=0.25, seed=11, threshold=0.0)
     engine = micro_engine(micro_model, policy)
     still = frames(1)[0]
     written = []
@@ -377,8 +387,8 @@ def test_baseline_gates_write_at_their_rate_whatever_the_frames_say(micro_model,
 
 def test_aura_feature_layout_follows_the_projections_width():
     from vla_edge_ros.memory.aura import frame_feature
-    from vla_edge_ros.model.memory_tensors import feature_layout
     from vla_edge_ros.model.checkpoint import CheckpointError
+    from vla_edge_ros.model.memory_tensors import feature_layout
 
     config = preset("tiny")
     assert feature_layout(config, config.hidden_size) == "mean"

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import configparser
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,8 +30,9 @@ def test_ament_index_marker_and_script_dirs():
 def test_setup_installs_every_subpackage():
     """A sub-package missing from setup.py works from a checkout and breaks a colcon install."""
     import os
-    from setuptools import distutils  # noqa: F401  (setuptools' bundled distutils, as on Python 3.12+)
     from distutils.core import run_setup
+
+    from setuptools import distutils  # noqa: F401  (setuptools' bundled distutils, as on Python 3.12+)
 
     here = os.getcwd()
     os.chdir(ROOT)

@@ -10,8 +10,8 @@ pytest.importorskip("transformers")
 
 from hf_models import VARIANTS, write_hf_model  # noqa: E402
 from vla_edge_ros.model.arena import KVArena  # noqa: E402
-from vla_edge_ros.model.checkpoint import load_checkpoint  # noqa: E402
 from vla_edge_ros.model.backends import make_backend  # noqa: E402
+from vla_edge_ros.model.checkpoint import load_checkpoint  # noqa: E402
 from vla_edge_ros.tools.parity import Agreement, load_reference, reference_forward, run_parity  # noqa: E402
 
 TOKENS = [3, 17, 25, 9, 32, 19, 7, 12, 36, 5, 31]  # all below the smallest vocabulary (40)

@@ -21,7 +21,8 @@ def test_camera_to_commands_and_safe_stop_when_the_camera_stops(tiny_model):
         "reasoning": {"ros__parameters": {"model_dir": str(tiny_model), "backend": "numpy",
                                           "kv_capacity_tokens": 256}},
         "camera_subscriber": {"ros__parameters": {"frame_height": 120, "frame_width": 160}},
-        "action_publisher": {"ros__parameters": {"action_timeout_ms": 300.0, "control_rate_hz": 50.0}},
+        "action_publisher": {"ros__parameters": {"action_timeout_ms": 300.0, "control_rate_hz": 50.0,
+                                                 "command_type": "float32_multi_array"}},
     }, "test.yaml")
     with private_graph() as (context, _):
         pipeline = Pipeline(settings, context=context, synthetic_camera=True)

@@ -15,10 +15,10 @@ from rclpy.node import Node  # noqa: E402
 from std_srvs.srv import Trigger  # noqa: E402
 
 from ros_graph import call, private_graph  # noqa: E402
-from vla_edge_ros.runtime.action_slot import ActionSlot  # noqa: E402
 from vla_edge_ros.config import parse_settings  # noqa: E402
-from vla_edge_ros.runtime.frame_buffer import FrameBuffer  # noqa: E402
 from vla_edge_ros.nodes.reasoning import ReasoningNode  # noqa: E402
+from vla_edge_ros.runtime.action_slot import ActionSlot  # noqa: E402
+from vla_edge_ros.runtime.frame_buffer import FrameBuffer  # noqa: E402
 from vla_edge_ros.runtime.loader import load_engine  # noqa: E402
 from vla_edge_ros.worlds.synthetic import SyntheticCamera  # noqa: E402
 
@@ -105,7 +105,7 @@ def test_dms_runs_live_and_reports_its_compression(graph):
     assert set_param("kv.policy", "dms").successful and set_param("kv.dms.target_ratio", 8.0).successful
     assert reset_episode().success
     assert feed_until(lambda: node.engine.policy.name == "dms" and node.engine.memory_stats().frames_seen >= 4)
-    assert node.engine.policy.target_ratio == 8.0
+    assert node.engine.policy.knobs.target_ratio == 8.0
     report = {kv.key: kv.value for kv in node.report().values}
     assert report["kv_policy"] == "dms" and float(report["dms_compression"]) > 1.0
 
@@ -115,3 +115,21 @@ def test_a_policy_the_checkpoint_cannot_run_is_refused_before_it_is_set(graph, m
     monkeypatch.delitem(node.engine.checkpoint.tensors, "aura.k_proj.weight")
     result = set_param("kv.policy", "aura")
     assert not result.successful and "kv.policy aura needs tensors" in result.reason
+
+
+def test_a_gate_change_builds_and_checks_no_policy_a_memory_change_checks_without_building(graph, monkeypatch):
+    """A parameter change validates what it touches: deadline_ms runs no memory check at all, a kv.* change
+    checks every policy's knobs against the engine's site without constructing or attaching a policy."""
+    import vla_edge_ros.memory.base as base
+    import vla_edge_ros.nodes.reasoning as reasoning
+
+    node, set_param, _, _ = graph
+    checks, attaches = [], []
+    real_check = reasoning.check_knobs
+    monkeypatch.setattr(reasoning, "check_knobs", lambda *a, **k: checks.append(a) or real_check(*a, **k))
+    monkeypatch.setattr(base.MemoryPolicy, "attach", lambda self, context: attaches.append(self))
+    assert set_param("deadline_ms", 25.0).successful
+    assert node.gate.snapshot().deadline_ms == 25.0 and checks == []
+    assert set_param("kv.cosine.protect_recent_frames", 1).successful and len(checks) == 1
+    assert not set_param("kv.cosine.protect_recent_frames", 100).successful and len(checks) == 2
+    assert attaches == []

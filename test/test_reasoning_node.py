@@ -11,10 +11,10 @@ rclpy = pytest.importorskip("rclpy")
 from rclpy.parameter import Parameter  # noqa: E402
 
 from ros_graph import private_graph  # noqa: E402
-from vla_edge_ros.runtime.action_slot import ActionSlot  # noqa: E402
 from vla_edge_ros.config import parse_settings  # noqa: E402
-from vla_edge_ros.runtime.frame_buffer import FrameBuffer  # noqa: E402
 from vla_edge_ros.nodes.reasoning import ReasoningNode  # noqa: E402
+from vla_edge_ros.runtime.action_slot import ActionSlot  # noqa: E402
+from vla_edge_ros.runtime.frame_buffer import FrameBuffer  # noqa: E402
 from vla_edge_ros.runtime.loader import load_engine  # noqa: E402
 from vla_edge_ros.worlds.synthetic import SyntheticCamera  # noqa: E402
 

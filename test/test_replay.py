@@ -9,11 +9,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from vla_edge_ros.runtime.admission import BlockKind
 from vla_edge_ros.bags.scenarios import BagSpec, write_bag
 from vla_edge_ros.bags.writer import BagWriter
 from vla_edge_ros.cli import main
 from vla_edge_ros.config import parse_settings
+from vla_edge_ros.runtime.admission import BlockKind
 from vla_edge_ros.tools.replay import parse_cost, replay_bag
 from vla_edge_ros.tools.replay.report import action_error
 from vla_edge_ros.tools.replay.session import PolicyRun

@@ -8,9 +8,8 @@ import struct
 import numpy as np
 import pytest
 
+from vla_edge_ros.model.safetensors_io import SafetensorsError, StoredTensor, read_safetensors, write_safetensors
 from vla_edge_ros.numerics.bf16 import bf16_bits
-from vla_edge_ros.model.safetensors_io import (SafetensorsError, StoredTensor, read_safetensors,
-                                               write_safetensors)
 
 
 def test_round_trip_all_storage_dtypes(tmp_path):

@@ -7,8 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from vla_edge_ros.worlds.sim import TASKS, CueReachEnv, TaskSpec
-from vla_edge_ros.worlds.sim import render
+from vla_edge_ros.worlds.sim import TASKS, CueReachEnv, TaskSpec, render
 from vla_edge_ros.worlds.sim.world import path_clearance
 
 CUE = TaskSpec()

@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-from vla_edge_ros.memory import AuraPolicy, DmsPolicy, FifoPolicy
-from vla_edge_ros.model.checkpoint import load_checkpoint
 from vla_edge_ros.engine.vla_engine import VlaEngine
+from vla_edge_ros.memory import FifoPolicy, make_policy
+from vla_edge_ros.model.checkpoint import load_checkpoint
 from vla_edge_ros.model.init_model import preset
 from vla_edge_ros.model.vision import resize_frame
-from vla_edge_ros.worlds.sim.world import CueReachEnv, TaskSpec
 from vla_edge_ros.train.demos import perception_samples, record_demo, sample_frames
 from vla_edge_ros.train.stages import StageSpec, aura_actions, behaviour_cloning, sequence_actions
 from vla_edge_ros.train.torch_model import DmsMask, VlaModel
 from vla_edge_ros.train.trainer import DEFAULT_PROMPT, TrainSpec, export, train
+from vla_edge_ros.worlds.sim.world import CueReachEnv, TaskSpec
 
 PROMPT = DEFAULT_PROMPT
 CONFIG = preset("sim", layers=2)
@@ -74,7 +74,7 @@ def test_aura_training_forward_makes_the_policys_writes_and_actions(tmp_path, de
         model.aura.gate.bias.fill_(0.0)
         expected, writes = aura_actions(model, torch.tensor(PROMPT), torch_frames(demo, frames), 0.5,
                                         torch.arange(frames)[None])
-    policy = AuraPolicy(beta=0.5, use_learned_gate=True)
+    policy = make_policy("aura", {"kv.aura.beta": 0.5, "kv.aura.use_learned_gate": True})
     engine = engine_for(model, tmp_path, policy)
     actions, written = [], []
     for i in range(frames):
@@ -96,8 +96,8 @@ def test_dms_training_mask_is_the_policys_delayed_eviction(tmp_path, demo):
         full, _ = sequence_actions(model, prompt, torch_frames(demo, frames))
     kept = torch.stack(keeps)[:, 0, len(PROMPT):] > 0.5
     assert kept.any() and not kept.all()  # the gates both kept and evicted
-    policy = DmsPolicy(window=window, use_learned_gate=True)
-    policy.configure_from({"kv.dms.target_ratio": 0.0, "kv.dms.threshold": 0.0})
+    policy = make_policy("dms", {"kv.dms.window": window, "kv.dms.use_learned_gate": True, "kv.dms.target_ratio": 0.0,
+                                 "kv.dms.threshold": 0.0})
     engine = engine_for(model, tmp_path, policy)
     actions = np.stack([engine.step(demo.frames[i]).action for i in range(frames)])
     assert not np.allclose(expected.numpy(), full.numpy(), atol=1e-3)  # evictions changed the actions
@@ -167,7 +167,7 @@ def test_train_writes_a_checkpoint_every_policy_runs_on_and_repeats_itself(tmp_p
     checkpoint = load_checkpoint(tmp_path / "a")
     assert "aura.gate.weight" in checkpoint.tensors and checkpoint.storage_dtype == "BF16"
     frame = np.zeros((96, 96, 3), np.uint8)
-    for policy in (FifoPolicy(), AuraPolicy(), DmsPolicy(window=32)):
+    for policy in (make_policy(name, {"kv.dms.window": 32}) for name in ("fifo", "aura", "dms")):
         engine = VlaEngine(checkpoint, backend="numpy", kv_capacity_tokens=256, policy=policy)
         engine.set_prompt(list(PROMPT))
         action = engine.step(frame).action

@@ -8,12 +8,19 @@ The ROS layer declares exactly these parameters, with these descriptions and ran
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import os
+import sys
+import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import yaml
+
+PACKAGE = "vla_edge_ros"
 
 
 class ConfigError(ValueError):
@@ -32,6 +39,7 @@ class Param:
     choices: tuple[str, ...] = ()
     read_only: bool = True
     item: type | None = None  # element type of a list parameter: int, float or str
+    path: bool = False  # a file or directory: relative values resolve against the YAML file, then the share
 
     @property
     def kind(self) -> type:
@@ -51,6 +59,8 @@ class Param:
             value = float(value)  # `deadline_ms: 33` means 33.0
         if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
             raise ConfigError(f"{where}: {label} must be of type {kind.__name__}, got {type(value).__name__} {value!r}")
+        if kind is float and not math.isfinite(value):
+            raise ConfigError(f"{where}: {label} must be a finite number, got {value!r}")
         if self.choices and value not in self.choices:
             raise ConfigError(f"{where}: {label} must be one of {list(self.choices)}, got {value!r}")
         if self.minimum is not None and value < self.minimum:
@@ -77,7 +87,7 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
     ),
     "action_publisher": (
         Param("command_topic", "/vla/command", "Topic the commands are published on."),
-        Param("command_type", "float32_multi_array", "Message type of the commands.",
+        Param("command_type", "twist", "Message type of the commands.",
               choices=("twist", "float32_multi_array", "joint_trajectory")),
         Param("control_rate_hz", 30.0, "How often the current command is published.",
               minimum=1.0, maximum=1000.0, read_only=False),
@@ -88,14 +98,15 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               minimum=-1e6, maximum=1e6, read_only=False, item=float),
         Param("action_max", [1.0], "Upper clip limit per action dimension (one value applies to all).",
               minimum=-1e6, maximum=1e6, read_only=False, item=float),
-        Param("twist_dims", [0, 1, 2, 3, 4, 5], "For twist: the action dimension feeding linear.x, linear.y, "
+        Param("twist_dims", [0, 1, -1, -1, -1, -1], "For twist: the action dimension feeding linear.x, linear.y, "
               "linear.z, angular.x, angular.y, angular.z (-1: always zero).", minimum=-1, maximum=4095, item=int),
         Param("joint_names", ["joint_1", "joint_2", "joint_3", "joint_4", "joint_5", "joint_6", "gripper"],
               "For joint_trajectory: joint name of each action dimension, in order.", item=str),
     ),
     "reasoning": (
-        Param("model_dir", "models/sim", "Local HuggingFace Qwen2 directory (config.json + safetensors); "
-              "relative paths are resolved against the working directory."),
+        Param("model_dir", "models/sim", "Local HuggingFace Qwen2 directory (config.json + safetensors); a "
+              "relative path resolves against the YAML file's directory, then the package's share directory "
+              "(the default is the trained policy that ships there).", path=True),
         Param("backend", "auto", "Compute backend: auto picks cuda when a GPU is present, else numpy.",
               choices=("auto", "numpy", "cuda")),
         Param("blas_threads", 1, "Threads of the BLAS library under the numpy backend. 1 keeps cycle times "
@@ -106,7 +117,8 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               minimum=8, maximum=1 << 20),
         Param("budget_bytes", 5_000_000_000, "Memory budget for weights + KV arena + workspace; a plan over "
               "it is refused before anything loads.", minimum=1 << 20, maximum=1 << 42),
-        Param("prompt_token_ids", [1, 2, 3, 4], "Instruction token ids, prefilled once and pinned in the cache.",
+        Param("prompt_token_ids", [151, 9, 402, 77, 1030, 12], "Instruction token ids, prefilled once and "
+              "pinned in the cache (the default is the instruction models/sim was trained with).",
               minimum=0, maximum=(1 << 31) - 1, item=int),
         Param("deadline_ms", 33.0, "Control deadline: a cycle must produce its action within this long of its "
               "frame's arrival, or it is not started.", minimum=1.0, maximum=1000.0, read_only=False),
@@ -150,11 +162,12 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
         Param("kv.dms.use_learned_gate", True, "dms: decide with the checkpoint's learned gate "
               "(model.layers.*.self_attn.dms_gate.*) when it has one; false: always key novelty."),
         Param("kv_store.dir", "", "Directory of the persistent KV block store (prompt KV, episode memory); "
-              "empty: no store."),
+              "empty: no store. A relative path resolves against the YAML file's directory.", path=True),
         Param("kv_store.encryption", "aes-256-gcm", "Block encryption: aes-256-gcm, or none (plain blocks with a "
               "SHA-256 checksum; logged as such).", choices=("aes-256-gcm", "none")),
         Param("kv_store.key_file", "", "File holding the 256-bit store key (hex, base64 or raw); must not be "
-              "readable by group or others. Takes precedence over kv_store.key_env."),
+              "readable by group or others. Takes precedence over kv_store.key_env. A relative path resolves against "
+              "the YAML file's directory.", path=True),
         Param("kv_store.key_env", "VLA_EDGE_KV_KEY", "Environment variable holding the store key (hex or base64) "
               "when kv_store.key_file is empty."),
         Param("kv_store.budget_bytes", 1 << 30, "Disk budget of the store; least recently used blocks are evicted "
@@ -170,8 +183,26 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
 }
 
 
+
+
+def default_of(node: str, name: str) -> Any:
+    """The schema's default of one parameter (a copy, so a list default cannot be changed through it)."""
+    for param in SCHEMA[node]:
+        if param.name == name:
+            return list(param.default) if isinstance(param.default, list) else param.default
+    raise KeyError(f"{node}.{name} is not in the schema")
+
+
+def choices_of(node: str, name: str) -> tuple[str, ...]:
+    """The schema's choice list of one parameter: the only place such a list is written."""
+    for param in SCHEMA[node]:
+        if param.name == name:
+            return param.choices
+    raise KeyError(f"{node}.{name} is not in the schema")
+
+
 class Settings:
-    """Validated values per node: ``settings['reasoning']['deadline_ms']``."""
+    """Validated values per node, relative paths resolved: ``settings['reasoning']['deadline_ms']``."""
 
     def __init__(self, values: dict[str, dict[str, Any]], source: str) -> None:
         self.values = values
@@ -180,19 +211,74 @@ class Settings:
     def __getitem__(self, node: str) -> dict[str, Any]:
         return self.values[node]
 
+    def replace(self, node: str, changes: Mapping[str, Any]) -> Settings:
+        """A copy with ``changes`` to one node's values, each checked by the schema (the others shared)."""
+        specs = {p.name: p for p in SCHEMA[node]}
+        unknown = sorted(set(changes) - set(specs))
+        if unknown:
+            raise ConfigError(f"{self.source}: unknown keys {node}.{unknown}")
+        checked = {name: specs[name].check(value, f"{self.source}: {node}") for name, value in changes.items()}
+        return Settings({**self.values, node: {**self.values[node], **checked}}, self.source)
+
+
+def package_share() -> Path | None:
+    """The package's share directory (config/, launch/, models/sim, package.xml), wherever it is installed.
+
+    In order: the source checkout this module runs from (an editable install, or colcon's
+    --symlink-install); the ``share/vla_edge_ros`` of the prefix it is installed in (colcon, ``pip
+    install .``); those of ``AMENT_PREFIX_PATH``. None when no share directory is found.
+    """
+    here = Path(__file__).resolve().parent
+    candidates = [here.parent]  # a checkout: the package sits beside package.xml
+    candidates += [prefix / "share" / PACKAGE for prefix in here.parents]
+    candidates.append(Path(sys.prefix) / "share" / PACKAGE)
+    candidates += [Path(prefix) / "share" / PACKAGE
+                   for prefix in os.environ.get("AMENT_PREFIX_PATH", "").split(os.pathsep) if prefix]
+    for candidate in candidates:
+        if (candidate / "package.xml").is_file() and (candidate / "config").is_dir():
+            return candidate
+    return None
+
+
+def resolve_path(value: str, base: Path | None) -> str:
+    """A path setting made absolute: as given if absolute or empty, else against ``base`` (the YAML file's
+    directory) if it exists there, else against the package share if it exists there, else ``base`` (or
+    the share with no YAML file), so that an error names the first place looked."""
+    if not value:
+        return value
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        return str(path)
+    share = package_share()
+    candidates = [root / path for root in (base, share) if root is not None]
+    for candidate in candidates:
+        if candidate.exists():
+            return str(candidate)
+    return str(candidates[0]) if candidates else str(Path.cwd() / path)
+
+
+def _resolve_paths(settings: Settings, base: Path | None) -> Settings:
+    for node, params in SCHEMA.items():
+        for param in params:
+            if param.path:
+                settings.values[node][param.name] = resolve_path(settings.values[node][param.name], base)
+    return settings
+
 
 def defaults() -> Settings:
-    return Settings({node: {p.name: p.default for p in params} for node, params in SCHEMA.items()}, "<defaults>")
+    """The schema's defaults, paths resolved against the package share (as config/default.yaml gives them)."""
+    values = {node: {p.name: default_of(node, p.name) for p in params} for node, params in SCHEMA.items()}
+    return _resolve_paths(Settings(values, "<defaults>"), None)
 
 
-def parse_settings(raw: Any, source: str) -> Settings:
-    """Validate a parsed YAML document against SCHEMA; missing keys take their defaults."""
+def parse_settings(raw: Any, source: str, base: Path | None = None) -> Settings:
+    """Validate a parsed YAML document against SCHEMA; missing keys take their defaults. Relative paths
+    resolve against ``base`` (the file's directory), then the package share."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: top level must be a mapping of node names")
-    settings = defaults()
-    settings.source = source
+    values = {node: {p.name: default_of(node, p.name) for p in params} for node, params in SCHEMA.items()}
     for node, section in raw.items():
         if node not in SCHEMA:
             raise ConfigError(f"{source}: unknown node {node!r}; known: {sorted(SCHEMA)}")
@@ -203,8 +289,13 @@ def parse_settings(raw: Any, source: str) -> Settings:
         for key, value in _flatten(params).items():
             if key not in specs:
                 raise ConfigError(f"{source}: unknown key {node}.{key}; known: {sorted(specs)}")
-            settings.values[node][key] = specs[key].check(value, f"{source}: {node}")
-    return settings
+            values[node][key] = specs[key].check(value, f"{source}: {node}")
+    for group in KNOB_GROUPS:  # the rules a group has beyond each value's range
+        try:
+            group.of(values[group.NODE])
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+    return _resolve_paths(Settings(values, source), base)
 
 
 def _flatten(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -220,7 +311,7 @@ def _flatten(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def load_settings(path: str | Path | None) -> Settings:
-    """Read and validate a YAML config file (None: the built-in defaults)."""
+    """Read and validate a YAML config file (None: the built-in defaults, which equal config/default.yaml)."""
     if path is None:
         return defaults()
     path = Path(path)
@@ -230,4 +321,140 @@ def load_settings(path: str | Path | None) -> Settings:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    return parse_settings(raw, str(path))
+    except ValueError as exc:  # e.g. bytes that are not UTF-8
+        raise ConfigError(f"{path}: not a text file: {exc}") from exc
+    return parse_settings(raw, str(path), path.resolve().parent)
+
+
+# Typed knob groups: each field is the schema parameter of the same name under the group's prefix. A group
+# takes its values (or the schema's defaults) from a node's settings and checks each by the schema, however
+# it is built; nothing here has a default of its own.
+
+Group = TypeVar("Group", bound="KnobGroup")
+
+
+@dataclass(frozen=True)
+class KnobGroup:
+    """Base of the typed knob groups: validated against the schema on construction."""
+
+    NODE: ClassVar[str] = ""
+    PREFIX: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        specs = {p.name: p for p in SCHEMA[self.NODE]}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, KnobGroup):
+                continue
+            checked = specs[self.PREFIX + field.name].check(list(value) if isinstance(value, tuple) else value,
+                                                            self.NODE)
+            object.__setattr__(self, field.name, tuple(checked) if isinstance(checked, list) else checked)
+        self.check()
+
+    def check(self) -> None:
+        """Rules between a group's values, or on a value beyond its range (ConfigError naming the knob)."""
+
+    @classmethod
+    def of(cls: type[Group], values: Mapping[str, Any] | None = None) -> Group:
+        """From a node's settings or any mapping of dotted names (other keys ignored, missing: defaults)."""
+        values = values or {}
+        kinds = typing.get_type_hints(cls)
+        fields = {}
+        for field in dataclasses.fields(cls):
+            kind = kinds[field.name]
+            if isinstance(kind, type) and issubclass(kind, KnobGroup):
+                fields[field.name] = kind.of(values)
+                continue
+            name = cls.PREFIX + field.name
+            fields[field.name] = values[name] if name in values else default_of(cls.NODE, name)
+        return cls(**fields)
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        """The schema names this group reads (a test holds them equal to the schema's)."""
+        kinds = typing.get_type_hints(cls)
+        names = []
+        for field in dataclasses.fields(cls):
+            kind = kinds[field.name]
+            nested = isinstance(kind, type) and issubclass(kind, KnobGroup)
+            names += kind.keys() if nested else [cls.PREFIX + field.name]
+        return names
+
+
+@dataclass(frozen=True)
+class GateKnobs(KnobGroup):
+    """reasoning: the admission gate."""
+
+    NODE: ClassVar[str] = "reasoning"
+    deadline_ms: float
+    ema_alpha: float
+    margin_k: float
+    warmup_cycles: int
+
+
+@dataclass(frozen=True)
+class CosineKnobs(KnobGroup):
+    """reasoning: kv.cosine.*"""
+
+    NODE: ClassVar[str] = "reasoning"
+    PREFIX: ClassVar[str] = "kv.cosine."
+    protect_recent_frames: int
+    signature: str
+    signature_layers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class AuraKnobs(KnobGroup):
+    """reasoning: kv.aura.*"""
+
+    NODE: ClassVar[str] = "reasoning"
+    PREFIX: ClassVar[str] = "kv.aura."
+    threshold: float
+    beta: float
+    target_write_rate: float
+    use_learned_gate: bool
+
+
+@dataclass(frozen=True)
+class DmsKnobs(KnobGroup):
+    """reasoning: kv.dms.*"""
+
+    NODE: ClassVar[str] = "reasoning"
+    PREFIX: ClassVar[str] = "kv.dms."
+    window: int
+    target_ratio: float
+    threshold: float
+    use_learned_gate: bool
+
+    def check(self) -> None:
+        if not (self.target_ratio == 0 or self.target_ratio >= 1):
+            raise ConfigError(f"{self.NODE}: kv.dms.target_ratio must be 0 (use kv.dms.threshold) or >= 1, "
+                              f"got {self.target_ratio}")
+
+
+@dataclass(frozen=True)
+class MemoryKnobs(KnobGroup):
+    """reasoning: kv.* (the policy and every policy's knobs)."""
+
+    NODE: ClassVar[str] = "reasoning"
+    PREFIX: ClassVar[str] = "kv."
+    policy: str
+    cosine: CosineKnobs
+    aura: AuraKnobs
+    dms: DmsKnobs
+
+
+@dataclass(frozen=True)
+class OutputKnobs(KnobGroup):
+    """action_publisher: what each control tick commands."""
+
+    NODE: ClassVar[str] = "action_publisher"
+    command_type: str
+    action_timeout_ms: float
+    action_min: tuple[float, ...]
+    action_max: tuple[float, ...]
+    twist_dims: tuple[int, ...]
+    joint_names: tuple[str, ...]
+
+
+KNOB_GROUPS: tuple[type[KnobGroup], ...] = (GateKnobs, MemoryKnobs, OutputKnobs)  # every group a node has

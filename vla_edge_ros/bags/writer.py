@@ -15,7 +15,8 @@ from types import TracebackType
 
 from rosbags.interfaces import Connection
 from rosbags.rosbag1 import Writer as Writer1
-from rosbags.rosbag2 import CompressionFormat, CompressionMode, StoragePlugin, Writer as Writer2
+from rosbags.rosbag2 import CompressionFormat, CompressionMode, StoragePlugin
+from rosbags.rosbag2 import Writer as Writer2
 from rosbags.typesys import Stores, get_typestore
 
 STORAGES: tuple[str, ...] = ("mcap", "sqlite3", "ros1")

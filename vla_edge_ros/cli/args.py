@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 
-from ..runtime.clock import CostModel, parse_cost
+from ..runtime.block_costs import CostModel, parse_cost
 
 
 def count(text: str, minimum: int = 1) -> int:

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from ..config import load_settings
-from ..tools.evaluate import VARIANTS, evaluate, format_table, write_report
 from ..memory import POLICIES
+from ..tools.evaluate import VARIANTS, evaluate, format_table, write_report
 from ..worlds.sim.world import TASKS, TaskSpec
 from .args import cost_model, frame_budgets, subset_of
 

@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..memory.base import DecodedTokens, FrameTokens, MemoryPolicy, MemoryStats
+from ..memory.context import MemoryContext, MemorySite
 from ..memory.fifo import FifoPolicy
 from ..model.action_head import ActionHead
 from ..model.arena import KVArena
-from ..model.backend import Backend, ForwardResult
+from ..model.backend import ForwardResult
 from ..model.backends import make_backend
 from ..model.checkpoint import Checkpoint
-from ..model.layout import scratch_tokens
+from ..model.layout import kv_bytes_per_token, scratch_tokens
 from ..model.vision import FrameEncoder
 
 PREFILL_CHUNK_TOKENS = 1024  # prompt tokens per forward pass: bounds the attention workspace
@@ -62,7 +63,7 @@ class StepResult:
 class VlaEngine:
     """Owns the arena, the backend, the frame encoder and the action head."""
 
-    def __init__(self, checkpoint: Checkpoint, *, backend: str = "auto", kv_capacity_tokens: int = 1024,
+    def __init__(self, checkpoint: Checkpoint, *, kv_capacity_tokens: int, backend: str = "auto",
                  policy: MemoryPolicy | None = None) -> None:
         config = checkpoint.config
         if not checkpoint.has_vla:
@@ -75,19 +76,28 @@ class VlaEngine:
             raise ValueError(f"kv_capacity_tokens={kv_capacity_tokens} cannot hold one frame "
                              f"({self.tokens_per_frame} tokens) plus {scratch} action tokens")
         self.arena = KVArena(kv_capacity_tokens)
-        self.kv_bytes_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
+        self.kv_bytes_per_token = kv_bytes_per_token(config)
         self.backend = make_backend(backend, checkpoint, self.arena)
+        self.memory = MemoryContext(checkpoint, self.arena, self.backend.read_kv, self.backend.name)
         self.encoder = FrameEncoder.from_checkpoint(checkpoint)
         weight = bias = None
         if config.action.head == "linear":
             weight, bias = checkpoint.float32("action_head.weight"), checkpoint.float32("action_head.bias")
         self.head = ActionHead(config.action, config.vocab_size, weight, bias)
-        self.prompt_slots = np.empty(0, dtype=np.int32)
         self._prompt_ids = np.empty(0, dtype=np.int32)
         self.scratch_tokens = scratch
         self.policy = policy or FifoPolicy()
-        self.policy.attach(self)
+        self.policy.attach(self.memory)
         self._use_head_masks()
+
+    @property
+    def prompt_slots(self) -> np.ndarray:
+        """Arena slots of the pinned prompt."""
+        return self.arena.pinned
+
+    def memory_site(self) -> MemorySite:
+        """What memory knobs are checked against: this engine's model, arena size and prompt length."""
+        return self.memory.site()
 
     def _use_head_masks(self) -> None:
         """Head masks in the arena exactly when the policy evicts per KV head."""
@@ -110,7 +120,7 @@ class VlaEngine:
             self._check_prompt_kv(ids, cached)
         self.arena.release(np.arange(self.arena.capacity))
         self._prompt_ids = ids
-        self.prompt_slots = self.arena.allocate(ids.size)
+        self.arena.pinned = self.arena.allocate(ids.size)
         if cached is not None:
             self.arena.commit(self.prompt_slots, np.arange(ids.size, dtype=np.int32))
             self.backend.write_kv(self.prompt_slots, cached["keys"], cached["values"])
@@ -145,7 +155,7 @@ class VlaEngine:
 
     def set_policy(self, policy: MemoryPolicy) -> None:
         """Install another memory policy; an episode boundary: the cache restarts from the pinned prompt."""
-        policy.attach(self)
+        policy.attach(self.memory)
         self.policy = policy
         self._use_head_masks()
         self.set_prompt(self._prompt_ids)
@@ -182,7 +192,7 @@ class VlaEngine:
         self.arena.commit(slots, np.asarray(state["positions"], dtype=np.int32))
         self.backend.write_kv(slots, state["keys"], state["values"])
         self._prompt_ids = np.asarray(state["prompt_ids"], dtype=np.int32).copy()
-        self.prompt_slots = np.asarray(state["prompt_slots"], dtype=np.int32).copy()
+        self.arena.pinned = np.asarray(state["prompt_slots"], dtype=np.int32).copy()
         self.policy.restore({key[len("policy."):]: value for key, value in state.items() if key.startswith("policy.")})
 
     def warm_up(self) -> None:

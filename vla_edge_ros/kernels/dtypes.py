@@ -13,8 +13,8 @@ import enum
 import numpy as np
 from numba import cuda
 
-from vla_edge_ros.numerics.bf16 import bf16_bits_to_float32
 from vla_edge_ros.kernels._launch import DeviceArray, Stream
+from vla_edge_ros.numerics.bf16 import bf16_bits_to_float32
 
 
 class WeightKind(enum.Enum):

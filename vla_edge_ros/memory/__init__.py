@@ -2,42 +2,49 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..config import MemoryKnobs, choices_of
 from .aura import AuraPolicy
 from .base import DecodedTokens, FrameTokens, MemoryPolicy, MemoryStats
+from .context import MemoryContext, MemorySite
 from .cosine import CosinePolicy
 from .dms import DmsCompression, DmsPolicy
 from .fifo import FifoPolicy
 
-POLICIES = ("fifo", "cosine", "aura", "dms")
+POLICIES = choices_of("reasoning", "kv.policy")
+POLICY_TYPES: dict[str, type[MemoryPolicy]] = {"fifo": FifoPolicy, "cosine": CosinePolicy, "aura": AuraPolicy,
+                                               "dms": DmsPolicy}
 
 
-def make_policy(name: str, knobs: dict[str, Any] | None = None) -> MemoryPolicy:
-    """A policy from its name and the reasoning node's ``kv.*`` settings (other keys are ignored)."""
-    knobs = knobs or {}
-    if name == "fifo":
-        policy: MemoryPolicy = FifoPolicy()
-    elif name == "cosine":
-        policy = CosinePolicy(signature=knobs.get("kv.cosine.signature", "keys"),
-                              signature_layers=tuple(knobs.get("kv.cosine.signature_layers", (-1,))))
-    elif name == "aura":
-        policy = AuraPolicy()
-    elif name == "dms":
-        policy = DmsPolicy(window=knobs.get("kv.dms.window", 32),
-                           use_learned_gate=knobs.get("kv.dms.use_learned_gate", True))
-    else:
+def build_policy(knobs: MemoryKnobs) -> MemoryPolicy:
+    """The policy ``knobs.policy`` with its knob group."""
+    if knobs.policy == "fifo":
+        return FifoPolicy()
+    if knobs.policy == "cosine":
+        return CosinePolicy(knobs.cosine)
+    if knobs.policy == "aura":
+        return AuraPolicy(knobs.aura)
+    return DmsPolicy(knobs.dms)
+
+
+def make_policy(name: str, values: Mapping[str, Any] | None = None) -> MemoryPolicy:
+    """A policy from its name and any ``kv.*`` settings (other keys are ignored; missing ones: defaults)."""
+    if name not in POLICY_TYPES:
         raise ValueError(f"kv.policy must be one of {POLICIES}, got {name!r}")
-    policy.configure_from(knobs)
-    return policy
+    return build_policy(MemoryKnobs.of({**(values or {}), "kv.policy": name}))
 
 
-def check_knobs(knobs: dict[str, Any]) -> None:
-    """ValueError for any policy's ``kv.*`` value its policy would refuse, whichever policy runs now: a
-    value the schema's range lets through (``kv.dms.target_ratio`` 0.5) must not wait for a policy switch."""
-    for name in POLICIES:
-        make_policy(name, knobs)
+def check_knobs(knobs: MemoryKnobs, site: MemorySite, policies: Iterable[str] = POLICIES) -> None:
+    """ValueError (or CheckpointError) for any ``kv.*`` value that ``policies`` would refuse at ``site``,
+    building nothing: the running policy's knobs and those it could switch to at the next episode alike,
+    and the tensors of ``knobs.policy``."""
+    for name in policies:
+        POLICY_TYPES[name].check_knobs(getattr(knobs, name, None), site)
+    POLICY_TYPES[knobs.policy].check_tensors(site)
 
 
-__all__ = ["POLICIES", "AuraPolicy", "CosinePolicy", "DecodedTokens", "DmsCompression", "DmsPolicy", "FifoPolicy",
-           "FrameTokens", "MemoryPolicy", "MemoryStats", "check_knobs", "make_policy"]
+__all__ = ["POLICIES", "POLICY_TYPES", "AuraPolicy", "CosinePolicy", "DecodedTokens", "DmsCompression", "DmsPolicy",
+           "FifoPolicy", "FrameTokens", "MemoryContext", "MemoryPolicy", "MemorySite", "MemoryStats", "build_policy",
+           "check_knobs", "make_policy"]

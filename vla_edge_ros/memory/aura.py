@@ -54,14 +54,17 @@ import math
 
 import numpy as np
 
-from ..model.checkpoint import Checkpoint, CheckpointError, check_tensors
-from ..model.memory_tensors import AURA_GATE, AURA_PROJECTIONS, aura_shapes, feature_layout
+from ..config import AuraKnobs, MemoryKnobs
+from ..model.memory_tensors import AURA_GATE, AURA_PROJECTIONS, check_aura
 from .base import FrameTokens, MemoryPolicy, _array
+from .context import MemoryContext, MemorySite
 from .memory_math import FastWeights, MemoryMath
 
 GATES = ("surprise", "random", "periodic")
 RATE_WINDOW_FRAMES = 50
 RATE_STEP = 0.5
+
+
 def frame_feature(embeddings: np.ndarray, layout: str) -> np.ndarray:
     """z of a frame's [tokens_per_frame, hidden] embeddings in ``layout``."""
     if layout == "concat":
@@ -78,15 +81,13 @@ class AuraPolicy(MemoryPolicy):
     name = "aura"
     needs_prefix = True
 
-    def __init__(self, *, threshold: float = 0.5, beta: float = 0.5, target_write_rate: float = 0.0,
-                 use_learned_gate: bool = True, gate: str = "surprise", gate_rate: float = 0.1, seed: int = 0) -> None:
+    def __init__(self, knobs: AuraKnobs, *, gate: str = "surprise", gate_rate: float = 0.1, seed: int = 0) -> None:
         super().__init__()
         if gate not in GATES:
             raise ValueError(f"aura gate must be one of {GATES}, got {gate!r}")
         if not 0 < gate_rate <= 1:
             raise ValueError(f"aura gate_rate must be in (0, 1], got {gate_rate}")
-        self.configure(threshold=threshold, beta=beta, target_write_rate=target_write_rate)
-        self.use_learned_gate = use_learned_gate
+        self.knobs = knobs
         self.gate, self.gate_rate, self.seed = gate, gate_rate, seed
         self.memory: FastWeights | None = None
         self.learned_gate: tuple[np.ndarray, np.ndarray] | None = None  # (weight, bias) once attached, if any
@@ -97,42 +98,25 @@ class AuraPolicy(MemoryPolicy):
         self._restart_gates()
         self.last_surprise = math.nan
 
-    def configure_from(self, knobs: dict) -> None:
-        self.configure(threshold=knobs.get("kv.aura.threshold", self.threshold),
-                       beta=knobs.get("kv.aura.beta", self.beta),
-                       target_write_rate=knobs.get("kv.aura.target_write_rate", self.target_write_rate))
-        self.use_learned_gate = knobs.get("kv.aura.use_learned_gate", self.use_learned_gate)
+    @classmethod
+    def check_tensors(cls, site: MemorySite) -> None:
+        check_aura(site.checkpoint)
 
-    def configure(self, *, threshold: float, beta: float, target_write_rate: float) -> None:
-        """Set the gate's knobs, all checked before any is applied (benchmarks get the YAML file's errors)."""
-        if not (math.isfinite(threshold) and threshold >= 0):
-            raise ValueError(f"kv.aura.threshold must be >= 0, got {threshold}")
-        if not 0 < beta <= 1:
-            raise ValueError(f"kv.aura.beta must be in (0, 1], got {beta}")
-        if not 0 <= target_write_rate <= 1:
-            raise ValueError(f"kv.aura.target_write_rate must be in [0, 1], got {target_write_rate}")
-        self.threshold, self.beta, self.target_write_rate = threshold, beta, target_write_rate
+    def configure(self, knobs: MemoryKnobs) -> None:
+        self.knobs = knobs.aura  # every aura knob is live
 
-    def attach(self, engine) -> None:
-        super().attach(engine)
-        checkpoint: Checkpoint = engine.checkpoint
-        missing = [name for name in AURA_PROJECTIONS if name not in checkpoint.tensors]
-        if missing:
-            raise CheckpointError(f"{checkpoint.path}: kv.policy aura needs tensors {missing}; "
-                                  "`vla-edge init-model` writes them (random), training writes learned ones")
-        d_k, d_v = checkpoint.tensors["aura.k_proj.weight"].shape[0], checkpoint.tensors["aura.v_proj.weight"].shape[0]
-        has_dms_gate = any(name in checkpoint.tensors for name in AURA_GATE)
-        self.layout = feature_layout(engine.config, checkpoint.tensors["aura.k_proj.weight"].shape[-1])
-        check_tensors(checkpoint.tensors, aura_shapes(engine.config, d_k, d_v, learned_gate=has_dms_gate,
-                                                      layout=self.layout), checkpoint.path)
+    def attach(self, context: MemoryContext) -> None:
+        super().attach(context)
+        checkpoint = context.checkpoint
+        self.layout, learned = check_aura(checkpoint)
         self.k_proj, self.q_proj, self.v_proj, self.out_proj = (checkpoint.float32(n) for n in AURA_PROJECTIONS)
-        self.learned_gate = tuple(checkpoint.float32(n) for n in AURA_GATE) if has_dms_gate else None
-        self.memory = MemoryMath.for_backend(engine.backend.name).fast_weights(d_k, d_v)
+        self.learned_gate = tuple(checkpoint.float32(n) for n in AURA_GATE) if learned else None
+        self.memory = MemoryMath.for_device(context.device).fast_weights(self.k_proj.shape[0], self.v_proj.shape[0])
 
     @property
     def effective_threshold(self) -> float:
         """The surprise threshold after the write-rate adaptation (the learned gate is offset by lambda instead)."""
-        return self.threshold * math.exp(self._lambda)
+        return self.knobs.threshold * math.exp(self._lambda)
 
     def reset(self) -> None:
         super().reset()
@@ -161,11 +145,11 @@ class AuraPolicy(MemoryPolicy):
         return (self.out_proj @ self._memory().read(q))[None, :].astype(np.float32)
 
     def make_room(self, tokens: int) -> int:
-        engine = self._engine()
+        arena = self._context().arena
         evicted = int(self.current.size > 0)
-        engine.arena.release(self.current)
+        arena.release(self.current)
         self.current = np.empty(0, dtype=np.int32)
-        if engine.arena.capacity - engine.arena.used < tokens:
+        if arena.capacity - arena.used < tokens:
             raise RuntimeError(f"aura: {tokens} tokens do not fit beside the prompt in the arena")
         self.evictions += evicted
         return evicted
@@ -179,12 +163,12 @@ class AuraPolicy(MemoryPolicy):
         self.frames_seen += 1
         memory = self._memory()
         scale = float(np.linalg.norm(v))
-        surprise, written = memory.step(k, v, self.beta, *self._decision(memory, k, v, scale))
+        surprise, written = memory.step(k, v, self.knobs.beta, *self._decision(memory, k, v, scale))
         self.last_surprise = surprise / scale if scale > 0 else 0.0
         self.writes += int(written)
-        if self.target_write_rate > 0:
+        if self.knobs.target_write_rate > 0:
             self._rate += (float(written) - self._rate) / RATE_WINDOW_FRAMES
-            self._lambda = max(0.0, self._lambda + RATE_STEP * (self._rate - self.target_write_rate))
+            self._lambda = max(0.0, self._lambda + RATE_STEP * (self._rate - self.knobs.target_write_rate))
 
     def _decision(self, memory: FastWeights, k: np.ndarray, v: np.ndarray, scale: float) -> tuple[float, bool]:
         """(threshold on the surprise, forced write) for ``FastWeights.step``: exactly one source decides."""
@@ -192,7 +176,7 @@ class AuraPolicy(MemoryPolicy):
             return math.inf, bool(self._rng.random() < self.gate_rate)
         if self.gate == "periodic":
             return math.inf, (self.frames_seen - 1 + self._phase) % self._period == 0
-        learned = self.learned_gate if self.use_learned_gate else None
+        learned = self.learned_gate if self.knobs.use_learned_gate else None
         if learned is not None:
             weight, bias = learned
             logit = float(weight[0] @ np.concatenate([k, v - memory.read(k)]) + bias[0])

@@ -1,7 +1,8 @@
 """What a KV memory policy is: the part of the engine that decides what the cache keeps.
 
 The engine owns the arena and the backend; a policy owns the bookkeeping of what is in the arena
-beyond the pinned prompt. Each frame, the engine asks the policy for any tokens to prefill before
+beyond the pinned prompt, and sees the engine only through the ``MemoryContext`` it is attached to
+(context.py). Each frame, the engine asks the policy for any tokens to prefill before
 the frame (``frame_prefix``), to make room for them (``make_room``: the policy releases slots), and
 then hands it the prefilled frame (``add_frame``). Decoded action tokens are scratch that leaves at
 the end of the step, unless the policy ``keeps_decoded`` (dms): then each one is handed over
@@ -11,6 +12,11 @@ so positions stay below the arena capacity for an episode that never ends.
 
 A policy that decides per KV head (``per_kv_head``, dms) gets head masks in the arena
 (``KVArena.head_valid``), which attention honours per KV head; the others cost nothing per head.
+
+Knobs come from the schema as typed groups (``config.MemoryKnobs``). ``check_knobs`` (a class
+method) says whether a group can run at a ``MemorySite`` without building anything, which is how a
+live parameter change is checked; ``attach`` runs the same check on its own knobs. ``configure``
+applies live changes to a running policy, between cycles.
 
 Switching policy takes effect at an episode boundary: ``VlaEngine.set_policy`` installs the new
 policy together with a fresh prompt prefill, because one policy cannot interpret another's state
@@ -22,12 +28,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from ..engine.vla_engine import VlaEngine
+from ..config import MemoryKnobs
+from .context import MemoryContext, MemorySite
 
 
 @dataclass(frozen=True)
@@ -80,14 +86,26 @@ class MemoryPolicy(ABC):
     keeps_decoded = False  # True when decoded action tokens are handed to ``add_decoded`` instead of dropped
 
     def __init__(self) -> None:
-        self.engine: VlaEngine | None = None
+        self.context: MemoryContext | None = None
         self.frames_seen = 0
         self.evictions = 0
         self.writes = 0
 
-    def attach(self, engine: VlaEngine) -> None:
-        """Bind to the engine whose arena this policy manages (called once, before the first episode)."""
-        self.engine = engine
+    @classmethod
+    def check_knobs(cls, knobs: Any, site: MemorySite) -> None:
+        """ValueError naming the knob when this policy's knob group (``MemoryKnobs.<name>``, None for a
+        policy without knobs) cannot run at ``site``; builds nothing."""
+
+    @classmethod
+    def check_tensors(cls, site: MemorySite) -> None:
+        """CheckpointError when the checkpoint lacks tensors this policy reads (checked when it is chosen)."""
+
+    def attach(self, context: MemoryContext) -> None:
+        """Bind to the arena this policy manages (once, before the first episode); checks the knobs too."""
+        self.context = context
+
+    def configure(self, knobs: MemoryKnobs) -> None:
+        """Apply this policy's live knobs, already checked by ``check_knobs``."""
 
     @property
     def needs_layer_inputs(self) -> bool:
@@ -97,9 +115,6 @@ class MemoryPolicy(ABC):
     def reserved_tokens(self) -> int:
         """Tokens beside the prompt the policy holds that no ``make_room`` can free (aura's memory token)."""
         return int(self.needs_prefix)
-
-    def configure_from(self, knobs: dict[str, Any]) -> None:
-        """Apply this policy's live ``kv.*`` knobs (ValueError, changing nothing, when one is out of range)."""
 
     def reset(self) -> None:
         """A new episode: the arena holds only the pinned prompt again."""
@@ -133,9 +148,9 @@ class MemoryPolicy(ABC):
         return {}
 
     def stats(self) -> MemoryStats:
-        engine = self._engine()
-        used = engine.arena.used
-        return MemoryStats(self.name, self.frames_seen, self.frames_kept(), used, used * engine.kv_bytes_per_token,
+        context = self._context()
+        used = context.arena.used
+        return MemoryStats(self.name, self.frames_seen, self.frames_kept(), used, used * context.kv_bytes_per_token,
                            self.state_bytes(), self.evictions, self.writes)
 
     def snapshot(self) -> dict[str, np.ndarray]:
@@ -147,10 +162,10 @@ class MemoryPolicy(ABC):
         counters = _array(state, "counters", np.int64, (3,))
         self.frames_seen, self.evictions, self.writes = (int(c) for c in counters)
 
-    def _engine(self) -> VlaEngine:
-        if self.engine is None:
+    def _context(self) -> MemoryContext:
+        if self.context is None:
             raise RuntimeError(f"{self.name} policy is not attached to an engine")
-        return self.engine
+        return self.context
 
 
 def _array(state: dict[str, np.ndarray], name: str, dtype: type, shape: tuple[int | None, ...]) -> np.ndarray:

@@ -16,41 +16,59 @@ O(frames) per frame whose nearest neighbour was the one evicted.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
+from ..config import CosineKnobs, MemoryKnobs, choices_of
 from ..numerics import ops
 from .base import FrameTokens, _array
+from .context import MemoryContext, MemorySite
 from .frames import FrameWindowPolicy
 from .memory_math import MemoryMath
 
-SIGNATURES = ("keys", "values", "embeddings")
+SIGNATURES = choices_of("reasoning", "kv.cosine.signature")
 
 
 class CosinePolicy(FrameWindowPolicy):
     name = "cosine"
 
-    def __init__(self, *, protect_recent_frames: int = 4, signature: str = "keys",
-                 signature_layers: tuple[int, ...] = (-1,)) -> None:
+    def __init__(self, knobs: CosineKnobs) -> None:
         super().__init__()
-        if signature not in SIGNATURES:
-            raise ValueError(f"kv.cosine.signature must be one of {SIGNATURES}, got {signature!r}")
-        if not signature_layers and signature != "embeddings":
-            raise ValueError("kv.cosine.signature_layers must name at least one layer")
-        self.signature = signature
-        self.signature_layers = tuple(signature_layers)
-        self.protect_recent_frames = protect_recent_frames
+        self.knobs = knobs
         self.math: MemoryMath | None = None
 
-    def attach(self, engine) -> None:
-        super().attach(engine)
-        layers = engine.config.num_hidden_layers
-        bad = [i for i in self.signature_layers if not -layers <= i < layers]
-        if bad and self.signature != "embeddings":
+    @property
+    def signature(self) -> str:
+        return self.knobs.signature
+
+    @property
+    def signature_layers(self) -> tuple[int, ...]:
+        return self.knobs.signature_layers
+
+    @property
+    def protect_recent_frames(self) -> int:
+        return self.knobs.protect_recent_frames
+
+    @classmethod
+    def check_knobs(cls, cosine: CosineKnobs, site: MemorySite) -> None:
+        if not cosine.signature_layers and cosine.signature != "embeddings":
+            raise ValueError("kv.cosine.signature_layers must name at least one layer")
+        layers = site.config.num_hidden_layers
+        bad = [i for i in cosine.signature_layers if not -layers <= i < layers]
+        if bad and cosine.signature != "embeddings":
             raise ValueError(f"kv.cosine.signature_layers {bad} out of range for a {layers}-layer model")
-        self._check_protect(self.protect_recent_frames)
+        capacity = site.frames()
+        if not 0 <= cosine.protect_recent_frames < capacity:
+            raise ValueError(f"kv.cosine.protect_recent_frames={cosine.protect_recent_frames} must be in "
+                             f"[0, {capacity - 1}]: the arena holds {capacity} frames and one must stay evictable")
+
+    def attach(self, context: MemoryContext) -> None:
+        super().attach(context)
+        self.check_knobs(self.knobs, context.site())
         rows = self.capacity_frames() + 1  # the arena's frames plus the one being inserted
-        self.math = MemoryMath.for_backend(engine.backend.name)
-        self._inv_freq = ops.rope_inv_freq(engine.config.head_dim, engine.config.rope_theta)
+        self.math = MemoryMath.for_device(context.device)
+        self._inv_freq = ops.rope_inv_freq(context.config.head_dim, context.config.rope_theta)
         self._dim = self._signature_dim()
         self._index = self.math.signature_index(rows, self._dim)
         self._sim = np.full((rows, rows), -np.inf, dtype=np.float32)
@@ -59,21 +77,11 @@ class CosinePolicy(FrameWindowPolicy):
         self._live = np.zeros(rows, dtype=bool)
         self._rows: list[int] = []  # signature row of each kept frame, parallel to ``frames``
 
-    def configure_from(self, knobs: dict) -> None:
-        protect = knobs.get("kv.cosine.protect_recent_frames", self.protect_recent_frames)
-        if self.engine is not None:  # before attach the arena is unknown; attach checks
-            self._check_protect(protect)
-        self.protect_recent_frames = protect
-
-    def _check_protect(self, protect: int) -> None:
-        """The protected window must leave at least one frame of the arena evictable."""
-        capacity = self.capacity_frames()
-        if not 0 <= protect < capacity:
-            raise ValueError(f"kv.cosine.protect_recent_frames={protect} must be in [0, {capacity - 1}]: "
-                             f"the arena holds {capacity} frames and one must stay evictable")
+    def configure(self, knobs: MemoryKnobs) -> None:
+        self.knobs = replace(self.knobs, protect_recent_frames=knobs.cosine.protect_recent_frames)
 
     def _signature_dim(self) -> int:
-        c = self._engine().config
+        c = self._context().config
         if self.signature == "embeddings":
             return c.hidden_size
         return len(self.signature_layers) * c.num_key_value_heads * c.head_dim
@@ -93,8 +101,7 @@ class CosinePolicy(FrameWindowPolicy):
         """The frame's signature vector (see the module doc)."""
         if self.signature == "embeddings":
             return frame.embeddings.mean(axis=0, dtype=np.float32)
-        engine = self._engine()
-        keys, values = engine.backend.read_kv(frame.slots)  # [layers, kv_heads, n, head_dim]
+        keys, values = self._context().read_kv(frame.slots)  # [layers, kv_heads, n, head_dim]
         chosen = (keys if self.signature == "keys" else values)[list(self.signature_layers)]
         if self.signature == "keys":
             cos, sin = ops.rope_cos_sin(-frame.positions, self._inv_freq)

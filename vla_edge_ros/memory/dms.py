@@ -37,15 +37,18 @@ at the end of the step. ``writes`` and ``evictions`` count tokens, not frames.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from .base import DecodedTokens, FrameTokens, MemoryPolicy, _array
+from ..config import DmsKnobs, MemoryKnobs
+from ..model.layout import scratch_tokens
 from ..model.memory_tensors import has_dms_gate
+from .base import DecodedTokens, FrameTokens, MemoryPolicy, _array
+from .context import MemoryContext, MemorySite
 from .dms_scores import KeyNovelty, LearnedGate
-from .dms_threshold import KeepThreshold, check_knobs
+from .dms_threshold import KeepThreshold
 
 
 @dataclass(frozen=True)
@@ -90,17 +93,28 @@ class DmsPolicy(MemoryPolicy):
     per_kv_head = True
     keeps_decoded = True
 
-    def __init__(self, *, window: int = 32, threshold: float = 0.0, target_ratio: float = 4.0,
-                 use_learned_gate: bool = True) -> None:
+    def __init__(self, knobs: DmsKnobs) -> None:
         super().__init__()
-        if window < 1:
-            raise ValueError(f"kv.dms.window must be >= 1, got {window}")
-        check_knobs(threshold, target_ratio)
-        self.window = window
-        self.threshold, self.target_ratio = float(threshold), float(target_ratio)
-        self.use_learned_gate = use_learned_gate
+        self.knobs = knobs
         self.source: LearnedGate | KeyNovelty | None = None
         self.limits: KeepThreshold | None = None
+
+    @property
+    def window(self) -> int:
+        return self.knobs.window
+
+    @classmethod
+    def check_knobs(cls, knobs: DmsKnobs, site: MemorySite) -> None:
+        limit = site.free_tokens()
+        if knobs.window > limit:
+            c = site.config
+            raise ValueError(f"kv.dms.window={knobs.window} must be in [1, {limit}]: the {site.capacity}-slot arena "
+                             f"holds the prompt ({site.prompt_tokens}), the window, one frame "
+                             f"({c.vision.tokens_per_frame}) and the action tokens ({scratch_tokens(c)})")
+
+    @classmethod
+    def check_tensors(cls, site: MemorySite) -> None:
+        has_dms_gate(site.checkpoint)  # an incomplete or misshapen gate is an error even if unused
 
     @property
     def needs_layer_inputs(self) -> bool:
@@ -109,26 +123,20 @@ class DmsPolicy(MemoryPolicy):
     def reserved_tokens(self) -> int:
         return self.window  # the window is never evicted, so it can never make room
 
-    def configure_from(self, knobs: dict) -> None:
-        threshold = knobs.get("kv.dms.threshold", self.threshold)
-        target_ratio = knobs.get("kv.dms.target_ratio", self.target_ratio)
-        check_knobs(threshold, target_ratio)  # both checked before either is applied
-        self.threshold, self.target_ratio = float(threshold), float(target_ratio)
+    def configure(self, knobs: MemoryKnobs) -> None:
+        live = knobs.dms
+        self.knobs = replace(self.knobs, threshold=live.threshold, target_ratio=live.target_ratio)
         if self.limits is not None:
-            self.limits.configure(self.threshold, self.target_ratio)
+            self.limits.configure(live.threshold, live.target_ratio)
 
-    def attach(self, engine) -> None:
-        super().attach(engine)
-        c, arena = engine.config, engine.arena
-        limit = (arena.capacity - engine.prompt_slots.size - engine.tokens_per_frame - engine.scratch_tokens)
-        if self.window > limit:
-            raise ValueError(f"kv.dms.window={self.window} must be in [1, {limit}]: the {arena.capacity}-slot arena "
-                             f"holds the prompt ({engine.prompt_slots.size}), the window, one frame "
-                             f"({engine.tokens_per_frame}) and the action tokens ({engine.scratch_tokens})")
-        gated = self.use_learned_gate and has_dms_gate(engine.checkpoint)
-        self.source = LearnedGate(engine.checkpoint) if gated else KeyNovelty(engine, self.window)
+    def attach(self, context: MemoryContext) -> None:
+        super().attach(context)
+        self.check_knobs(self.knobs, context.site())
+        c, arena = context.config, context.arena
+        gated = self.knobs.use_learned_gate and has_dms_gate(context.checkpoint)
+        self.source = LearnedGate(context.checkpoint) if gated else KeyNovelty(context, self.window)
         layers, heads = c.num_hidden_layers, c.num_key_value_heads
-        self.limits = KeepThreshold(layers, heads, threshold=self.threshold, target_ratio=self.target_ratio)
+        self.limits = KeepThreshold(layers, heads, threshold=self.knobs.threshold, target_ratio=self.knobs.target_ratio)
         self._slot_score = np.full((layers, heads, arena.capacity), -np.inf, dtype=np.float32)
         self._slot_frame = np.full(arena.capacity, -1, dtype=np.int64)
         self._clear()
@@ -142,12 +150,11 @@ class DmsPolicy(MemoryPolicy):
 
     def reset(self) -> None:
         super().reset()
-        engine = self._engine()
         self._clear()
         self._slot_score.fill(-np.inf)
         self._slot_frame.fill(-1)
         self._limits().reset()
-        self._source().reset(engine)
+        self._source().reset(self._context())
 
     def _source(self) -> LearnedGate | KeyNovelty:
         if self.source is None:
@@ -161,13 +168,12 @@ class DmsPolicy(MemoryPolicy):
 
     def make_room(self, tokens: int) -> int:
         """Force out whole tokens (see the module doc) until ``tokens`` slots are free; returns how many."""
-        engine = self._engine()
-        arena = engine.arena
+        arena = self._context().arena
         need = tokens - (arena.capacity - arena.used)
         if need <= 0:
             return 0
         evictable = arena.valid.copy()
-        evictable[engine.prompt_slots] = evictable[self._pending_slots] = False
+        evictable[arena.pinned] = evictable[self._pending_slots] = False
         candidates = np.flatnonzero(evictable).astype(np.int32)
         if candidates.size < need:
             raise RuntimeError(f"dms: {tokens} tokens do not fit beside the prompt and the {self.window}-token window")
@@ -181,11 +187,11 @@ class DmsPolicy(MemoryPolicy):
 
     def add_frame(self, frame: FrameTokens) -> None:
         self.frames_seen += 1
-        scores = self._source().scores(self._engine(), frame.slots, frame.positions, frame.layer_inputs)
+        scores = self._source().scores(self._context(), frame.slots, frame.positions, frame.layer_inputs)
         self.admit(frame.slots, scores, frame=self.frames_seen - 1)
 
     def add_decoded(self, tokens: DecodedTokens) -> None:
-        scores = self._source().scores(self._engine(), tokens.slots, tokens.positions, tokens.layer_inputs)
+        scores = self._source().scores(self._context(), tokens.slots, tokens.positions, tokens.layer_inputs)
         self.admit(tokens.slots, scores, frame=-1)
 
     def admit(self, slots: np.ndarray, scores: np.ndarray, *, frame: int) -> None:
@@ -208,7 +214,7 @@ class DmsPolicy(MemoryPolicy):
         """Apply the decisions of the ``count`` oldest pending tokens: each head that did not keep one stops reading it."""
         slots, keep = self._pending_slots[:count], self._pending_keep[:count]
         self._pending_slots, self._pending_keep = self._pending_slots[count:], self._pending_keep[count:]
-        freed = self._engine().arena.hide(slots, ~keep.transpose(1, 2, 0))
+        freed = self._context().arena.hide(slots, ~keep.transpose(1, 2, 0))
         self.evictions += freed.size
         self._decided += count
         self._kept_decisions += keep.sum(axis=0)
@@ -220,21 +226,20 @@ class DmsPolicy(MemoryPolicy):
     def entries_of_frame(self, frame: int) -> np.ndarray:
         """[layers, kv_heads] how many tokens of this episode's frame number ``frame`` (0: the first)
         each head still reads."""
-        arena = self._engine().arena
+        arena = self._context().arena
         return arena.head_valid[:, :, (self._slot_frame == frame) & arena.valid].sum(axis=-1)
 
     def slots_of_frame(self, frame: int) -> np.ndarray:
         """Slots that still hold tokens of frame number ``frame`` (slot numbers are reused after evictions)."""
-        return np.flatnonzero((self._slot_frame == frame) & self._engine().arena.valid).astype(np.int32)
+        return np.flatnonzero((self._slot_frame == frame) & self._context().arena.valid).astype(np.int32)
 
     def frames_kept(self) -> int:
-        frames = self._slot_frame[self._engine().arena.valid]
+        frames = self._slot_frame[self._context().arena.valid]
         return int(np.unique(frames[frames >= 0]).size)
 
     def compression(self) -> DmsCompression:
-        engine = self._engine()
-        arena = engine.arena
-        prompt = engine.prompt_slots.size
+        arena = self._context().arena
+        prompt = arena.pinned.size
         return DmsCompression(
             tokens_seen=self.writes, held_per_head=arena.head_valid.sum(axis=-1) - prompt,
             slots_held=arena.used - prompt, decided=self._decided, kept_per_head=self._kept_decisions.copy(),
@@ -249,15 +254,15 @@ class DmsPolicy(MemoryPolicy):
         state = super().snapshot()
         state.update(self._limits().snapshot())
         state.update(self._source().snapshot())
-        state.update(head_valid=self._engine().arena.head_valid.astype(np.uint8), slot_scores=self._slot_score.copy(),
+        state.update(head_valid=self._context().arena.head_valid.astype(np.uint8), slot_scores=self._slot_score.copy(),
                      slot_frames=self._slot_frame.copy(), pending_slots=self._pending_slots.copy(),
                      pending_keep=self._pending_keep.astype(np.uint8), kept_decisions=self._kept_decisions.copy(),
                      dms_counters=np.array([self._decided, self._forced], dtype=np.int64))
         return state
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
-        engine = self._engine()
-        arena = engine.arena
+        context = self._context()
+        arena = context.arena
         heads, capacity = self._slot_score.shape[:2], arena.capacity
         pending = _array(state, "pending_slots", np.int32, (None,))
         if pending.size > self.window:
@@ -274,4 +279,4 @@ class DmsPolicy(MemoryPolicy):
         self._kept_decisions = _array(state, "kept_decisions", np.int64, heads).copy()
         self._decided, self._forced = (int(x) for x in _array(state, "dms_counters", np.int64, (2,)))
         self._limits().restore(state)
-        self._source().restore(state, engine)
+        self._source().restore(state, context)

@@ -20,17 +20,13 @@ policy keeps a token in a head iff its score there is above the threshold.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from ..numerics import ops
 from ..model.checkpoint import Checkpoint
 from ..model.memory_tensors import dms_gate_names
+from ..numerics import ops
 from .base import _array
-
-if TYPE_CHECKING:
-    from ..engine.vla_engine import VlaEngine
+from .context import MemoryContext
 
 
 class LearnedGate:
@@ -46,10 +42,10 @@ class LearnedGate:
         self.weights = [checkpoint.float32(dms_gate_names(i)[0]) for i in range(config.num_hidden_layers)]
         self.biases = [checkpoint.float32(dms_gate_names(i)[1]) for i in range(config.num_hidden_layers)]
 
-    def reset(self, engine: VlaEngine) -> None:
+    def reset(self, context: MemoryContext) -> None:
         """Nothing to remember between tokens."""
 
-    def scores(self, engine: VlaEngine, slots: np.ndarray, positions: np.ndarray,
+    def scores(self, context: MemoryContext, slots: np.ndarray, positions: np.ndarray,
                layer_inputs: list[np.ndarray] | None) -> np.ndarray:
         if layer_inputs is None:
             raise RuntimeError("dms learned gate: the forward pass did not return the layers' inputs")
@@ -60,7 +56,7 @@ class LearnedGate:
     def snapshot(self) -> dict[str, np.ndarray]:
         return {}
 
-    def restore(self, state: dict[str, np.ndarray], engine: VlaEngine) -> None:
+    def restore(self, state: dict[str, np.ndarray], context: MemoryContext) -> None:
         """Stateless: nothing to restore."""
 
 
@@ -69,21 +65,21 @@ class KeyNovelty:
 
     needs_layer_inputs = False
 
-    def __init__(self, engine: VlaEngine, window: int) -> None:
-        c = engine.config
+    def __init__(self, context: MemoryContext, window: int) -> None:
+        c = context.config
         self.window = window
         self.inv_freq = ops.rope_inv_freq(c.head_dim, c.rope_theta)
         self.recent = np.zeros((window, c.num_hidden_layers * c.num_key_value_heads, c.head_dim), np.float32)
         self.count = 0  # tokens ever pushed this episode; the ring holds the newest min(count, window)
         self.prompt = self.recent[:0]
 
-    def reset(self, engine: VlaEngine) -> None:
+    def reset(self, context: MemoryContext) -> None:
         self.count = 0
-        self.prompt = self._unit_keys(engine, engine.prompt_slots, engine.arena.positions[engine.prompt_slots])
+        self.prompt = self._unit_keys(context, context.prompt_slots, context.arena.positions[context.prompt_slots])
 
-    def _unit_keys(self, engine: VlaEngine, slots: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    def _unit_keys(self, context: MemoryContext, slots: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Keys of ``slots`` rotated back by their positions, unit length: [n, layers * kv_heads, head_dim]."""
-        keys, _ = engine.backend.read_kv(slots)  # [layers, kv_heads, n, head_dim]
+        keys, _ = context.read_kv(slots)  # [layers, kv_heads, n, head_dim]
         layers, heads, n, dim = keys.shape
         keys = keys.transpose(2, 0, 1, 3).reshape(n, layers * heads, dim)
         cos, sin = ops.rope_cos_sin(-np.asarray(positions, dtype=np.int32), self.inv_freq)
@@ -91,9 +87,9 @@ class KeyNovelty:
         norms = np.linalg.norm(keys, axis=-1, keepdims=True)
         return (keys / np.where(norms > 0, norms, np.float32(1))).astype(np.float32)
 
-    def scores(self, engine: VlaEngine, slots: np.ndarray, positions: np.ndarray,
+    def scores(self, context: MemoryContext, slots: np.ndarray, positions: np.ndarray,
                layer_inputs: list[np.ndarray] | None) -> np.ndarray:
-        new = self._unit_keys(engine, slots, positions)  # [T, LH, D]
+        new = self._unit_keys(context, slots, positions)  # [T, LH, D]
         tokens, lh, _ = new.shape
         reference = np.concatenate([self.prompt, self.recent[:min(self.count, self.window)]])  # [R, LH, D]
         best = np.full((lh, tokens), -np.inf, dtype=np.float32)
@@ -105,7 +101,7 @@ class KeyNovelty:
             best = np.maximum(best, among.max(axis=-1))
         best = np.where(np.isfinite(best), best, np.float32(0))  # nothing to compare with: orthogonal
         self._push(new)
-        c = engine.config
+        c = context.config
         return (1 - best).T.reshape(tokens, c.num_hidden_layers, c.num_key_value_heads).astype(np.float32)
 
     def _push(self, keys: np.ndarray) -> None:
@@ -118,8 +114,8 @@ class KeyNovelty:
     def snapshot(self) -> dict[str, np.ndarray]:
         return {"novelty_window_keys": self.recent.copy(), "novelty_count": np.array([self.count], dtype=np.int64)}
 
-    def restore(self, state: dict[str, np.ndarray], engine: VlaEngine) -> None:
+    def restore(self, state: dict[str, np.ndarray], context: MemoryContext) -> None:
         """The window's keys from the snapshot; the prompt's are recomputed from the restored cache."""
         self.recent = _array(state, "novelty_window_keys", np.float32, self.recent.shape).copy()
         self.count = int(_array(state, "novelty_count", np.int64, (1,))[0])
-        self.prompt = self._unit_keys(engine, engine.prompt_slots, engine.arena.positions[engine.prompt_slots])
+        self.prompt = self._unit_keys(context, context.prompt_slots, context.arena.positions[context.prompt_slots])

@@ -23,14 +23,6 @@ from .base import _array
 HISTORY_TOKENS = 256  # recent tokens whose scores set the quantile (16 frames of 16 tokens)
 
 
-def check_knobs(threshold: float, target_ratio: float) -> None:
-    """ValueError naming the knob when either value is out of range."""
-    if not math.isfinite(threshold):
-        raise ValueError(f"kv.dms.threshold must be finite, got {threshold}")
-    if not (target_ratio == 0 or (math.isfinite(target_ratio) and target_ratio >= 1)):
-        raise ValueError(f"kv.dms.target_ratio must be 0 (use kv.dms.threshold) or >= 1, got {target_ratio}")
-
-
 def _quantile(values: np.ndarray, q: float) -> float:
     """np.quantile(values, q) (linear interpolation) by one partial sort: at these sizes np.quantile spends
     most of its time around the sort, and this runs once per frame and per decoded token."""
@@ -51,7 +43,7 @@ class KeepThreshold:
         self.current = float(threshold)
 
     def configure(self, threshold: float, target_ratio: float) -> None:
-        check_knobs(threshold, target_ratio)
+        """Set the knobs (``DmsKnobs`` checked them: target_ratio is 0 or >= 1)."""
         self.threshold, self.target_ratio = float(threshold), float(target_ratio)
 
     def reset(self) -> None:

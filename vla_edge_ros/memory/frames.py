@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model.layout import frames_in_arena
 from .base import FrameTokens, MemoryPolicy, _array
 
 
@@ -21,11 +20,10 @@ class FrameWindowPolicy(MemoryPolicy):
 
     def capacity_frames(self) -> int:
         """Frames the arena holds beside the pinned prompt and the action scratch."""
-        engine = self._engine()
-        return frames_in_arena(engine.config, engine.arena.capacity, engine.prompt_slots.size)
+        return self._context().site().frames()
 
     def make_room(self, tokens: int) -> int:
-        arena = self._engine().arena
+        arena = self._context().arena
         evicted = 0
         while arena.capacity - arena.used < tokens:
             if not self.frames:
@@ -55,10 +53,13 @@ class FrameWindowPolicy(MemoryPolicy):
     def snapshot(self) -> dict[str, np.ndarray]:
         state = super().snapshot()
         state["frame_slots"] = (np.stack(self.frames) if self.frames
-                                else np.empty((0, self._engine().tokens_per_frame), dtype=np.int32)).astype(np.int32)
+                                else np.empty((0, self._tokens_per_frame()), dtype=np.int32)).astype(np.int32)
         return state
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
         super().restore(state)
-        slots = _array(state, "frame_slots", np.int32, (None, self._engine().tokens_per_frame))
+        slots = _array(state, "frame_slots", np.int32, (None, self._tokens_per_frame()))
         self.frames = [row.copy() for row in slots]
+
+    def _tokens_per_frame(self) -> int:
+        return self._context().config.vision.tokens_per_frame

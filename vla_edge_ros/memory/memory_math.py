@@ -51,8 +51,8 @@ class MemoryMath(ABC):
     """Factory of the backend's signature index and fast weights."""
 
     @staticmethod
-    def for_backend(name: str) -> MemoryMath:
-        return CudaMemoryMath() if name == "cuda" else NumpyMemoryMath()
+    def for_device(device: str) -> MemoryMath:
+        return CudaMemoryMath() if device == "cuda" else NumpyMemoryMath()
 
     @abstractmethod
     def signature_index(self, rows: int, dim: int) -> SignatureIndex: ...

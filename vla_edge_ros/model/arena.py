@@ -30,6 +30,7 @@ class KVArena:
         self.positions = np.full(capacity, -1, dtype=np.int32)
         self.valid = np.zeros(capacity, dtype=bool)
         self.head_valid: np.ndarray | None = None  # [layers, kv_heads, capacity] with head masks on
+        self.pinned = np.empty(0, dtype=np.int32)  # slots of the pinned prompt: no policy evicts them
 
     def set_head_masks(self, heads: tuple[int, int] | None) -> None:
         """Turn head masks on for (layers, kv_heads), every valid slot readable by every head; None: off."""

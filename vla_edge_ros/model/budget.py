@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from .checkpoint import Checkpoint
 from .config import NUM_ACTION_BINS
+from .layout import kv_bytes_per_token
 
 FP32 = 4
 
@@ -59,7 +60,7 @@ def plan_memory(checkpoint: Checkpoint, backend: str, kv_capacity_tokens: int, b
         weight_bytes = sum(t.array.size for t in checkpoint.tensors.values()) * FP32
     else:
         weight_bytes = checkpoint.weight_bytes()
-    kv_per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * FP32
+    kv_per_token = kv_bytes_per_token(c)
     t = max_new_tokens
     activations = t * (3 * c.hidden_size + c.q_dim + 2 * c.kv_dim + 3 * c.intermediate_size + NUM_ACTION_BINS)
     if backend == "numpy":  # attention scores are materialised per KV head group

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..numerics.bf16 import bf16_bits
 from .checkpoint import language_model_shapes, vla_shapes
 from .config import ActionConfig, ModelConfig, VisionConfig
 from .memory_tensors import aura_shapes
-from ..numerics.bf16 import bf16_bits
 from .safetensors_io import StoredTensor, write_safetensors
 
 PRESETS: dict[str, ModelConfig] = {

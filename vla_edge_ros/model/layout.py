@@ -12,10 +12,17 @@ from __future__ import annotations
 
 from .config import ModelConfig
 
+ARENA_BYTES_PER_VALUE = 4  # the arena holds fp32 keys and values on every backend
+
 
 def scratch_tokens(config: ModelConfig) -> int:
     """Arena slots a decoded action needs beside its frame."""
     return config.action.dof if config.action.head == "bins" else 0
+
+
+def kv_bytes_per_token(config: ModelConfig) -> int:
+    """Bytes one cached token takes: keys and values of every layer and KV head, fp32 (the arena's dtype)."""
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * ARENA_BYTES_PER_VALUE
 
 
 def arena_capacity(config: ModelConfig, prompt_tokens: int, frames: int, reserved_tokens: int = 0) -> int:

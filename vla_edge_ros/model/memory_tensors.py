@@ -74,3 +74,19 @@ def has_dms_gate(checkpoint: Checkpoint) -> bool:
         raise CheckpointError(f"{checkpoint.path}: dms gate tensors are incomplete, missing {missing}")
     check_tensors(checkpoint.tensors, shapes, checkpoint.path)
     return True
+
+
+def check_aura(checkpoint: Checkpoint) -> tuple[str, bool]:
+    """(feature layout, has a learned write gate) of the checkpoint's aura tensors, every one checked;
+    CheckpointError naming what is missing or misshapen."""
+    tensors = checkpoint.tensors
+    missing = [name for name in AURA_PROJECTIONS if name not in tensors]
+    if missing:
+        raise CheckpointError(f"{checkpoint.path}: kv.policy aura needs tensors {missing}; "
+                              "`vla-edge init-model` writes them (random), training writes learned ones")
+    d_k, d_v = tensors["aura.k_proj.weight"].shape[0], tensors["aura.v_proj.weight"].shape[0]
+    learned = any(name in tensors for name in AURA_GATE)
+    layout = feature_layout(checkpoint.config, tensors["aura.k_proj.weight"].shape[-1])
+    check_tensors(tensors, aura_shapes(checkpoint.config, d_k, d_v, learned_gate=learned, layout=layout),
+                  checkpoint.path)
+    return layout, learned

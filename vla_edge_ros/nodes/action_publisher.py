@@ -23,6 +23,7 @@ from rclpy.timer import Timer
 from std_msgs.msg import Float32MultiArray, MultiArrayDimension
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
+from ..config import OutputKnobs
 from ..runtime.action_output import ActionOutput, Command, Outcome
 from ..runtime.action_slot import ActionSlot
 from .diagnostics import ERROR, OK, DiagnosticsTimer, status
@@ -38,14 +39,14 @@ class ActionPublisher(Node):
         super().__init__("action_publisher", **node_kwargs)
         self._slot = slot
         self._params = NodeParameters(self, "action_publisher", settings)
-        self._output = ActionOutput(self._params["command_type"], self._params["twist_dims"],
-                                    self._params["joint_names"])
+        self._knobs = OutputKnobs.of(self._params.snapshot())  # replaced whole on a live change
+        self._output = ActionOutput(self._knobs)
         self._publisher = self.create_publisher(MESSAGE_TYPES[self._output.command_type],
                                                 self._params["command_topic"], 10)
         self._counts = {"published": 0, "fresh": 0, "safe_stops": 0, "stale": 0, "no_action": 0,
                         "config_errors": 0, "invalid_actions": 0}
         self._last: Command | None = None  # the previous tick's decision
-        self._last_timeout_ms = self._params["action_timeout_ms"]
+        self._last_timeout_ms = self._knobs.action_timeout_ms
         self._diagnostics = DiagnosticsTimer(self, self.report)
 
         self._steady = Clock(clock_type=ClockType.STEADY_TIME)
@@ -62,15 +63,15 @@ class ActionPublisher(Node):
             self._timer = self.create_timer(1.0 / self._params["control_rate_hz"], self._tick, clock=self._steady)
 
     def _on_change(self, changed: dict[str, Any]) -> None:
-        # The other live parameters are read on every tick; only the rate lives in the timer.
+        self._knobs = OutputKnobs.of(self._params.snapshot())  # read whole by the next tick
         if "control_rate_hz" in changed:
             self._start_timer()
             self.get_logger().info(f"control rate now {changed['control_rate_hz']:g} Hz")
 
     def _tick(self) -> None:
-        timeout_ms = self._params["action_timeout_ms"]
-        command = self._output.decide(self._slot.latest(), time.monotonic_ns(), timeout_ms,
-                                      self._params["action_min"], self._params["action_max"])
+        knobs = self._knobs
+        timeout_ms = knobs.action_timeout_ms
+        command = self._output.decide(self._slot.latest(), time.monotonic_ns(), knobs)
         if command.values is not None:
             self._publisher.publish(self._message(command.values))
             self._counts["published"] += 1

@@ -24,8 +24,8 @@ from rclpy.context import Context
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.parameter import Parameter
 
-from ..runtime.action_slot import ActionSlot
 from ..config import Settings, load_settings
+from ..runtime.action_slot import ActionSlot
 from ..runtime.frame_buffer import FrameBuffer
 from ..runtime.loader import load_engine
 from .action_publisher import ActionPublisher

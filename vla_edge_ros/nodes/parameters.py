@@ -10,6 +10,7 @@ on Humble rclpy answers with its own "Wrong parameter type" reason.
 
 from __future__ import annotations
 
+import array
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -57,11 +58,13 @@ class NodeParameters:
         self._specs = {param.name: param for param in SCHEMA[section]}
         self._lock = threading.Lock()
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
-        self._validators: list[Callable[[dict[str, Any]], None]] = []
+        self._validators: list[tuple[str, Callable[[dict[str, Any]], None]]] = []
         self.values: dict[str, Any] = {}
         for name, spec in self._specs.items():
             value = spec.check(initial.get(name, spec.default), f"/{node.get_name()}")
-            self.values[name] = node.declare_parameter(name, value, describe(spec)).value
+            declared = node.declare_parameter(name, value, describe(spec)).value  # a --ros-args override wins
+            self.values[name] = spec.check(list(declared) if isinstance(declared, (tuple, array.array)) else declared,
+                                           f"/{node.get_name()}")
         if hasattr(node, "add_pre_set_parameters_callback"):  # Iron+, not Humble
             node.add_pre_set_parameters_callback(self._widen_integers)
         node.add_on_set_parameters_callback(self._on_set)
@@ -70,9 +73,15 @@ class NodeParameters:
         with self._lock:
             return self.values[name]
 
-    def validate_with(self, validator: Callable[[dict[str, Any]], None]) -> None:
-        """Also check every change with ``validator(all values as they would be)``; a ValueError rejects it."""
-        self._validators.append(validator)
+    def snapshot(self) -> dict[str, Any]:
+        """Every value as of now (a copy)."""
+        with self._lock:
+            return dict(self.values)
+
+    def validate_with(self, validator: Callable[[dict[str, Any]], None], prefix: str = "") -> None:
+        """Also check a change to any parameter named ``prefix...`` with ``validator(all values as they would
+        be)``; a ValueError rejects it. Changes to other parameters do not run it."""
+        self._validators.append((prefix, validator))
 
     def on_change(self, listener: Callable[[dict[str, Any]], None]) -> None:
         """Call ``listener`` with {name: value} of every accepted change (from the ROS executor thread)."""
@@ -100,7 +109,9 @@ class NodeParameters:
                 return SetParametersResult(successful=False, reason=str(exc))
         with self._lock:
             proposed = {**self.values, **accepted}
-        for validator in self._validators:
+        for prefix, validator in self._validators:
+            if not any(name.startswith(prefix) for name in accepted):
+                continue
             try:
                 validator(proposed)
             except ValueError as exc:

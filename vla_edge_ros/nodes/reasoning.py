@@ -24,12 +24,13 @@ from typing import Any
 from rclpy.node import Node
 from std_srvs.srv import Trigger
 
+from ..config import GateKnobs, MemoryKnobs
+from ..engine.vla_engine import VlaEngine
+from ..kv_store import BlockStore, load_or_prefill_prompt, save_memory
+from ..memory import build_policy, check_knobs
 from ..runtime.action_slot import ActionSlot
 from ..runtime.admission import AdmissionGate
 from ..runtime.frame_buffer import Frame, FrameBuffer
-from ..kv_store import BlockStore, load_or_prefill_prompt, save_memory
-from ..memory import check_knobs, make_policy
-from ..engine.vla_engine import VlaEngine
 from ..runtime.reasoner import Reasoner
 from .diagnostics import ERROR, OK, WARN, DiagnosticsTimer, status
 from .parameters import NodeParameters
@@ -37,7 +38,6 @@ from .parameters import NodeParameters
 _IDLE_S = 0.0005  # how long the loop sleeps when no new frame has arrived
 _RECENT_NS = 1_000_000_000  # a miss or failure this recent sets the diagnostic level (WARN / ERROR)
 _SAVE_WAIT_S = 5.0  # how long ~/save_memory waits for the reasoning thread to write the block
-_GATE_KNOBS = {"ema_alpha": "alpha", "margin_k": "k", "deadline_ms": "deadline_ms", "warmup_cycles": "warmup"}
 
 
 class ReasoningNode(Node):
@@ -48,12 +48,12 @@ class ReasoningNode(Node):
         self.buffer = buffer
         self.slot = slot
         self.params = NodeParameters(self, "reasoning", settings)
-        self.gate = AdmissionGate(**{knob: self.params[name] for name, knob in _GATE_KNOBS.items()})
+        self.gate = AdmissionGate.from_settings(self.params.snapshot())
         self.reasoner = Reasoner(engine, self.gate)
-        self.params.validate_with(self._check_memory_knobs)
+        self.params.validate_with(self._check_memory_knobs, prefix="kv.")
         self.params.on_change(self._reconfigure)
         self._pending_lock = threading.Lock()
-        self._pending_knobs: dict[str, Any] = {}
+        self._pending_knobs: MemoryKnobs | None = None
         self._reset_requested = False
         self.episodes = 1
         self.create_service(Trigger, "~/reset_episode", self._on_reset_episode)
@@ -109,19 +109,17 @@ class ReasoningNode(Node):
         return response
 
     def _check_memory_knobs(self, values: dict[str, Any]) -> None:
-        """Reject kv.* values a policy would refuse (e.g. a protected window as large as the arena)."""
-        check_knobs(values)
-        candidate = make_policy(values["kv.policy"], values)
-        candidate.attach(self.engine)  # validates against this engine's arena and checkpoint; changes nothing
+        """Reject kv.* values a policy would refuse here (e.g. a protected window as large as the arena),
+        whichever policy runs: it is checked against this engine's site, no policy is built."""
+        check_knobs(MemoryKnobs.of(values), self.engine.memory_site())
 
     def _reconfigure(self, changed: dict[str, Any]) -> None:
-        knobs = {_GATE_KNOBS[name]: value for name, value in changed.items() if name in _GATE_KNOBS}
-        if knobs:
-            self.gate.configure(**knobs)
-        memory = {name: value for name, value in changed.items() if name.startswith("kv.") and name != "kv.policy"}
-        if memory:
+        values = self.params.snapshot()
+        if any(name in GateKnobs.keys() for name in changed):
+            self.gate.configure(GateKnobs.of(values))
+        if any(name.startswith("kv.") and name != "kv.policy" for name in changed):
             with self._pending_lock:
-                self._pending_knobs.update(memory)
+                self._pending_knobs = MemoryKnobs.of(values)
 
     def _on_reset_episode(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
         with self._pending_lock:
@@ -134,23 +132,23 @@ class ReasoningNode(Node):
     def _apply_pending(self) -> None:
         """Hand live memory changes to the engine; runs on the reasoning thread, between cycles."""
         with self._pending_lock:
-            knobs, self._pending_knobs = self._pending_knobs, {}
+            knobs, self._pending_knobs = self._pending_knobs, None
             reset, self._reset_requested = self._reset_requested, False
             saves, self._save_requests = self._save_requests, []
         for done, outcome in saves:  # the episode as it was, before any reset asked for with it
             outcome.append(self._save_memory())
             done.set()
         if reset:
-            values = dict(self.params.values)
+            values = self.params.snapshot()
             if values["kv.policy"] != self.engine.policy.name:
-                self.engine.set_policy(make_policy(values["kv.policy"], values))
+                self.engine.set_policy(build_policy(MemoryKnobs.of(values)))
             elif self.store is not None and values["kv_store.prompt"]:
                 load_or_prefill_prompt(self.engine, self.store, values["prompt_token_ids"])
             else:
                 self.engine.set_prompt(values["prompt_token_ids"])
             self.episodes += 1
-        if knobs:
-            self.engine.policy.configure_from(knobs)
+        if knobs is not None:
+            self.engine.policy.configure(knobs)
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -24,12 +24,12 @@ from enum import Enum
 
 import numpy as np
 
+from ..config import ConfigError, OutputKnobs, choices_of
 from .action_slot import TimedAction
-from ..config import ConfigError
+from .clock import NS_PER_MS
 
-NS_PER_MS = 1_000_000
 TWIST_FIELDS = ("linear.x", "linear.y", "linear.z", "angular.x", "angular.y", "angular.z")
-COMMAND_TYPES = ("twist", "float32_multi_array", "joint_trajectory")
+COMMAND_TYPES = choices_of("action_publisher", "command_type")
 
 
 class Outcome(Enum):
@@ -111,33 +111,31 @@ def array_values(values: np.ndarray) -> tuple[float, ...]:
 class ActionOutput:
     """Decides each tick's command for one command type, remembering the positions a hold needs."""
 
-    def __init__(self, command_type: str, twist_dims: Sequence[int], joint_names: Sequence[str]) -> None:
+    def __init__(self, knobs: OutputKnobs) -> None:
         # What can be checked without an action is checked here, so a bad file fails at start-up.
-        if command_type not in COMMAND_TYPES:
-            raise ConfigError(f"command_type must be one of {list(COMMAND_TYPES)}, got {command_type!r}")
-        if command_type == "twist" and len(twist_dims) != len(TWIST_FIELDS):
+        if knobs.command_type == "twist" and len(knobs.twist_dims) != len(TWIST_FIELDS):
             raise ConfigError(f"twist_dims must have {len(TWIST_FIELDS)} entries "
-                              f"({', '.join(TWIST_FIELDS)}), got {len(twist_dims)}")
-        if command_type == "joint_trajectory":
-            if not joint_names:
+                              f"({', '.join(TWIST_FIELDS)}), got {len(knobs.twist_dims)}")
+        if knobs.command_type == "joint_trajectory":
+            if not knobs.joint_names:
                 raise ConfigError("joint_names must name at least one joint")
-            if len(set(joint_names)) != len(joint_names):
-                raise ConfigError(f"joint_names must be unique, got {list(joint_names)}")
-        self.command_type = command_type
-        self._twist_dims = tuple(twist_dims)
-        self._joint_names = tuple(joint_names)
+            if len(set(knobs.joint_names)) != len(knobs.joint_names):
+                raise ConfigError(f"joint_names must be unique, got {list(knobs.joint_names)}")
+        self.command_type = knobs.command_type
+        self._twist_dims = knobs.twist_dims
+        self._joint_names = knobs.joint_names
         self._held: tuple[float, ...] | None = None  # last commanded joint positions
 
-    def decide(self, action: TimedAction | None, now_ns: int, timeout_ms: float,
-               action_min: Sequence[float], action_max: Sequence[float]) -> Command:
-        """The command for a tick at monotonic ``now_ns``; never raises for a bad configuration."""
-        outcome, age_ms = age_outcome(action, now_ns, timeout_ms)
+    def decide(self, action: TimedAction | None, now_ns: int, knobs: OutputKnobs) -> Command:
+        """The command for a tick at monotonic ``now_ns`` under the live knobs (timeout, clip limits); never
+        raises for a bad configuration."""
+        outcome, age_ms = age_outcome(action, now_ns, knobs.action_timeout_ms)
         if outcome is not Outcome.FRESH:
             return self._stop(outcome, action, age_ms)
         if not all(math.isfinite(v) for v in action.values):
             return self._stop(Outcome.INVALID, action, age_ms, f"action has non-finite values {list(action.values)}")
         try:
-            values = self._map(clip(action.values, action_min, action_max))
+            values = self._map(clip(action.values, knobs.action_min, knobs.action_max))
         except ConfigError as exc:
             return self._stop(Outcome.CONFIG_ERROR, action, age_ms, str(exc))
         if self.command_type == "joint_trajectory":

@@ -69,11 +69,14 @@ import math
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
-NS_PER_MS = 1_000_000
+from ..config import GateKnobs
+from .clock import NS_PER_MS
+
 _MAX_RECOVERY_DOUBLINGS = 4  # recovery waits go 4, 8, 16, 32, 64 x probe_after refusals
 
 
@@ -253,34 +256,6 @@ def _finite(name: str, value: object) -> float:
     return float(value)
 
 
-def _check_alpha(value: object) -> float:
-    alpha = _finite("alpha", value)
-    if not 0 < alpha <= 1:
-        raise ValueError(f"alpha={alpha} must be in (0, 1]: it is the weight of the newest measurement")
-    return alpha
-
-
-def _check_k(value: object) -> float:
-    k = _finite("k", value)
-    if k < 0:
-        raise ValueError(f"k={k} must be >= 0: a negative margin would admit blocks predicted to overrun")
-    return k
-
-
-def _check_deadline_ms(value: object) -> float:
-    deadline_ms = _finite("deadline_ms", value)
-    if deadline_ms <= 0:
-        raise ValueError(f"deadline_ms={deadline_ms} must be > 0: no block could ever be admitted")
-    return deadline_ms
-
-
-def _check_warmup(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"warmup must be an integer >= 1 (a kind has no estimate before its first "
-                         f"measurement), got {value!r}")
-    return value
-
-
 class AdmissionGate:
     """Admits blocks predicted to meet their cycle's deadline and accounts for every outcome.
 
@@ -288,16 +263,12 @@ class AdmissionGate:
     parameter callback calls ``configure``; new settings apply from the next decision on.
     """
 
-    def __init__(self, *, alpha: float = 0.1, k: float = 3.0, deadline_ms: float = 33.0, warmup: int = 3,
-                 probe_after: int = 10, bucket_edges_ms: Sequence[float] = DEFAULT_EDGES_MS,
-                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+    def __init__(self, knobs: GateKnobs, *, probe_after: int = 10,
+                 bucket_edges_ms: Sequence[float] = DEFAULT_EDGES_MS, clock: Callable[[], int] = time.monotonic_ns) -> None:
         if not callable(clock):
             raise ValueError(f"clock must be a callable returning monotonic ns, got {clock!r}")
         self._clock = clock
-        self._alpha = _check_alpha(alpha)
-        self._k = _check_k(k)
-        self._deadline_ms = _check_deadline_ms(deadline_ms)
-        self._warmup = _check_warmup(warmup)
+        self._set(knobs)
         if not isinstance(probe_after, int) or probe_after < 1:
             raise ValueError(f"probe_after={probe_after!r} must be an integer >= 1")
         self._probe_after = probe_after
@@ -307,18 +278,20 @@ class AdmissionGate:
         self._stale = 0
         self._lock = threading.Lock()
 
-    def configure(self, *, alpha: float | None = None, k: float | None = None, deadline_ms: float | None = None,
-                  warmup: int | None = None) -> None:
-        """Change settings live; all given values are checked before any is applied (ValueError says why).
+    @classmethod
+    def from_settings(cls, values: Mapping[str, Any], *, clock: Callable[[], int] = time.monotonic_ns) -> AdmissionGate:
+        """The gate of a reasoning node's settings (``deadline_ms``, ``ema_alpha``, ``margin_k``, ``warmup_cycles``)."""
+        return cls(GateKnobs.of(values), clock=clock)
 
-        ``deadline_ms`` applies to cycles started afterwards: a started cycle keeps the deadline it began with.
-        """
-        new_alpha = self._alpha if alpha is None else _check_alpha(alpha)
-        new_k = self._k if k is None else _check_k(k)
-        new_deadline = self._deadline_ms if deadline_ms is None else _check_deadline_ms(deadline_ms)
-        new_warmup = self._warmup if warmup is None else _check_warmup(warmup)
+    def configure(self, knobs: GateKnobs) -> None:
+        """Change settings live (the schema checked them). ``deadline_ms`` applies to cycles started
+        afterwards: a started cycle keeps the deadline it began with."""
         with self._lock:
-            self._alpha, self._k, self._deadline_ms, self._warmup = new_alpha, new_k, new_deadline, new_warmup
+            self._set(knobs)
+
+    def _set(self, knobs: GateKnobs) -> None:
+        self._alpha, self._k = knobs.ema_alpha, knobs.margin_k
+        self._deadline_ms, self._warmup = knobs.deadline_ms, knobs.warmup_cycles
 
     def now_ns(self) -> int:
         """The gate's clock (monotonic live, virtual in replay)."""

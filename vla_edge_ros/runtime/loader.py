@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from threadpoolctl import threadpool_limits
 
-from ..config import Settings
+from ..config import MemoryKnobs, Settings
+from ..engine import VlaEngine
 from ..kv_store import BlockStore, load_key, load_or_prefill_prompt, model_fingerprint, restore_memory
-from ..memory import check_knobs, make_policy
+from ..memory import POLICIES, MemorySite, build_policy, check_knobs
+from ..model.backends import resolve_backend
 from ..model.budget import MemoryPlan, plan_memory, require_fit
 from ..model.checkpoint import Checkpoint, load_checkpoint
-from ..engine import VlaEngine
-from ..model.backends import resolve_backend
 
 _LOG = logging.getLogger("vla_edge_ros.runtime")
 
@@ -51,8 +52,12 @@ def open_kv_store(node: dict[str, Any], checkpoint: Checkpoint) -> BlockStore | 
                       budget_bytes=node["kv_store.budget_bytes"], min_free_bytes=node["kv_store.min_free_bytes"])
 
 
-def load_engine(settings: Settings) -> LoadedEngine:
-    """Plan, check the budget, load the engine, prefill (or load) the pinned prompt, warm up, restore memory."""
+def load_engine(settings: Settings, policies: Iterable[str] = POLICIES) -> LoadedEngine:
+    """Plan, check the budget, load the engine, prefill (or load) the pinned prompt, warm up, restore memory.
+
+    The ``kv.*`` knobs of every policy in ``policies`` are checked against this arena, not only the
+    configured one's: a live node may switch to any of them at the next episode. An offline run that
+    sizes the arena for one policy (evaluate's budgets) checks that policy alone."""
     node = settings["reasoning"]
     plan, checkpoint = plan_for(settings)
     require_fit(plan)
@@ -62,11 +67,11 @@ def load_engine(settings: Settings) -> LoadedEngine:
     vocab = checkpoint.config.vocab_size
     if any(t >= vocab for t in prompt):
         raise ValueError(f"{settings.source}: reasoning.prompt_token_ids has ids >= vocab_size {vocab}")
+    knobs = MemoryKnobs.of(node)
     try:
-        check_knobs(node)
-        policy = make_policy(node["kv.policy"], node)
+        check_knobs(knobs, MemorySite(checkpoint, node["kv_capacity_tokens"], len(prompt)), policies)
         engine = VlaEngine(checkpoint, backend=plan.backend, kv_capacity_tokens=node["kv_capacity_tokens"],
-                           policy=policy)
+                           policy=build_policy(knobs))
         store = open_kv_store(node, checkpoint)
     except ValueError as exc:
         raise ValueError(f"{settings.source}: reasoning: {exc}") from exc

@@ -13,8 +13,8 @@ from typing import Protocol
 
 import numpy as np
 
-from .admission import AdmissionGate, BlockKind, Verdict
 from ..engine.vla_engine import VlaEngine
+from .admission import AdmissionGate, BlockKind, Verdict
 
 
 class BlockTimer(Protocol):

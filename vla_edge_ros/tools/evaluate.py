@@ -28,17 +28,18 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime.action_output import clip
-from ..runtime.admission import AdmissionGate, Verdict
-from ..config import Settings
-from ..runtime.frame_buffer import FrameBuffer
+from ..config import MemoryKnobs, Settings
+from ..engine import VlaEngine
 from ..memory import AuraPolicy, MemoryPolicy, make_policy
 from ..model.config import ModelConfig, load_model_config
 from ..model.layout import arena_capacity
-from ..engine import VlaEngine
-from ..runtime.reasoner import Reasoner
-from ..runtime.clock import NS_PER_MS, CostModel, VirtualClock, VirtualTimer
+from ..runtime.action_output import clip
+from ..runtime.admission import AdmissionGate, Verdict
+from ..runtime.block_costs import CostModel, VirtualTimer
+from ..runtime.clock import NS_PER_MS, VirtualClock
+from ..runtime.frame_buffer import FrameBuffer
 from ..runtime.loader import load_engine
+from ..runtime.reasoner import Reasoner
 from ..worlds.sim.world import CueReachEnv, TaskSpec
 
 EXPERT = "expert"
@@ -284,9 +285,7 @@ def _start_episode(engine: VlaEngine, node: dict[str, Any], variant: str, rate: 
     if gate is None:
         engine.set_prompt(engine.prompt_ids)
         return
-    policy = AuraPolicy(gate=gate, gate_rate=rate, seed=seed)
-    policy.configure_from(node)  # beta as configured
-    engine.set_policy(policy)
+    engine.set_policy(AuraPolicy(MemoryKnobs.of(node).aura, gate=gate, gate_rate=rate, seed=seed))
 
 
 def fit_to_budget(node: dict[str, Any], variant: str, budget: int | None) -> tuple[dict[str, Any], str | None]:
@@ -307,10 +306,10 @@ def _runtime(settings: Settings, spec: TaskSpec, variant: str, budget: int | Non
     config = load_model_config(node["model_dir"])
     node["kv_capacity_tokens"] = capacity_for(config, make_policy(node["kv.policy"], node),
                                               len(node["prompt_token_ids"]), budget, spec)
-    engine = load_engine(Settings({**settings.values, "reasoning": node}, settings.source)).engine
+    engine = load_engine(Settings({**settings.values, "reasoning": node}, settings.source),
+                         policies=(node["kv.policy"],)).engine  # the arena is sized for this policy alone
     clock = VirtualClock(0)
-    gate = AdmissionGate(alpha=node["ema_alpha"], k=node["margin_k"], deadline_ms=node["deadline_ms"],
-                         warmup=node["warmup_cycles"], clock=clock)
+    gate = AdmissionGate.from_settings(node, clock=clock)
     return engine, gate, clock
 
 

@@ -88,14 +88,15 @@ from typing import Any
 
 import numpy as np
 
+from ..config import MemoryKnobs
+from ..engine.vla_engine import VlaEngine
 from ..memory import POLICIES, AuraPolicy, DmsPolicy, MemoryPolicy, make_policy
 from ..memory.aura import frame_feature
-from ..model.memory_tensors import feature_layout
 from ..memory.cosine import SIGNATURES
 from ..model.checkpoint import Checkpoint, load_checkpoint
-from ..engine.vla_engine import VlaEngine
 from ..model.init_model import preset, write_random_model
 from ..model.layout import arena_capacity
+from ..model.memory_tensors import feature_layout
 from ..model.vision import FrameEncoder
 from ..worlds.scenes import COMPRESSION, MAX_CLASSES, OVERHEAD, PROTOTYPE, TEST, CueScene, scene_seed
 
@@ -323,8 +324,8 @@ def aura_policy(gate: str, rate: float, seed: int) -> AuraPolicy:
     if gate == "surprise":
         return make_policy("aura")
     if gate == "every_frame":
-        return AuraPolicy(gate="periodic", gate_rate=1.0)
-    return AuraPolicy(gate=gate, gate_rate=rate, seed=seed)
+        return AuraPolicy(MemoryKnobs.of().aura, gate="periodic", gate_rate=1.0)
+    return AuraPolicy(MemoryKnobs.of().aura, gate=gate, gate_rate=rate, seed=seed)
 
 
 def aura_episodes(engine: VlaEngine, gate: str, rate: float, episodes: list[Episode]) -> list[dict[str, Any]]:

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from ..model.arena import KVArena
-from ..model.checkpoint import load_checkpoint
 from ..model.backends import make_backend
+from ..model.checkpoint import load_checkpoint
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Offline evaluation: replay a bag through the live pipeline's own objects on a virtual or real clock."""
 
-from ...runtime.clock import CostModel, parse_cost
+from ...runtime.block_costs import CostModel, parse_cost
 from .runner import replay_bag
 
 __all__ = ["CostModel", "parse_cost", "replay_bag"]

@@ -13,7 +13,7 @@ import numpy as np
 from ...bags.commands import command_vector
 from ...bags.reader import Bag
 from ...config import Settings
-from ...runtime.clock import CostModel
+from ...runtime.block_costs import CostModel
 from .report import write_report
 from .session import RecordedFrame, replay_policy
 

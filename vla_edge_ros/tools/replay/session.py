@@ -15,14 +15,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...config import Settings
 from ...runtime.action_output import clip
 from ...runtime.admission import AdmissionGate, Verdict
-from ...config import Settings
+from ...runtime.block_costs import CostModel, VirtualTimer
+from ...runtime.clock import NS_PER_MS, VirtualClock, WallClock
 from ...runtime.frame_buffer import FrameBuffer
 from ...runtime.image_codec import ImageDecodeError, frame_from_message
-from ...runtime.reasoner import Reasoner
 from ...runtime.loader import load_engine
-from ...runtime.clock import NS_PER_MS, CostModel, VirtualClock, VirtualTimer, WallClock
+from ...runtime.reasoner import Reasoner
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,7 @@ def replay_policy(frames: Iterable[RecordedFrame], settings: Settings, policy: s
         raise ValueError("no camera frames to replay")
     start = following.arrival_ns
     clock = WallClock(start) if realtime else VirtualClock(start)
-    gate = AdmissionGate(alpha=node["ema_alpha"], k=node["margin_k"], deadline_ms=node["deadline_ms"],
-                         warmup=node["warmup_cycles"], clock=clock)
+    gate = AdmissionGate.from_settings(node, clock=clock)
     reasoner = Reasoner(engine, gate, None if realtime else VirtualTimer(clock, costs))
     buffer = FrameBuffer(*size)
     run = PolicyRun(policy)

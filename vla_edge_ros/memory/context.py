@@ -1,0 +1,71 @@
+"""What a memory policy is given of the engine it serves, and what its knobs are checked against.
+
+A policy never sees the engine. ``attach`` hands it a ``MemoryContext``: the model's shapes, the
+checkpoint (for the tensors the policy owns: ``aura.*``, the dms gates), the arena (slot
+bookkeeping, with the pinned prompt's slots), a reader of cached keys and values, and the device
+its own math runs on. The engine calls the policy; the policy never calls the engine.
+
+``MemorySite`` is the static part: the model, the checkpoint, the arena's size and the pinned
+prompt's length. It is all a knob check needs, so a live parameter change is checked against the
+running engine's site without building a policy, and a configuration is checked before any engine
+exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model.arena import KVArena
+from ..model.checkpoint import Checkpoint
+from ..model.config import ModelConfig
+from ..model.layout import frames_in_arena, kv_bytes_per_token, scratch_tokens
+
+
+@dataclass(frozen=True)
+class MemorySite:
+    """Where a policy runs, as far as its knobs care."""
+
+    checkpoint: Checkpoint
+    capacity: int  # slots in the arena
+    prompt_tokens: int  # slots the pinned prompt takes
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.checkpoint.config
+
+    def frames(self, reserved_tokens: int = 0) -> int:
+        """Whole frames that fit beside the prompt, ``reserved_tokens`` and the action scratch."""
+        return frames_in_arena(self.config, self.capacity, self.prompt_tokens, reserved_tokens)
+
+    def free_tokens(self) -> int:
+        """Slots left beside the prompt, one frame and the action scratch."""
+        c = self.config
+        return self.capacity - self.prompt_tokens - c.vision.tokens_per_frame - scratch_tokens(c)
+
+
+@dataclass(frozen=True)
+class MemoryContext:
+    """All a policy may touch: shapes and weights, the arena, cached K/V, where its math runs."""
+
+    checkpoint: Checkpoint
+    arena: KVArena
+    read_kv: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]  # slots -> keys, values [L, H_kv, n, D]
+    device: str  # "numpy" or "cuda": where the policy's signature index and fast weights live
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.checkpoint.config
+
+    @property
+    def prompt_slots(self) -> np.ndarray:
+        return self.arena.pinned
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return kv_bytes_per_token(self.config)
+
+    def site(self) -> MemorySite:
+        return MemorySite(self.checkpoint, self.arena.capacity, self.arena.pinned.size)
