@@ -47,7 +47,7 @@ def test_wilson_interval_is_sound_at_the_edges():
 def test_the_expert_reaches_the_goal_through_the_loop(tiny_model):
     settings = _settings(tiny_model)
     for seed in range(3):
-        episode = run_episode(CueReachEnv(TaskSpec(), seed), seed, settings, None, None)
+        episode = run_episode(CueReachEnv(TaskSpec(), seed), seed, None)
         assert episode.success and episode.time_s < TaskSpec().time_limit_s and episode.path_length > 0
 
 

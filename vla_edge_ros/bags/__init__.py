@@ -2,6 +2,6 @@
 (commands.py), write deterministic sample bags (writer.py, scenarios.py)."""
 
 from .commands import command_vector
-from .reader import COMMAND_TYPES, IMAGE_TYPES, Bag, BagError, BagMessage, TopicInfo
+from .reader import COMMAND_MSGTYPES, IMAGE_MSGTYPES, Bag, BagError, BagMessage, TopicInfo
 
-__all__ = ["COMMAND_TYPES", "IMAGE_TYPES", "Bag", "BagError", "BagMessage", "TopicInfo", "command_vector"]
+__all__ = ["COMMAND_MSGTYPES", "IMAGE_MSGTYPES", "Bag", "BagError", "BagMessage", "TopicInfo", "command_vector"]

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..runtime.action_output import TWIST_FIELDS
-from .reader import COMMAND_TYPES
+from .reader import COMMAND_MSGTYPES
 
 
 def command_vector(msg: object, msgtype: str, *, twist_dims: Sequence[int], joint_names: Sequence[str]) -> np.ndarray:
@@ -34,7 +34,7 @@ def command_vector(msg: object, msgtype: str, *, twist_dims: Sequence[int], join
     if msgtype == "trajectory_msgs/msg/JointTrajectory":
         positions = msg.points[0].positions if len(msg.points) else ()
         return _by_name(msg.joint_names, positions, joint_names)
-    raise ValueError(f"{msgtype} is not a command type ({', '.join(COMMAND_TYPES)})")
+    raise ValueError(f"{msgtype} is not a command type ({', '.join(COMMAND_MSGTYPES)})")
 
 
 def _twist(msg: object, twist_dims: Sequence[int]) -> np.ndarray:

@@ -32,8 +32,8 @@ from rosbags.interfaces import Connection
 from rosbags.typesys import Stores, get_typestore
 from rosbags.typesys.store import Typestore
 
-IMAGE_TYPES: tuple[str, ...] = ("sensor_msgs/msg/Image", "sensor_msgs/msg/CompressedImage")
-COMMAND_TYPES: tuple[str, ...] = ("geometry_msgs/msg/Twist", "std_msgs/msg/Float32MultiArray",
+IMAGE_MSGTYPES: tuple[str, ...] = ("sensor_msgs/msg/Image", "sensor_msgs/msg/CompressedImage")
+COMMAND_MSGTYPES: tuple[str, ...] = ("geometry_msgs/msg/Twist", "std_msgs/msg/Float32MultiArray",
                                   "std_msgs/msg/Float64MultiArray", "sensor_msgs/msg/JointState",
                                   "trajectory_msgs/msg/JointTrajectory")
 STORAGE_SUFFIXES: tuple[str, ...] = (".mcap", ".db3")
@@ -98,15 +98,15 @@ class Bag:
 
     def image_topic(self, requested: str | None = None) -> str:
         """The camera topic: ``requested`` after checking it, else the bag's only image topic."""
-        topic = self._pick(requested, IMAGE_TYPES, "image", "--image-topic")
+        topic = self._pick(requested, IMAGE_MSGTYPES, "image", "--image-topic")
         if topic is None:
-            raise BagError(f"{self.path}: no image topic (of type {' or '.join(IMAGE_TYPES)}); "
+            raise BagError(f"{self.path}: no image topic (of type {' or '.join(IMAGE_MSGTYPES)}); "
                            f"the bag has {self._listing(self.topics.values())}")
         return topic
 
     def command_topic(self, requested: str | None = None) -> str | None:
         """The recorded command topic: ``requested`` after checking it, else the bag's only one, or None."""
-        return self._pick(requested, COMMAND_TYPES, "command", "--command-topic")
+        return self._pick(requested, COMMAND_MSGTYPES, "command", "--command-topic")
 
     def messages(self, topics: Sequence[str]) -> Iterator[BagMessage]:
         """Deserialized messages of ``topics`` in receive-time order."""

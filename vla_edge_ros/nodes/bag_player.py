@@ -22,7 +22,7 @@ from rclpy.node import Node
 from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from rosgraph_msgs.msg import Clock
 
-from ..bags import COMMAND_TYPES, IMAGE_TYPES, Bag, BagError
+from ..bags import COMMAND_MSGTYPES, IMAGE_MSGTYPES, Bag, BagError
 
 CLOCK_QOS = QoSProfile(depth=1, reliability=ReliabilityPolicy.BEST_EFFORT)
 RELIABLE_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
@@ -40,7 +40,7 @@ def message_class(msgtype: str) -> type:
 
 def default_topics(bag: Bag) -> list[str]:
     """Every camera and command topic of ``bag``."""
-    topics = [info.name for info in bag.topics.values() if info.msgtype in IMAGE_TYPES + COMMAND_TYPES]
+    topics = [info.name for info in bag.topics.values() if info.msgtype in IMAGE_MSGTYPES + COMMAND_MSGTYPES]
     if not topics:
         raise BagError(f"{bag.path}: no camera or command topic to play; name topics to play with --topics")
     return topics
@@ -65,7 +65,7 @@ class BagPlayer(Node):
         self.passes = 0  # complete passes through the bag
         self.bag_time_ns = bag.start_ns  # receive time of the message published last
         self._topic_publishers = {topic: self.create_publisher(
-            cls, topic, qos_profile_sensor_data if bag.topics[topic].msgtype in IMAGE_TYPES else RELIABLE_QOS)
+            cls, topic, qos_profile_sensor_data if bag.topics[topic].msgtype in IMAGE_MSGTYPES else RELIABLE_QOS)
             for topic, cls in classes.items()}
         self._clock_publisher = self.create_publisher(Clock, "/clock", CLOCK_QOS) if clock_hz > 0 else None
 

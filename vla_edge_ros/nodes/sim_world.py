@@ -19,10 +19,8 @@ from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import Image
 from std_msgs.msg import Float32MultiArray, Header
 
-from ..worlds.sim.world import CueReachEnv, TaskSpec
+from ..worlds.sim.world import VELOCITY_COMMANDS, CueReachEnv, TaskSpec
 from .synthetic_camera import image_message
-
-COMMAND_TYPES = ("twist", "float32_multi_array")
 
 
 class SimWorldNode(Node):
@@ -30,8 +28,8 @@ class SimWorldNode(Node):
 
     def __init__(self, task: str, *, image_topic: str, command_topic: str, command_type: str,
                  seed: int = 0, command_timeout_ms: float = 200.0, **node_kwargs: Any) -> None:
-        if command_type not in COMMAND_TYPES:
-            raise ValueError(f"the simulated robot takes velocity commands ({', '.join(COMMAND_TYPES)}), "
+        if command_type not in VELOCITY_COMMANDS:
+            raise ValueError(f"the simulated robot takes velocity commands ({', '.join(VELOCITY_COMMANDS)}), "
                              f"not {command_type!r}")
         self.spec = TaskSpec(name=task)
         self.spec.validate()

@@ -24,12 +24,11 @@ from enum import Enum
 
 import numpy as np
 
-from ..config import ConfigError, OutputKnobs, choices_of
+from ..config import ConfigError, OutputKnobs
 from .action_slot import TimedAction
 from .clock import NS_PER_MS
 
 TWIST_FIELDS = ("linear.x", "linear.y", "linear.z", "angular.x", "angular.y", "angular.z")
-COMMAND_TYPES = choices_of("action_publisher", "command_type")
 
 
 class Outcome(Enum):

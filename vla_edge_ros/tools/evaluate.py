@@ -1,10 +1,11 @@
 """Closed-loop evaluation: the simulator's camera feeds the runtime, the runtime's commands drive the robot.
 
-Per memory policy and memory budget, episodes of a ``vla_edge_ros.sim`` task run through the same
-objects as live: the frame buffer, the admission gate and the reasoning cycle, on a virtual clock
-that each block advances by its cost (as ``vla-edge replay`` does). At every camera tick the robot
-gets what the action publisher would send: the newest action that is ready and younger than
-``action_timeout_ms``, clipped, mapped through ``twist_dims``; otherwise a safe stop (zero velocity).
+Per memory policy and memory budget, episodes of a ``worlds.sim`` task run through the runtime's
+``Driver``, as ``vla-edge replay`` does: the frame buffer, the admission gate and the reasoning cycle,
+on a virtual clock that each block advances by its cost. At every camera tick the robot is driven by
+exactly what the action publisher would send (``ActionOutput.decide``: the newest ready action while
+younger than ``action_timeout_ms``, clipped and mapped to the command type, else a safe stop), read
+as velocities the way the simulated robot reads its command topic.
 The scripted expert runs through the same loop as a reference for what the task allows.
 
 Rows are policy *variants*: ``aura`` and ``dms`` decide with the checkpoint's learned gate when it has
@@ -33,14 +34,12 @@ from ..engine import VlaEngine
 from ..memory import AuraPolicy, MemoryPolicy, make_policy
 from ..model.config import ModelConfig, load_model_config
 from ..model.layout import arena_capacity
-from ..runtime.action_output import clip
-from ..runtime.admission import AdmissionGate, Verdict
-from ..runtime.block_costs import CostModel, VirtualTimer
-from ..runtime.clock import NS_PER_MS, VirtualClock
-from ..runtime.frame_buffer import FrameBuffer
+from ..runtime.admission import Verdict
+from ..runtime.block_costs import CostModel
+from ..runtime.clock import VirtualClock
+from ..runtime.driver import Driver
 from ..runtime.loader import load_engine
-from ..runtime.reasoner import Reasoner
-from ..worlds.sim.world import CueReachEnv, TaskSpec
+from ..worlds.sim.world import VELOCITY_COMMANDS, CueReachEnv, TaskSpec, velocity_command
 
 EXPERT = "expert"
 BAG_START_NS = 1_735_689_600 * 10**9  # recorded episodes start at 2025-01-01, as make-bag's bags do
@@ -128,49 +127,39 @@ def capacity_for(config: ModelConfig, policy: MemoryPolicy, prompt_tokens: int, 
     return arena_capacity(config, prompt_tokens, frames, policy.reserved_tokens())
 
 
-def run_episode(env: CueReachEnv, seed: int, settings: Settings, reasoner: Reasoner | None,
-                clock: VirtualClock | None, record: Callable[[int, np.ndarray, np.ndarray], None] | None = None
-                ) -> Episode:
-    """One episode; ``reasoner`` None drives with the scripted expert. ``record(time_ns, frame, expert
+def run_episode(env: CueReachEnv, seed: int, driver: Driver | None,
+                record: Callable[[int, np.ndarray, np.ndarray], None] | None = None) -> Episode:
+    """One episode; ``driver`` None drives with the scripted expert. ``record(time_ns, frame, expert
     command)`` sees every camera frame with the expert's command for it (the ground truth)."""
     spec = env.spec
-    publisher = settings["action_publisher"]
-    twist = publisher["twist_dims"][:2]
     period_ns = round(1e9 / spec.rate_hz)
-    buffer = FrameBuffer(spec.image_size, spec.image_size) if reasoner else None
     frame = env.reset()
     episode = Episode(seed, False, 0.0, 0.0)
-    ready: list[tuple[int, np.ndarray]] = []  # actions in the order they became ready
-    latest: tuple[int, np.ndarray] | None = None
-    start = clock() if clock else 0
+    start = driver.clock() if driver else 0
+    if driver:
+        driver.new_episode()
     for tick in range(math.ceil(spec.time_limit_s * spec.rate_hz)):
         now = start + tick * period_ns
         if record is not None:
             record(now, frame, env.expert_command())
-        if reasoner is None:
+        if driver is None:
             command = env.expert_command()
         else:
-            buffer.write(frame, now, now)
-            if clock() <= now:  # the reasoner is free: it takes the newest frame
-                clock.wait_until(now)
-                taken = buffer.read_latest()
-                result = reasoner.cycle(taken.image, taken.receive_ns)
+            driver.camera(frame, now, now)
+            if driver.clock() <= now:  # the reasoner is free: it takes the newest frame
+                driver.clock.wait_until(now)
+                result = driver.reason().result
                 episode.missed += result.missed
                 if result.action is None:
                     episode.refused += result.verdict is not Verdict.STALE
                 else:
                     episode.actions += 1
-                    ready.append((result.ready_ns, clip(result.action, publisher["action_min"],
-                                                        publisher["action_max"])))
-                stats = reasoner.engine.memory_stats()
+                stats = driver.engine.memory_stats()
                 episode.memory_peak_bytes = max(episode.memory_peak_bytes, stats.memory_bytes)
                 episode.memory_writes, episode.memory_frames = stats.writes, stats.frames_seen
-            while ready and ready[0][0] <= now:
-                latest = ready.pop(0)
-            fresh = latest is not None and (now - latest[0]) / NS_PER_MS <= publisher["action_timeout_ms"]
-            command = np.array([latest[1][d] if 0 <= d < latest[1].size else 0.0 for d in twist]) if fresh \
-                else np.zeros(2)
-            episode.safe_stops += not fresh
+            published = driver.command(now)  # what the action publisher sends at this tick
+            command = velocity_command(published.values or ())
+            episode.safe_stops += published.safe_stop
         outcome = env.step(command)
         frame = outcome.frame
         episode.time_s, episode.path_length = outcome.time_s, outcome.path_length
@@ -203,6 +192,10 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
              progress: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
     """Every (variant, budget) over the same seeded episodes, plus the expert; returns evaluate.json's content."""
     spec.validate()
+    command_type = settings["action_publisher"]["command_type"]
+    if command_type not in VELOCITY_COMMANDS:
+        raise ValueError(f"{settings.source}: the simulated robot drives on velocity commands "
+                         f"({', '.join(VELOCITY_COMMANDS)}), not action_publisher.command_type {command_type!r}")
     order, added = run_order(variants)
     notes = [AURA_NOTE] if "aura" in order else []
     if added:
@@ -219,12 +212,11 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
                 cell.gate_rate, cell.note = matched  # set: run_order puts aura first
             fitted, budget_note = fit_to_budget(settings["reasoning"], variant, budget)
             cell.note = "; ".join(filter(None, (cell.note, budget_note))) or None
-            engine, gate, clock = _runtime(settings, spec, variant, budget, cell.gate_rate, fitted)
-            reasoner = Reasoner(engine, gate, VirtualTimer(clock, costs))
+            driver = _driver(settings, spec, variant, budget, cell.gate_rate, fitted, costs)
             for s in seeds:
-                _start_episode(engine, settings["reasoning"], variant, cell.gate_rate, s)
-                cell.episodes.append(run_episode(CueReachEnv(spec, s), s, settings, reasoner, clock))
-                clock.wait_until(clock() + 10 ** 9)  # a second between episodes: no frame is stale at the start
+                _start_episode(driver.engine, settings["reasoning"], variant, cell.gate_rate, s)
+                cell.episodes.append(run_episode(CueReachEnv(spec, s), s, driver))
+                driver.clock.wait_until(driver.clock() + 10 ** 9)  # a second between episodes: nothing is stale
             cells.append(cell)
             if variant == "aura":
                 matched = cell.matched_rate()
@@ -241,7 +233,7 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
 def _expert_episode(spec: TaskSpec, seed: int, settings: Settings, record_dir: Path | None) -> Episode:
     """The scripted expert's episode, also written as a bag (camera + its commands) when ``record_dir`` is set."""
     if record_dir is None:
-        return run_episode(CueReachEnv(spec, seed), seed, settings, None, None)
+        return run_episode(CueReachEnv(spec, seed), seed, None)
     from ..bags.writer import BagWriter
 
     twist = settings["action_publisher"]["twist_dims"][:2]
@@ -264,7 +256,7 @@ def _expert_episode(spec: TaskSpec, seed: int, settings: Settings, record_dir: P
                     values[dim] = value
             writer.write(command, stamp, types["std_msgs/msg/Float32MultiArray"](layout=layout, data=values))
 
-        return run_episode(CueReachEnv(spec, seed), seed, settings, None, None, record)
+        return run_episode(CueReachEnv(spec, seed), seed, None, record)
 
 
 def variant_knobs(variant: str, rate: float | None) -> dict[str, Any]:
@@ -298,19 +290,17 @@ def fit_to_budget(node: dict[str, Any], variant: str, budget: int | None) -> tup
     return {}, None
 
 
-def _runtime(settings: Settings, spec: TaskSpec, variant: str, budget: int | None, rate: float | None,
-             fitted: dict[str, Any]) -> tuple[VlaEngine, AdmissionGate, VirtualClock]:
-    """An engine sized for ``budget`` frames under ``variant`` (and ``fit_to_budget``'s knobs), and a
-    gate on a fresh virtual clock."""
+def _driver(settings: Settings, spec: TaskSpec, variant: str, budget: int | None, rate: float | None,
+            fitted: dict[str, Any], costs: CostModel) -> Driver:
+    """The runtime of one cell: an engine sized for ``budget`` frames under ``variant`` (and
+    ``fit_to_budget``'s knobs), on a fresh virtual clock."""
     node = dict(settings["reasoning"], **variant_knobs(variant, rate), **fitted)
     config = load_model_config(node["model_dir"])
     node["kv_capacity_tokens"] = capacity_for(config, make_policy(node["kv.policy"], node),
                                               len(node["prompt_token_ids"]), budget, spec)
-    engine = load_engine(Settings({**settings.values, "reasoning": node}, settings.source),
-                         policies=(node["kv.policy"],)).engine  # the arena is sized for this policy alone
-    clock = VirtualClock(0)
-    gate = AdmissionGate.from_settings(node, clock=clock)
-    return engine, gate, clock
+    cell = Settings({**settings.values, "reasoning": node}, settings.source)
+    engine = load_engine(cell, policies=(node["kv.policy"],)).engine  # the arena is sized for this policy alone
+    return Driver(engine, cell, VirtualClock(0), costs, (spec.image_size, spec.image_size))
 
 
 def format_table(report: dict[str, Any]) -> str:

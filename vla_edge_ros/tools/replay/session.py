@@ -1,8 +1,8 @@
 """Replay one bag through one memory policy, exactly as the live pipeline would have run it.
 
-The same objects as live: the frame buffer (so frames that arrive while the reasoner is busy
-overwrite each other and count as dropped), the admission gate, the engine and the reasoning
-cycle (``Reasoner``). Only the clock differs (see clock.py). Every frame's fate is logged as one
+The same objects as live, through the runtime's ``Driver``: the frame buffer (so frames that
+arrive while the reasoner is busy overwrite each other and count as dropped), the admission gate,
+the engine and the reasoning cycle. Only the clock differs (``runtime/clock.py``). Every frame's fate is logged as one
 decision line, which is what a deterministic replay reproduces byte for byte.
 """
 
@@ -17,13 +17,12 @@ import numpy as np
 
 from ...config import Settings
 from ...runtime.action_output import clip
-from ...runtime.admission import AdmissionGate, Verdict
-from ...runtime.block_costs import CostModel, VirtualTimer
+from ...runtime.admission import Verdict
+from ...runtime.block_costs import CostModel
 from ...runtime.clock import NS_PER_MS, VirtualClock, WallClock
-from ...runtime.frame_buffer import FrameBuffer
+from ...runtime.driver import Driver
 from ...runtime.image_codec import ImageDecodeError, frame_from_message
 from ...runtime.loader import load_engine
-from ...runtime.reasoner import Reasoner
 
 
 @dataclass(frozen=True)
@@ -56,8 +55,8 @@ class PolicyRun:
 def replay_policy(frames: Iterable[RecordedFrame], settings: Settings, policy: str, costs: CostModel, *,
                   realtime: bool = False, progress: Callable[[int], None] = lambda frames_done: None) -> PolicyRun:
     """Run ``frames`` (in arrival order; read once, lazily) through a fresh engine with ``policy``."""
-    node = dict(settings["reasoning"], **{"kv.policy": policy, "kv_store.dir": ""})
-    engine = load_engine(Settings({**settings.values, "reasoning": node}, settings.source)).engine
+    settings = settings.replace("reasoning", {"kv.policy": policy, "kv_store.dir": ""})
+    engine = load_engine(settings).engine
     camera, publisher = settings["camera_subscriber"], settings["action_publisher"]
     size = (camera["frame_height"], camera["frame_width"])
     upcoming = iter(frames)
@@ -66,9 +65,7 @@ def replay_policy(frames: Iterable[RecordedFrame], settings: Settings, policy: s
         raise ValueError("no camera frames to replay")
     start = following.arrival_ns
     clock = WallClock(start) if realtime else VirtualClock(start)
-    gate = AdmissionGate.from_settings(node, clock=clock)
-    reasoner = Reasoner(engine, gate, None if realtime else VirtualTimer(clock, costs))
-    buffer = FrameBuffer(*size)
+    driver = Driver(engine, settings, clock, None if realtime else costs, size)
     run = PolicyRun(policy)
     arrivals: list[int] = []
     fate: dict[int, str] = {}  # frame index -> what became of it; absent: overwritten unread (dropped)
@@ -76,20 +73,20 @@ def replay_policy(frames: Iterable[RecordedFrame], settings: Settings, policy: s
     wall_start = time.perf_counter()
     while True:
         while following is not None and following.arrival_ns <= clock():
-            _deliver(following, len(arrivals), buffer, size, run, fate, pending)
+            _deliver(following, len(arrivals), driver, size, run, fate, pending)
             arrivals.append(following.arrival_ns)
             following = next(upcoming, None)
-        frame = buffer.read_latest()
-        if frame is None:
+        cycle = driver.reason()
+        if cycle is None:
             if following is None:
                 break
             clock.wait_until(following.arrival_ns)
             continue
-        index = pending.pop(frame.seq)
-        result = reasoner.cycle(frame.image, frame.receive_ns)
+        index = pending.pop(cycle.frame.seq)
+        result = cycle.result
         now = clock()
         if result.action is not None:
-            run.latencies_ms.append((result.ready_ns - frame.receive_ns) / NS_PER_MS)
+            run.latencies_ms.append((result.ready_ns - cycle.frame.receive_ns) / NS_PER_MS)
             run.actions.append((result.ready_ns, clip(result.action, publisher["action_min"], publisher["action_max"])))
         outcome = ("missed" if result.missed else "admitted" if result.action is not None
                    else "stale" if result.verdict is Verdict.STALE else "refused")
@@ -103,7 +100,7 @@ def replay_policy(frames: Iterable[RecordedFrame], settings: Settings, policy: s
         run.memory.append((now, stats.memory_bytes, stats.writes, stats.evictions))
         progress(len(arrivals))
     run.counts["frames"] = len(arrivals)
-    run.counts["dropped"] = buffer.stats().dropped
+    run.counts["dropped"] = driver.buffer.stats().dropped
     run.decisions = [f"{i} t_ms={(t - start) / NS_PER_MS:.3f} {fate.get(i, 'dropped')}" for i, t in enumerate(arrivals)]
     stats = engine.memory_stats()
     run.tokens_seen = engine.prompt_ids.size + stats.frames_seen * engine.tokens_per_frame
@@ -112,7 +109,7 @@ def replay_policy(frames: Iterable[RecordedFrame], settings: Settings, policy: s
     return run
 
 
-def _deliver(recorded: RecordedFrame, index: int, buffer: FrameBuffer, size: tuple[int, int], run: PolicyRun,
+def _deliver(recorded: RecordedFrame, index: int, driver: Driver, size: tuple[int, int], run: PolicyRun,
              fate: dict[int, str], pending: dict[int, int]) -> None:
     """The camera node's part: decode (bad frames are counted and never reach the buffer), then write."""
     try:
@@ -122,4 +119,4 @@ def _deliver(recorded: RecordedFrame, index: int, buffer: FrameBuffer, size: tup
         fate[index] = f"bad_frame {exc.reason}"
         return
     pending.clear()  # an unread frame is overwritten by this one (the buffer counts it as dropped)
-    pending[buffer.write(image, recorded.stamp_ns, recorded.arrival_ns)] = index
+    pending[driver.camera(image, recorded.stamp_ns, recorded.arrival_ns)] = index

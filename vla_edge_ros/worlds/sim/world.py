@@ -34,6 +34,15 @@ PLACEMENT_TRIES = 10_000   # at the default reach_radius: K <= 5 fit (50 of 50 s
 EXPERT_GAIN = 10.0         # command per world unit of distance: saturated until 0.1 from the goal
 
 
+VELOCITY_COMMANDS = ("twist", "float32_multi_array")  # the command types whose values the robot can drive on
+
+
+def velocity_command(values: tuple[float, ...]) -> np.ndarray:
+    """(vx, vy) of a published command, as the simulated robot reads it: a Twist's linear.x and linear.y, or
+    an array's first two values; fewer than two values (a safe stop before any action) is zero."""
+    return np.array(values[:2], dtype=np.float64) if len(values) >= 2 else np.zeros(2)
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     """One task's world and timing; the defaults are the ``cue-reach`` the evaluation uses."""
