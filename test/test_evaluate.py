@@ -44,8 +44,7 @@ def test_wilson_interval_is_sound_at_the_edges():
     assert wilson_interval(0, 0) == (0.0, 1.0)
 
 
-def test_the_expert_reaches_the_goal_through_the_loop(tiny_model):
-    settings = _settings(tiny_model)
+def test_the_expert_reaches_the_goal_through_the_loop():
     for seed in range(3):
         episode = run_episode(CueReachEnv(TaskSpec(), seed), seed, None)
         assert episode.success and episode.time_s < TaskSpec().time_limit_s and episode.path_length > 0

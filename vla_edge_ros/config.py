@@ -27,6 +27,12 @@ class ConfigError(ValueError):
     """A configuration file or value that does not satisfy the schema."""
 
 
+# What bad input raises anywhere in the package: every error of ours about a file, a value or a model is a
+# ValueError (ConfigError, CheckpointError, BagError, ...), and the system's are OSErrors. An entry point
+# turns these into one line and exit code 2; anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, OSError)
+
+
 @dataclass(frozen=True)
 class Param:
     """One declared parameter."""

@@ -40,15 +40,12 @@ def cmd_make_bag(args: argparse.Namespace) -> int:
 
 
 def cmd_play(args: argparse.Namespace) -> int:
-    import rclpy
-    from rclpy.executors import ExternalShutdownException
-
     from ..nodes.bag_player import BagPlayer
+    from ..nodes.ros_session import ros_session
 
-    with Bag(args.bag) as bag:
-        rclpy.init()
+    with Bag(args.bag) as bag, ros_session():
+        player = BagPlayer(bag, args.topics, rate=args.rate, clock_hz=args.clock)
         try:
-            player = BagPlayer(bag, args.topics, rate=args.rate, clock_hz=args.clock)
             print(f"playing {bag.path} ({bag.duration_s:.2f} s) at x{args.rate:g}"
                   f"{', looping' if args.loop else ''}, /clock at {args.clock:g} Hz:\n{_describe(bag)}", flush=True)
             began = time.monotonic()
@@ -59,14 +56,12 @@ def cmd_play(args: argparse.Namespace) -> int:
 
             try:
                 player.play(loop=args.loop, every_second=progress)
-            except (KeyboardInterrupt, ExternalShutdownException):
+            except KeyboardInterrupt:
                 pass
             print(f"played {player.published} messages (passes completed: {player.passes}) in "
                   f"{time.monotonic() - began:.1f} s", flush=True)
-            player.destroy_node()
         finally:
-            if rclpy.ok():
-                rclpy.shutdown()
+            player.destroy_node()
     return 0
 
 

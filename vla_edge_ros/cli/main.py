@@ -10,14 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..config import ConfigError
-from ..model.budget import BudgetError
-from ..model.checkpoint import CheckpointError
-from ..model.config import ModelConfigError
-from ..model.safetensors_io import SafetensorsError
+from ..config import USER_ERRORS
 from . import bags, evaluate, kv_store, memory_bench, model, replay, run, train
 
-USER_ERRORS = (ConfigError, ModelConfigError, CheckpointError, SafetensorsError, BudgetError, ValueError, OSError)
 COMMANDS = (model, run, memory_bench, kv_store, bags, replay, evaluate, train)
 
 

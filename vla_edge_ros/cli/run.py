@@ -9,72 +9,80 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import load_settings
+from ..config import Settings, load_settings
 from ..worlds.sim.world import TASKS, TaskSpec
 
 
-def _values(status) -> dict[str, str]:
-    return {kv.key: kv.value for kv in status.values}
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def status_line(camera: dict, reasoning: dict, publisher: dict, sim: str = "") -> str:
+    """One line a second from the nodes' figures."""
+    return (f"in {camera['input_fps']:.1f} fps, dropped {camera['dropped']} (+{camera['buffer_overwritten_unread']} "
+            f"unread) | actions {reasoning['actions']}, refused {reasoning['refused']}, stale {reasoning['stale']}, "
+            f"missed {reasoning['missed']}, latency p50 {_ms(reasoning['latency_p50_ms'])} p99 "
+            f"{_ms(reasoning['latency_p99_ms'])} ms | kv {reasoning['kv_policy']} {reasoning['kv_tokens']} tokens, "
+            f"{reasoning['kv_bytes']} B (+{reasoning['memory_state_bytes']} B state) | "
+            f"published {publisher['published']}, safe stops {publisher['safe_stops']}" + (f" | {sim}" if sim else ""))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import rclpy
-
     from ..nodes.bringup import Pipeline
+    from ..nodes.ros_session import ros_session
 
     settings = load_settings(args.config)
     if args.image_topic:
-        settings["camera_subscriber"]["image_topic"] = args.image_topic
+        settings = settings.replace("camera_subscriber", {"image_topic": args.image_topic})
     if args.sim:  # the buffer takes the world's frames as they are (96x96), not resized to a 4:3 camera
-        settings["camera_subscriber"]["frame_height"] = settings["camera_subscriber"]["frame_width"] = TaskSpec().image_size
-    rclpy.init()
-    pipeline = None
-    try:
+        size = TaskSpec().image_size
+        settings = settings.replace("camera_subscriber", {"frame_height": size, "frame_width": size})
+    with ros_session():
         pipeline = Pipeline(settings, synthetic_camera=args.image_topic is None and args.sim is None,
                             camera_rate_hz=args.camera_rate_hz, use_sim_time=args.use_sim_time, sim_task=args.sim)
-        engine = pipeline.reasoning.engine
-        source = (f" (simulated robot, {args.sim})" if args.sim else
-                  f" (synthetic, {args.camera_rate_hz:.0f} Hz)" if args.image_topic is None else "")
-        print(f"vla-edge run: {settings['reasoning']['model_dir']} on {pipeline.plan.backend}, camera "
-              f"{settings['camera_subscriber']['image_topic']}{source}, deadline "
-              f"{settings['reasoning']['deadline_ms']:.1f} ms, commands on {settings['action_publisher']['command_topic']}"
-              f" ({settings['action_publisher']['command_type']}), KV arena {engine.arena.capacity} tokens, "
-              f"memory policy {engine.policy.name}")
-        loaded = pipeline.loaded
-        if loaded.store is not None:
-            print(f"KV store {loaded.store.directory} ({'aes-256-gcm' if loaded.store.encrypted else 'PLAIN'}): "
-                  f"prompt {'loaded from the store' if loaded.prompt_from_store else 'prefilled'}, episode memory "
-                  f"{'restored' if loaded.memory_restored else 'starts empty'}")
-
-        def status_line() -> None:
-            camera, reasoning = _values(pipeline.camera.report()), _values(pipeline.reasoning.report())
-            publisher = _values(pipeline.publisher.report())
-            print(f"in {camera['input_fps']} fps, dropped {camera['dropped']} (+{camera['buffer_overwritten_unread']} "
-                  f"unread) | actions {reasoning['actions']}, refused {reasoning['refused']}, stale {reasoning['stale']}, "
-                  f"missed {reasoning['missed']}, latency p50 {reasoning['latency_p50_ms']} p99 "
-                  f"{reasoning['latency_p99_ms']} ms | kv {reasoning['kv_policy']} {reasoning['kv_tokens']} tokens, "
-                  f"{reasoning['kv_bytes']} B (+{reasoning['memory_state_bytes']} B state) | "
-                  f"published {publisher['published']}, safe stops {publisher['safe_stops']}"
-                  + (f" | sim {pipeline.sim.successes}/{pipeline.sim.episodes} reached" if pipeline.sim else ""), flush=True)
-
-        pipeline.run(args.duration, every_second=status_line)
-        summary = {node.get_name(): {"level": int.from_bytes(report.level, "little"), "message": report.message,
-                                     **_values(report)}
-                   for node, report in ((n, n.report()) for n in (pipeline.camera, pipeline.reasoning, pipeline.publisher))}
-        if pipeline.sim is not None:
-            sim = pipeline.sim
-            summary["sim_world"] = {"task": args.sim, "episodes": sim.episodes, "successes": sim.successes,
-                                    "mean_time_to_reach_s": float(np.mean(sim.times_to_reach)) if sim.times_to_reach
-                                    else None}
-        print("summary: " + json.dumps(summary, indent=2))
-        if args.summary_json:
-            args.summary_json.write_text(json.dumps(summary, indent=2) + "\n")
-    finally:
-        if pipeline is not None:
+        try:
+            print(_banner(args, settings, pipeline))
+            pipeline.run(args.duration, every_second=lambda: print(status_line(
+                pipeline.camera.figures(), pipeline.reasoning.figures(), pipeline.publisher.figures(),
+                f"sim {pipeline.sim.successes}/{pipeline.sim.episodes} reached" if pipeline.sim else ""), flush=True))
+            summary = _summary(args, pipeline)
+        finally:
             pipeline.shutdown()
-        if rclpy.ok():
-            rclpy.shutdown()
+    print("summary: " + json.dumps(summary, indent=2))
+    if args.summary_json:
+        args.summary_json.write_text(json.dumps(summary, indent=2) + "\n")
     return 0
+
+
+def _banner(args: argparse.Namespace, settings: Settings, pipeline) -> str:
+    """What runs, from where, on what."""
+    engine = pipeline.reasoning.engine
+    source = (f" (simulated robot, {args.sim})" if args.sim else
+              f" (synthetic, {args.camera_rate_hz:.0f} Hz)" if args.image_topic is None else "")
+    lines = [f"vla-edge run: {settings['reasoning']['model_dir']} on {pipeline.plan.backend}, camera "
+             f"{settings['camera_subscriber']['image_topic']}{source}, deadline "
+             f"{settings['reasoning']['deadline_ms']:.1f} ms, commands on {settings['action_publisher']['command_topic']}"
+             f" ({settings['action_publisher']['command_type']}), KV arena {engine.arena.capacity} tokens, "
+             f"memory policy {engine.policy.name}"]
+    loaded = pipeline.loaded
+    if loaded.store is not None:
+        lines.append(f"KV store {loaded.store.directory} ({'aes-256-gcm' if loaded.store.encrypted else 'PLAIN'}): "
+                     f"prompt {'loaded from the store' if loaded.prompt_from_store else 'prefilled'}, episode memory "
+                     f"{'restored' if loaded.memory_restored else 'starts empty'}")
+    return "\n".join(lines)
+
+
+def _summary(args: argparse.Namespace, pipeline) -> dict:
+    """Each node's final level, message and figures (and the simulated robot's episodes)."""
+    summary = {node.get_name(): {"level": int.from_bytes(report.level, "little"), "message": report.message,
+                                 **node.figures()}
+               for node, report in ((n, n.report()) for n in (pipeline.camera, pipeline.reasoning, pipeline.publisher))}
+    if pipeline.sim is not None:
+        sim = pipeline.sim
+        summary["sim_world"] = {"task": args.sim, "episodes": sim.episodes, "successes": sim.successes,
+                                "mean_time_to_reach_s": float(np.mean(sim.times_to_reach)) if sim.times_to_reach
+                                else None}
+    return summary
 
 
 def register(sub: argparse._SubParsersAction) -> None:

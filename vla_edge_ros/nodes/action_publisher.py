@@ -127,9 +127,12 @@ class ActionPublisher(Node):
 
     def report(self) -> DiagnosticStatus:
         command = self._last or Command(Outcome.NONE, None, None)
-        values: dict[str, object] = dict(self._counts)
-        values["last_action_age_ms"] = "none" if command.age_ms is None else float(command.age_ms)
-        values["command_type"] = self._output.command_type
         if command.safe_stop:
-            return status(self, ERROR, f"safe stop: {self._reason(command, self._last_timeout_ms)}", values)
-        return status(self, OK, "commanding fresh actions", values)
+            return status(self, ERROR, f"safe stop: {self._reason(command, self._last_timeout_ms)}", self.figures())
+        return status(self, OK, "commanding fresh actions", self.figures())
+
+    def figures(self) -> dict[str, object]:
+        """The node's counters as plain values: what was published, and why each tick was what it was."""
+        command = self._last or Command(Outcome.NONE, None, None)
+        return {**self._counts, "last_action_age_ms": "none" if command.age_ms is None else float(command.age_ms),
+                "command_type": self._output.command_type}

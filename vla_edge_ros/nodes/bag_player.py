@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from rosgraph_msgs.msg import Clock
@@ -82,6 +83,8 @@ class BagPlayer(Node):
         while self.context.ok():
             try:
                 finished = self._play_once(report)
+            except ExternalShutdownException:
+                return
             except Exception:
                 # A signal can shut the context down between ok() and a publish, which then raises.
                 # That is a shutdown, not a failure.

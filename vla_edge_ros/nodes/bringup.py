@@ -24,13 +24,14 @@ from rclpy.context import Context
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.parameter import Parameter
 
-from ..config import Settings, load_settings
+from ..config import USER_ERRORS, Settings, load_settings
 from ..runtime.action_slot import ActionSlot
 from ..runtime.frame_buffer import FrameBuffer
 from ..runtime.loader import load_engine
 from .action_publisher import ActionPublisher
 from .camera_subscriber import CameraSubscriber
 from .reasoning import ReasoningNode
+from .ros_session import ros_session
 from .sim_world import SimWorldNode
 from .synthetic_camera import SyntheticCameraPublisher
 
@@ -99,17 +100,21 @@ class Pipeline:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of `ros2 run vla_edge_ros bringup --config FILE [--ros-args ...]`."""
+    """Entry point of `ros2 run vla_edge_ros bringup --config FILE [--ros-args ...]`. A bad configuration or
+    model is one line on stderr and exit code 2 (a launch file's on_exit then ends the launch)."""
     args_with_ros = sys.argv if argv is None else argv
-    rclpy.init(args=args_with_ros)
     parser = argparse.ArgumentParser(prog="bringup", description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, help="vla_edge_ros YAML config (default: built-in defaults)")
     args = parser.parse_args(rclpy.utilities.remove_ros_args(args_with_ros)[1:])
-    pipeline = Pipeline(load_settings(args.config))
     try:
-        pipeline.run()
-    finally:
-        pipeline.shutdown()
-        if rclpy.ok():
-            rclpy.shutdown()
+        settings = load_settings(args.config)
+        with ros_session(args_with_ros):
+            pipeline = Pipeline(settings)
+            try:
+                pipeline.run()
+            finally:
+                pipeline.shutdown()
+    except USER_ERRORS as exc:
+        print(f"bringup: error: {exc}", file=sys.stderr)
+        return 2
     return 0

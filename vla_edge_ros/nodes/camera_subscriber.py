@@ -141,6 +141,7 @@ class CameraSubscriber(Node):
     def report(self, now_ns: int | None = None) -> DiagnosticStatus:
         """This node's status at ``now_ns`` (time.monotonic_ns(); default: now)."""
         now_ns = time.monotonic_ns() if now_ns is None else now_ns
+        figures = self.figures(now_ns)
         silent_s = (now_ns - (self._start_ns if self._last_frame_ns is None else self._last_frame_ns)) / _NS
         level, problems = OK, []
         if silent_s * 1e3 > self.params["stale_warn_ms"]:
@@ -151,11 +152,16 @@ class CameraSubscriber(Node):
             level = WARN if level == OK else level
             reasons = ", ".join(f"{reason}: {n}" for reason, n in self._dropped.items() if n)
             problems.append(f"dropping messages (totals: {reasons})")
-        fps = sum(1 for t in self._arrivals if 0 <= now_ns - t <= RATE_WINDOW_S * _NS) / RATE_WINDOW_S
         if not problems:
-            problems.append(f"receiving {fps:.1f} fps" if self._last_frame_ns is not None
+            problems.append(f"receiving {figures['input_fps']:.1f} fps" if self._last_frame_ns is not None
                             else "waiting for the first frame")
-        values: dict[str, object] = {
+        return status(self, level, "; ".join(problems), figures)
+
+    def figures(self, now_ns: int | None = None) -> dict[str, object]:
+        """The node's counters and measurements at ``now_ns`` as plain values."""
+        now_ns = time.monotonic_ns() if now_ns is None else now_ns
+        fps = sum(1 for t in self._arrivals if 0 <= now_ns - t <= RATE_WINDOW_S * _NS) / RATE_WINDOW_S
+        return {
             "topic": self.topic,
             "qos": self.params["qos"],
             "frame_size": f"{self.size[1]}x{self.size[0]}",
@@ -167,4 +173,3 @@ class CameraSubscriber(Node):
             "input_fps": fps,
             "last_frame_age_s": "never" if self._last_frame_ns is None else (now_ns - self._last_frame_ns) / _NS,
         }
-        return status(self, level, "; ".join(problems), values)

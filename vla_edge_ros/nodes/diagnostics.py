@@ -11,7 +11,8 @@ OK, WARN, ERROR = DiagnosticStatus.OK, DiagnosticStatus.WARN, DiagnosticStatus.E
 
 
 def status(node: Node, level: bytes, message: str, values: dict[str, object]) -> DiagnosticStatus:
-    """One node's status: ``vla_edge_ros: <node name>`` with its counters as key/value pairs."""
+    """One node's status: ``vla_edge_ros: <node name>`` with its figures as key/value strings (a node keeps the
+    figures themselves in its ``figures()``, for the status line and the run summary)."""
     return DiagnosticStatus(
         level=level, name=f"vla_edge_ros: {node.get_name()}", message=message, hardware_id=node.get_name(),
         values=[KeyValue(key=key, value=f"{value:.3f}" if isinstance(value, float) else str(value))

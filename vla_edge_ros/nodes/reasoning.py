@@ -32,7 +32,7 @@ from ..runtime.action_slot import ActionSlot
 from ..runtime.admission import AdmissionGate
 from ..runtime.frame_buffer import Frame, FrameBuffer
 from ..runtime.reasoner import Reasoner
-from .diagnostics import ERROR, OK, WARN, DiagnosticsTimer, status
+from .diagnostics import ERROR, OK, WARN, DiagnosticStatus, DiagnosticsTimer, status
 from .parameters import NodeParameters
 
 _IDLE_S = 0.0005  # how long the loop sleeps when no new frame has arrived
@@ -174,17 +174,23 @@ class ReasoningNode(Node):
             self._last_miss_ns = time.monotonic_ns()
         self.actions += 1
 
-    def report(self):
-        stats = self.gate.snapshot()
-        latency = stats.latency
+    def report(self) -> DiagnosticStatus:
+        """This node's diagnostic status: a level and one line, with ``figures()`` as its values."""
+        figures = self.figures()
         now = time.monotonic_ns()
         level, message = OK, "acting within the deadline"
         if self._last_miss_ns is not None and now - self._last_miss_ns < _RECENT_NS:
-            level, message = WARN, f"missing the deadline ({stats.missed} misses so far)"
+            level, message = WARN, f"missing the deadline ({figures['missed']} misses so far)"
         if self._last_error_ns is not None and now - self._last_error_ns < _RECENT_NS:
             level, message = ERROR, f"cycles failing ({self.engine_errors} so far)"
+        return status(self, level, message, figures)
+
+    def figures(self) -> dict[str, Any]:
+        """The node's counters and measurements as plain values (diagnostics, status line, run summary)."""
+        stats = self.gate.snapshot()
+        latency = stats.latency
         memory = self.engine.memory_stats()
-        return status(self, level, message, {
+        return {
             "cycles": self.cycles, "actions": self.actions, "refused": stats.refused, "stale": stats.stale,
             "probes": stats.kinds["cycle"].probes, "recoveries": stats.kinds["cycle"].recoveries,
             "missed": stats.missed, "engine_errors": self.engine_errors,
@@ -194,7 +200,7 @@ class ReasoningNode(Node):
             "memory_state_bytes": memory.state_bytes, "frames_kept": memory.frames_kept,
             "memory_writes": memory.writes, "memory_evictions": memory.evictions,
             **self.engine.policy.diagnostics(), **self._store_report(),
-        })
+        }
 
     def _store_report(self) -> dict[str, Any]:
         if self.store is None:
