@@ -12,15 +12,14 @@ TASK ?= reach
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt setup.py
+$(STAMP): setup.py
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 is required"'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { \
 	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); \
 	  else echo "error: '$(PYTHON) -m venv' failed; install the python3-venv package" >&2; exit 1; fi; }
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt
-	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) -m pip install -q --upgrade pip setuptools
+	$(PY) -m pip install -q --no-build-isolation -e ".[ros,train,test]"
 	@touch $(STAMP)
 
 run: $(STAMP)
