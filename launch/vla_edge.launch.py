@@ -1,17 +1,18 @@
 """ros2 launch vla_edge_ros vla_edge.launch.py [config:=FILE] [namespace:=NS] [image_topic:=T] [use_sim_time:=true]
 
 Starts the bringup process: camera subscriber, reasoning and action publisher nodes in one process
-(they share the frame buffer and the action slot in memory), configured by one YAML file.
+(they share the frame buffer and the action slot in memory), configured by one YAML file, which
+bringup reads itself (relative paths in it resolve against its directory, then this package's share
+directory). If bringup exits (a bad config, a missing model, a crash), the launch ends with it.
 """
 
 import os
 
 from ament_index_python.packages import get_package_share_directory
-from launch.actions import DeclareLaunchArgument
+from launch import LaunchDescription
+from launch.actions import DeclareLaunchArgument, Shutdown
 from launch.substitutions import LaunchConfiguration, PythonExpression
 from launch_ros.actions import Node
-
-from launch import LaunchDescription
 
 
 def generate_launch_description() -> LaunchDescription:
@@ -29,9 +30,10 @@ def generate_launch_description() -> LaunchDescription:
             executable="bringup",
             namespace=LaunchConfiguration("namespace"),
             arguments=["--config", config],
-            parameters=[config, {"use_sim_time": PythonExpression(["'", LaunchConfiguration("use_sim_time"), "' == 'true'"])}],
+            parameters=[{"use_sim_time": PythonExpression(["'", LaunchConfiguration("use_sim_time"), "' == 'true'"])}],
             remappings=[("/camera/image_raw", image_topic),
                         ("/camera/image_raw/compressed", [image_topic, "/compressed"])],
             output="screen",
+            on_exit=Shutdown(reason="bringup exited"),
         ),
     ])

@@ -107,3 +107,23 @@ def test_descriptors_carry_description_range_and_read_only(reasoning):
     assert describe("model_dir").read_only
     assert "one of auto, numpy, cuda" in describe("backend").additional_constraints
     assert "each in [0, 2.14748e+09]" in describe("prompt_token_ids").additional_constraints
+
+
+def test_command_line_overrides_apply_to_live_parameters_and_never_to_read_only_ones():
+    """`--ros-args -p` reaches a live knob (checked by the schema); a read-only one keeps the config file's value,
+    since the engine was built from it, and the node says so."""
+    from rclpy.parameter import Parameter
+
+    from vla_edge_ros.config import ConfigError
+
+    with private_graph() as (context, _):
+        overrides = [Parameter("deadline_ms", value=25.0), Parameter("kv_capacity_tokens", value=99)]
+        node = Node("reasoning", context=context, parameter_overrides=overrides)
+        params = NodeParameters(node, "reasoning", defaults()["reasoning"])
+        assert params["deadline_ms"] == 25.0
+        assert params["kv_capacity_tokens"] == node.get_parameter("kv_capacity_tokens").value == 512
+        node.destroy_node()
+        bad = Node("reasoning", context=context, parameter_overrides=[Parameter("deadline_ms", value=-1.0)])
+        with pytest.raises(ConfigError, match="/reasoning: .*deadline_ms out of range"):
+            NodeParameters(bad, "reasoning", defaults()["reasoning"])
+        bad.destroy_node()

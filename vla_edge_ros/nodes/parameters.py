@@ -1,7 +1,9 @@
 """Declare a node's ROS parameters from the config schema, and hold every change to it.
 
 Each schema entry becomes a declared parameter with its description, read-only flag and range, so
-`ros2 param describe` shows what `config.py` enforces. A `ros2 param set` is validated by the same
+`ros2 param describe` shows what `config.py` enforces. A `--ros-args -p` override of a live parameter
+is checked by the schema and applies from the start; one of a read-only parameter is refused with a
+warning, because the engine, the arena and the topics were already built from the config file. A `ros2 param set` is validated by the same
 `Param.check` as the YAML file: bad values are rejected with the schema's reason and change nothing.
 Where rclpy offers a pre-set hook (Iron and later), an integer given for a floating-point parameter
 (`ros2 param set /reasoning deadline_ms 25`) is accepted as 25.0 instead of failing on its type;
@@ -16,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType, SetParametersResult
+from rclpy.exceptions import InvalidParameterTypeException, InvalidParameterValueException
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 
@@ -60,11 +63,20 @@ class NodeParameters:
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
         self._validators: list[tuple[str, Callable[[dict[str, Any]], None]]] = []
         self.values: dict[str, Any] = {}
+        where = f"/{node.get_name()}"
+        overrides = getattr(node, "_parameter_overrides", {})  # --ros-args -p / --params-file (rclpy keeps them)
         for name, spec in self._specs.items():
-            value = spec.check(initial.get(name, spec.default), f"/{node.get_name()}")
-            declared = node.declare_parameter(name, value, describe(spec)).value  # a --ros-args override wins
+            value = spec.check(initial.get(name, spec.default), where)
+            if spec.read_only and name in overrides and overrides[name].value != value:
+                # the engine and topics were built from the config file; a read-only override would be a lie
+                node.get_logger().warning(f"read-only parameter {name}: override {overrides[name].value!r} ignored, "
+                                          f"the node runs with {value!r} from the config file")
+            try:
+                declared = node.declare_parameter(name, value, describe(spec), ignore_override=spec.read_only).value
+            except (InvalidParameterTypeException, InvalidParameterValueException) as exc:  # a bad override
+                raise ConfigError(f"{where}: {exc}") from None
             self.values[name] = spec.check(list(declared) if isinstance(declared, (tuple, array.array)) else declared,
-                                           f"/{node.get_name()}")
+                                           where)
         if hasattr(node, "add_pre_set_parameters_callback"):  # Iron+, not Humble
             node.add_pre_set_parameters_callback(self._widen_integers)
         node.add_on_set_parameters_callback(self._on_set)
