@@ -25,7 +25,7 @@ from ..model.arena import KVArena
 from ..model.backend import ForwardResult
 from ..model.backends import make_backend
 from ..model.checkpoint import Checkpoint
-from ..model.layout import kv_bytes_per_token, scratch_tokens
+from ..model.layout import arena_capacity, kv_bytes_per_token, scratch_tokens
 from ..model.vision import FrameEncoder
 
 PREFILL_CHUNK_TOKENS = 1024  # prompt tokens per forward pass: bounds the attention workspace
@@ -72,9 +72,9 @@ class VlaEngine:
         self.config = config
         self.tokens_per_frame = config.vision.tokens_per_frame
         scratch = scratch_tokens(config)
-        if kv_capacity_tokens < self.tokens_per_frame + scratch + 1:
+        if kv_capacity_tokens < arena_capacity(config, 1, 1):
             raise ValueError(f"kv_capacity_tokens={kv_capacity_tokens} cannot hold one frame "
-                             f"({self.tokens_per_frame} tokens) plus {scratch} action tokens")
+                             f"({self.tokens_per_frame} tokens) plus {scratch} action tokens beside a prompt")
         self.arena = KVArena(kv_capacity_tokens)
         self.kv_bytes_per_token = kv_bytes_per_token(config)
         self.backend = make_backend(backend, checkpoint, self.arena)
@@ -113,7 +113,7 @@ class VlaEngine:
         """
         ids = np.asarray(token_ids, dtype=np.int32)
         reserved = self.policy.reserved_tokens()
-        if ids.size + reserved + self.tokens_per_frame + self.scratch_tokens > self.arena.capacity:
+        if arena_capacity(self.config, ids.size, 1, reserved) > self.arena.capacity:
             raise ValueError(f"prompt of {ids.size} tokens leaves no room for a frame in a "
                              f"{self.arena.capacity}-token arena ({self.policy.name} holds {reserved} more)")
         if cached is not None:

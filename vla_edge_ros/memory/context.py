@@ -21,7 +21,7 @@ import numpy as np
 from ..model.arena import KVArena
 from ..model.checkpoint import Checkpoint
 from ..model.config import ModelConfig
-from ..model.layout import frames_in_arena, kv_bytes_per_token, scratch_tokens
+from ..model.layout import arena_capacity, frames_in_arena, kv_bytes_per_token
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,7 @@ class MemorySite:
 
     def free_tokens(self) -> int:
         """Slots left beside the prompt, one frame and the action scratch."""
-        c = self.config
-        return self.capacity - self.prompt_tokens - c.vision.tokens_per_frame - scratch_tokens(c)
+        return self.capacity - arena_capacity(self.config, self.prompt_tokens, 1)
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from ..config import choices_of
 from .arena import KVArena
 from .backend import Backend
 from .checkpoint import Checkpoint
 
-BACKENDS = ("auto", "numpy", "cuda")  # the schema's reasoning.backend choices
+BACKENDS = choices_of("reasoning", "backend")  # auto, numpy, cuda
 
 
 def cuda_simulated() -> bool:
