@@ -85,3 +85,13 @@ def test_sources_parse_as_python_3_10_for_humble():
     assert len(sources) > 40
     for path in sources:
         ast.parse(path.read_text(), filename=str(path), feature_version=(3, 10))
+
+
+def test_readme_layout_names_every_package_of_the_tree():
+    """The README's layout block lists vla_edge_ros's packages as they are on disk, no more and no fewer."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Layout", 1)[1].split("```", 2)[1]
+    listed = {line.split()[0].rstrip("/") for line in block.splitlines()
+              if line.startswith("  ") and not line.startswith("   ") and line.split()[0].endswith("/")}
+    on_disk = {p.name for p in (ROOT / "vla_edge_ros").iterdir() if (p / "__init__.py").is_file()}
+    assert listed == on_disk
