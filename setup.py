@@ -71,7 +71,7 @@ setup(
     python_requires=">=3.10",
     entry_points={"console_scripts": [
         "vla-edge = vla_edge_ros.cli:main",
-        "bringup = vla_edge_ros.nodes.bringup:main",
-        "synthetic_camera = vla_edge_ros.nodes.synthetic_camera:main",
+        "bringup = vla_edge_ros.nodes.entry:bringup",
+        "synthetic_camera = vla_edge_ros.nodes.entry:synthetic_camera",
     ]},
 )

@@ -308,8 +308,8 @@ def test_synthetic_camera_runs_standalone_and_stops_cleanly_on_sigint(tmp_path):
     import subprocess
     import sys
 
-    script = ("import sys; from vla_edge_ros.nodes.synthetic_camera import main; "
-              "sys.exit(main(['synthetic_camera'] + sys.argv[1:]))")
+    script = ("import sys; from vla_edge_ros.nodes.entry import synthetic_camera; "
+              "sys.exit(synthetic_camera(['synthetic_camera'] + sys.argv[1:]))")
     domain = 200 + os.getpid() % 30
     env = {**os.environ, "ROS_DOMAIN_ID": str(domain)}
     bad = subprocess.run([sys.executable, "-c", script, "--rate-hz", "0"], capture_output=True, text=True,

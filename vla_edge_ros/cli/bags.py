@@ -54,10 +54,7 @@ def cmd_play(args: argparse.Namespace) -> int:
                 print(f"bag time {(player.bag_time_ns - bag.start_ns) / 1e9:7.2f} / {bag.duration_s:.2f} s, "
                       f"{player.published} messages published", flush=True)
 
-            try:
-                player.play(loop=args.loop, every_second=progress)
-            except KeyboardInterrupt:
-                pass
+            player.play(loop=args.loop, every_second=progress, stop=args.stop)
             print(f"played {player.published} messages (passes completed: {player.passes}) in "
                   f"{time.monotonic() - began:.1f} s", flush=True)
         finally:

@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from ..config import USER_ERRORS
+from ..runtime.stop_signals import StopSignals
 from . import bags, evaluate, kv_store, memory_bench, model, replay, run, train
 
 COMMANDS = (model, run, memory_bench, kv_store, bags, replay, evaluate, train)
@@ -24,8 +25,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def run_command(argv: list[str] | None, stop: StopSignals) -> int:
+    """Parse ``argv`` and run its command; ``stop`` is the process's signal handler (``vla-edge run`` and
+    ``play`` let it end their spin loops)."""
     args = build_parser().parse_args(argv)
+    args.stop = stop
     try:
         return args.func(args)
     except USER_ERRORS as exc:

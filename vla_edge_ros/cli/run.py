@@ -44,7 +44,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(_banner(args, settings, pipeline))
             pipeline.run(args.duration, every_second=lambda: print(status_line(
                 pipeline.camera.figures(), pipeline.reasoning.figures(), pipeline.publisher.figures(),
-                f"sim {pipeline.sim.successes}/{pipeline.sim.episodes} reached" if pipeline.sim else ""), flush=True))
+                f"sim {pipeline.sim.successes}/{pipeline.sim.episodes} reached" if pipeline.sim else ""), flush=True),
+                stop=args.stop)
+            pipeline.stop()  # the robot's explicit stop is part of the summary
             summary = _summary(args, pipeline)
         finally:
             pipeline.shutdown()

@@ -44,7 +44,7 @@ class ActionPublisher(Node):
         self._publisher = self.create_publisher(MESSAGE_TYPES[self._output.command_type],
                                                 self._params["command_topic"], 10)
         self._counts = {"published": 0, "fresh": 0, "safe_stops": 0, "stale": 0, "no_action": 0,
-                        "config_errors": 0, "invalid_actions": 0}
+                        "config_errors": 0, "invalid_actions": 0, "shutdown_stops": 0}
         self._last: Command | None = None  # the previous tick's decision
         self._last_timeout_ms = self._knobs.action_timeout_ms
         self._diagnostics = DiagnosticsTimer(self, self.report)
@@ -79,6 +79,21 @@ class ActionPublisher(Node):
         self._log_change(command, timeout_ms)
         self._last, self._last_timeout_ms = command, timeout_ms
 
+    def publish_stop(self, ack_timeout_s: float = 1.0) -> None:
+        """Publish one explicit stop command (the node is going down; its timer no longer runs) and give the
+        transport up to ``ack_timeout_s`` to deliver it, so a base without its own command timeout stops."""
+        command = self._output.stop(self._slot.latest())
+        if command.values is None:  # a trajectory robot that was never commanded: nothing to hold
+            self.get_logger().info("going down: no joint positions were ever commanded, no stop to send")
+            return
+        self._publisher.publish(self._message(command.values))
+        self._counts["published"] += 1
+        self._count(command)
+        self._last = command
+        if hasattr(self._publisher, "wait_for_all_acked"):  # Galactic+: reliable readers acknowledged it
+            self._publisher.wait_for_all_acked(Duration(nanoseconds=int(ack_timeout_s * 1e9)))
+        self.get_logger().info(f"going down: sent an explicit stop ({self._output.command_type})")
+
     def _message(self, values: tuple[float, ...]) -> Twist | Float32MultiArray | JointTrajectory:
         kind = self._output.command_type
         if kind == "twist":
@@ -98,7 +113,8 @@ class ActionPublisher(Node):
 
     def _count(self, command: Command) -> None:
         key = {Outcome.FRESH: "fresh", Outcome.STALE: "stale", Outcome.NONE: "no_action",
-               Outcome.CONFIG_ERROR: "config_errors", Outcome.INVALID: "invalid_actions"}[command.outcome]
+               Outcome.CONFIG_ERROR: "config_errors", Outcome.INVALID: "invalid_actions",
+               Outcome.SHUTDOWN: "shutdown_stops"}[command.outcome]
         self._counts[key] += 1
         if command.safe_stop:
             self._counts["safe_stops"] += 1

@@ -24,6 +24,7 @@ from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from rosgraph_msgs.msg import Clock
 
 from ..bags import COMMAND_MSGTYPES, IMAGE_MSGTYPES, Bag, BagError
+from ..runtime.stop_signals import StopSignals
 
 CLOCK_QOS = QoSProfile(depth=1, reliability=ReliabilityPolicy.BEST_EFFORT)
 RELIABLE_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
@@ -65,14 +66,20 @@ class BagPlayer(Node):
         self.published = 0
         self.passes = 0  # complete passes through the bag
         self.bag_time_ns = bag.start_ns  # receive time of the message published last
+        self._stop: StopSignals | None = None  # the process's signal handler while ``play`` runs
         self._topic_publishers = {topic: self.create_publisher(
             cls, topic, qos_profile_sensor_data if bag.topics[topic].msgtype in IMAGE_MSGTYPES else RELIABLE_QOS)
             for topic, cls in classes.items()}
         self._clock_publisher = self.create_publisher(Clock, "/clock", CLOCK_QOS) if clock_hz > 0 else None
 
-    def play(self, loop: bool = False, every_second: Callable[[], None] | None = None) -> None:
-        """Publish the bag once (or until shutdown with ``loop``); returns early when the context shuts down."""
+    def play(self, loop: bool = False, every_second: Callable[[], None] | None = None,
+             stop: StopSignals | None = None) -> None:
+        """Publish the bag once (or until stopped with ``loop``); returns early when ``stop`` reports SIGINT or
+        SIGTERM or the context shuts down."""
         last_report = time.monotonic()
+        self._stop = stop
+        if stop is not None:
+            stop.running = True
 
         def report() -> None:
             nonlocal last_report
@@ -84,18 +91,20 @@ class BagPlayer(Node):
             try:
                 finished = self._play_once(report)
             except ExternalShutdownException:
-                return
+                break
             except Exception:
-                # A signal can shut the context down between ok() and a publish, which then raises.
+                # The context can shut down between ok() and a publish, which then raises.
                 # That is a shutdown, not a failure.
                 if self.context.ok():
                     raise
-                return
+                break
             if not finished:
-                return
+                break
             self.passes += 1
             if not loop:
-                return
+                break
+        if stop is not None:
+            stop.running = False
 
     def _play_once(self, report: Callable[[], None]) -> bool:
         """One pass through the bag; False if it stopped for a shutdown."""
@@ -105,7 +114,7 @@ class BagPlayer(Node):
         for topic, _, time_ns, data in self.bag.raw_messages(self.topics):
             due = start_wall + (time_ns - start_ns) / 1e9 / self.rate
             while True:
-                if not self.context.ok():
+                if not self.context.ok() or (self._stop is not None and self._stop.requested):
                     return False
                 now = time.monotonic()
                 if now >= next_tick:

@@ -21,13 +21,14 @@ from pathlib import Path
 
 import rclpy
 from rclpy.context import Context
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
 
 from ..config import USER_ERRORS, Settings, load_settings
 from ..runtime.action_slot import ActionSlot
 from ..runtime.frame_buffer import FrameBuffer
 from ..runtime.loader import load_engine
+from ..runtime.stop_signals import StopSignals
 from .action_publisher import ActionPublisher
 from .camera_subscriber import CameraSubscriber
 from .reasoning import ReasoningNode
@@ -65,21 +66,26 @@ class Pipeline:
         if use_sim_time:  # stamps and the publisher's watchdog follow /clock (a bag played with --clock)
             for node in self.nodes:
                 node.set_parameters([Parameter("use_sim_time", Parameter.Type.BOOL, True)])
+        self._stopped = False
         self.executor = SingleThreadedExecutor(context=context)
         for node in self.nodes:
             self.executor.add_node(node)
 
-    def run(self, duration_s: float | None = None, every_second: Callable[[], None] | None = None) -> None:
-        """Spin until ``duration_s`` has passed, Ctrl-C, SIGTERM or an external shutdown."""
+    def run(self, duration_s: float | None = None, every_second: Callable[[], None] | None = None,
+            stop: StopSignals | None = None) -> None:
+        """Spin until ``duration_s`` has passed, ``stop`` reports SIGINT or SIGTERM, or the context shuts down."""
         self.reasoning.start()
         start = last = time.monotonic()
+        if stop is not None:
+            stop.running = True
         try:
-            while self.executor.context.ok():
+            while self.executor.context.ok() and (stop is None or stop.requested is None):
                 try:
                     self.executor.spin_once(timeout_sec=0.05)
                 except Exception:
-                    # A signal can shut the context down between ok() and the wait: rclpy then
-                    # raises from its wait set. That is a shutdown, not a failure.
+                    # The context can shut down between ok() and the wait (another thread, a launch
+                    # shutting the process down): rclpy then raises from its wait set. That is a
+                    # shutdown, not a failure.
                     if self.executor.context.ok():
                         raise
                     break
@@ -89,20 +95,30 @@ class Pipeline:
                     every_second()
                 if duration_s is not None and now - start >= duration_s:
                     break
-        except (KeyboardInterrupt, ExternalShutdownException):
-            pass
+        finally:
+            if stop is not None:
+                stop.running = False
+
+    def stop(self) -> None:
+        """Stop reasoning and send the robot one explicit stop command (once; the nodes stay up)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self.reasoning.stop()
+        if self.executor.context.ok():
+            self.publisher.publish_stop()
 
     def shutdown(self) -> None:
-        self.reasoning.stop()
+        """``stop``, then take the nodes down."""
+        self.stop()
         self.executor.shutdown()
         for node in self.nodes:
             node.destroy_node()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of `ros2 run vla_edge_ros bringup --config FILE [--ros-args ...]`. A bad configuration or
-    model is one line on stderr and exit code 2 (a launch file's on_exit then ends the launch)."""
-    args_with_ros = sys.argv if argv is None else argv
+def run(args_with_ros: list[str], stop: StopSignals) -> int:
+    """`bringup --config FILE [--ros-args ...]` (entry.py installed ``stop``). A bad configuration or model is
+    one line on stderr and exit code 2 (the launch file's on_exit then ends the launch)."""
     parser = argparse.ArgumentParser(prog="bringup", description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, help="vla_edge_ros YAML config (default: built-in defaults)")
     args = parser.parse_args(rclpy.utilities.remove_ros_args(args_with_ros)[1:])
@@ -111,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         with ros_session(args_with_ros):
             pipeline = Pipeline(settings)
             try:
-                pipeline.run()
+                pipeline.run(stop=stop)
             finally:
                 pipeline.shutdown()
     except USER_ERRORS as exc:

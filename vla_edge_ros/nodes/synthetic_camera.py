@@ -16,13 +16,14 @@ from typing import Any
 
 import numpy as np
 import rclpy
-from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import Image
 from std_msgs.msg import Header
 
+from ..runtime.stop_signals import StopSignals
 from ..worlds.synthetic import SyntheticCamera
+from .ros_session import ros_session
 
 
 def image_message(pixels: np.ndarray, header: Header) -> Image:
@@ -54,9 +55,8 @@ class SyntheticCameraPublisher(Node):
         self.published += 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of `ros2 run vla_edge_ros synthetic_camera [--topic T] [--rate-hz R] ... [--ros-args ...]`."""
-    args_with_ros = sys.argv if argv is None else argv
+def run(args_with_ros: list[str], stop: StopSignals) -> int:
+    """`synthetic_camera [--topic T] [--rate-hz R] ... [--ros-args ...]` (entry.py installed ``stop``)."""
     parser = argparse.ArgumentParser(prog="synthetic_camera", description=__doc__.splitlines()[0])
     parser.add_argument("--topic", default="/camera/image_raw")
     parser.add_argument("--rate-hz", type=float, default=30.0)
@@ -64,18 +64,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=640)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(rclpy.utilities.remove_ros_args(args_with_ros)[1:])
-    rclpy.init(args=args_with_ros)
-    try:
-        node = SyntheticCameraPublisher(args.topic, args.rate_hz, args.height, args.width, args.seed)
-    except ValueError as exc:
-        rclpy.shutdown()
-        parser.error(str(exc))
-    try:
-        rclpy.spin(node)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.destroy_node()
-        if rclpy.ok():
-            rclpy.shutdown()
+    with ros_session(args_with_ros):
+        try:
+            node = SyntheticCameraPublisher(args.topic, args.rate_hz, args.height, args.width, args.seed)
+        except ValueError as exc:
+            print(f"synthetic_camera: error: {exc}", file=sys.stderr)
+            return 2
+        stop.running = True
+        try:
+            while rclpy.ok() and stop.requested is None:
+                rclpy.spin_once(node, timeout_sec=0.1)
+        finally:
+            stop.running = False
+            node.destroy_node()
     return 0

@@ -39,6 +39,7 @@ class Outcome(Enum):
     NONE = "none"  # no action has arrived yet
     CONFIG_ERROR = "config_error"  # the configuration does not fit the action
     INVALID = "invalid"  # the action holds NaN or infinity
+    SHUTDOWN = "shutdown"  # the node is going down: one last, explicit stop
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,10 @@ class ActionOutput:
         if self.command_type == "joint_trajectory":
             self._held = values
         return Command(Outcome.FRESH, values, age_ms)
+
+    def stop(self, action: TimedAction | None) -> Command:
+        """The explicit stop a node sends as it goes down: the safe stop of this command type."""
+        return self._stop(Outcome.SHUTDOWN, action, None)
 
     def _map(self, clipped: np.ndarray) -> tuple[float, ...]:
         if self.command_type == "twist":
