@@ -35,8 +35,9 @@ NOW = 10_000 * MS
 
 
 def output_for(command_type: str, twist_dims: list[int], joint_names: list[str]) -> ActionOutput:
-    return ActionOutput(OutputKnobs.of({"command_type": command_type, "twist_dims": twist_dims,
-                                        "joint_names": joint_names}))
+    """An ActionOutput; an empty list keeps the schema's default (the command type does not read it)."""
+    values = {"command_type": command_type, "twist_dims": twist_dims, "joint_names": joint_names}
+    return ActionOutput(OutputKnobs.of({name: value for name, value in values.items() if value != []}))
 
 
 def limits(timeout_ms: float, action_min: list[float], action_max: list[float]) -> OutputKnobs:
@@ -138,14 +139,39 @@ def test_an_action_with_nan_or_infinity_is_a_safe_stop_not_a_clip():
 
 
 @pytest.mark.parametrize("command_type, twist_dims, joint_names, message", [
-    ("twist", [0, 1, 2], [], "twist_dims must have 6 entries"),
-    ("joint_trajectory", [], ["a", "b", "a"], "joint_names must be unique"),
-    ("joint_trajectory", [], [], "joint_names must name at least one joint"),
-    ("pose", [], [], "command_type must be one of"),
+    ("twist", [0, 1, 2], None, "twist_dims must have 6 values, got 3"),
+    ("joint_trajectory", None, ["a", "b", "a"], "joint_names must be unique"),
+    ("joint_trajectory", None, [], "joint_names must have 1 to 1024 values, got 0"),
+    ("pose", None, None, "command_type must be one of"),
 ])
 def test_what_needs_no_action_to_check_is_refused_at_construction(command_type, twist_dims, joint_names, message):
+    values = {"command_type": command_type, "twist_dims": twist_dims, "joint_names": joint_names}
     with pytest.raises(ConfigError, match=message):
-        output_for(command_type, twist_dims, joint_names)
+        ActionOutput(OutputKnobs.of({name: value for name, value in values.items() if value is not None}))
+
+
+@pytest.mark.parametrize("knobs, dof, message", [
+    ({"action_min": [-1.0, -1.0]}, 3, "action_min has 2 values but the action has 3 dimensions"),
+    ({"command_type": "twist", "twist_dims": [0, 1, 2, -1, -1, -1]}, 2,
+     "twist_dims maps linear.z to action dimension 2, but the action has only 2"),
+    ({"command_type": "joint_trajectory", "joint_names": ["a", "b"]}, 3, "joint_names has 2 names but the action has 3"),
+])
+def test_knobs_that_cannot_serve_the_models_action_are_refused_before_any_tick(knobs, dof, message):
+    with pytest.raises(ConfigError, match=message):
+        ActionOutput(OutputKnobs.of(knobs), dof)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"action_min": [float("nan")]}, r"action_min\[0\] must be a finite number"),
+    ({"action_max": [float("inf")]}, r"action_max\[0\] must be a finite number"),
+    ({"action_min": [0.5], "action_max": [0.1]}, r"action_min is above action_max in dimension 0 \(0.5 > 0.1\)"),
+    ({"action_min": [-1.0, -1.0], "action_max": [1.0, 1.0, 1.0]}, "give one value for all dimensions"),
+    ({"action_min": []}, "action_min must have 1 to 1024 values, got 0"),
+    ({"action_max": [1.0] * 100_000}, "action_max must have 1 to 1024 values, got 100000"),
+])
+def test_clip_limits_are_finite_ordered_and_of_a_sane_length(values, message):
+    with pytest.raises(ConfigError, match=message):
+        OutputKnobs.of(values)
 
 
 # --- the node, on a private DDS graph ------------------------------------------------------------
@@ -359,3 +385,20 @@ def test_live_clip_limits_through_the_parameter_service(graph):
     commands.clear()
     assert graph.spin_until(lambda: len(commands) >= 2)
     assert list(commands[-1][1].data) == [0.25, 0.25, -1.0]
+
+
+@needs_ros
+def test_a_live_change_that_cannot_serve_the_action_is_refused_with_the_reason(graph):
+    """Knobs that depend on each other or on the model's action are checked on every change, not at a tick."""
+    node = ActionPublisher(_now_slot([0.5, 2.0, -3.0]), {**defaults()["action_publisher"],
+                                                         "command_type": "float32_multi_array"},
+                           dof=3, context=graph.context)
+    graph.nodes.append(node)
+    refused = node.set_parameters([Parameter("action_min", Parameter.Type.DOUBLE_ARRAY, [2.0])])[0]
+    assert not refused.successful and "action_min is above action_max in dimension 0" in refused.reason
+    refused = node.set_parameters([Parameter("action_max", Parameter.Type.DOUBLE_ARRAY, [1.0, 1.0])])[0]
+    assert not refused.successful and "action_max has 2 values but the action has 3 dimensions" in refused.reason
+    refused = node.set_parameters([Parameter("action_max", Parameter.Type.DOUBLE_ARRAY, [float("nan")])])[0]
+    assert not refused.successful and "must be a finite number" in refused.reason
+    accepted = node.set_parameters([Parameter("action_max", Parameter.Type.DOUBLE_ARRAY, [1.0, 0.5, 0.25])])[0]
+    assert accepted.successful, accepted.reason

@@ -45,6 +45,7 @@ class Param:
     choices: tuple[str, ...] = ()
     read_only: bool = True
     item: type | None = None  # element type of a list parameter: int, float or str
+    items: tuple[int, int] = (1, 1024)  # a list parameter's allowed length, inclusive
     path: bool = False  # a file or directory: relative values resolve against the YAML file, then the share
 
     @property
@@ -57,6 +58,10 @@ class Param:
             # ROS hands array parameters over as array.array, YAML as list: any non-text sequence will do
             if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
                 raise ConfigError(f"{where}: {self.name} must be a list of {self.item.__name__}, got {value!r}")
+            low, high = self.items
+            if not low <= len(value) <= high:
+                wanted = f"{low}" if low == high else f"{low} to {high}"
+                raise ConfigError(f"{where}: {self.name} must have {wanted} values, got {len(value)}")
             return [self._check_one(v, self.item, where, f"{self.name}[{i}]") for i, v in enumerate(value)]
         return self._check_one(value, self.kind, where, self.name)
 
@@ -105,7 +110,8 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
         Param("action_max", [1.0], "Upper clip limit per action dimension (one value applies to all).",
               minimum=-1e6, maximum=1e6, read_only=False, item=float),
         Param("twist_dims", [0, 1, -1, -1, -1, -1], "For twist: the action dimension feeding linear.x, linear.y, "
-              "linear.z, angular.x, angular.y, angular.z (-1: always zero).", minimum=-1, maximum=4095, item=int),
+              "linear.z, angular.x, angular.y, angular.z (-1: always zero).", minimum=-1, maximum=4095, item=int,
+              items=(6, 6)),
         Param("joint_names", ["joint_1", "joint_2", "joint_3", "joint_4", "joint_5", "joint_6", "gripper"],
               "For joint_trajectory: joint name of each action dimension, in order.", item=str),
     ),
@@ -125,7 +131,7 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               "it is refused before anything loads.", minimum=1 << 20, maximum=1 << 42),
         Param("prompt_token_ids", [151, 9, 402, 77, 1030, 12], "Instruction token ids, prefilled once and "
               "pinned in the cache (the default is the instruction models/sim was trained with).",
-              minimum=0, maximum=(1 << 31) - 1, item=int),
+              minimum=0, maximum=(1 << 31) - 1, item=int, items=(1, 1 << 20)),
         Param("deadline_ms", 33.0, "Control deadline: a cycle must produce its action within this long of its "
               "frame's arrival, or it is not started.", minimum=1.0, maximum=1000.0, read_only=False),
         Param("ema_alpha", 0.1, "Weight of the newest measurement in the per-block cost estimate.",
@@ -461,6 +467,16 @@ class OutputKnobs(KnobGroup):
     action_max: tuple[float, ...]
     twist_dims: tuple[int, ...]
     joint_names: tuple[str, ...]
+
+    def check(self) -> None:
+        low, high = self.action_min, self.action_max
+        if len(low) > 1 and len(high) > 1 and len(low) != len(high):
+            raise ConfigError(f"{self.NODE}: action_min has {len(low)} values and action_max {len(high)}: give one "
+                              "value for all dimensions, or one per dimension in both")
+        for i in range(max(len(low), len(high))):
+            a, b = low[i if len(low) > 1 else 0], high[i if len(high) > 1 else 0]
+            if a > b:
+                raise ConfigError(f"{self.NODE}: action_min is above action_max in dimension {i} ({a:g} > {b:g})")
 
 
 KNOB_GROUPS: tuple[type[KnobGroup], ...] = (GateKnobs, MemoryKnobs, OutputKnobs)  # every group a node has

@@ -24,7 +24,7 @@ from std_msgs.msg import Float32MultiArray, MultiArrayDimension
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from ..config import OutputKnobs
-from ..runtime.action_output import ActionOutput, Command, Outcome
+from ..runtime.action_output import ActionOutput, Command, Outcome, check_fits_action
 from ..runtime.action_slot import ActionSlot
 from .diagnostics import ERROR, OK, DiagnosticsTimer, status
 from .parameters import NodeParameters
@@ -35,12 +35,16 @@ MESSAGE_TYPES = {"twist": Twist, "float32_multi_array": Float32MultiArray, "join
 class ActionPublisher(Node):
     """Publishes the command of ``slot``'s newest action on ``command_topic``; see the module doc."""
 
-    def __init__(self, slot: ActionSlot, settings: dict[str, Any], **node_kwargs: Any) -> None:
+    def __init__(self, slot: ActionSlot, settings: dict[str, Any], *, dof: int | None = None,
+                 **node_kwargs: Any) -> None:
+        """``dof``: the action's dimensions (the engine's), so limits and mappings are checked against it at
+        start and on every change; None when the node runs without knowing its engine."""
         super().__init__("action_publisher", **node_kwargs)
         self._slot = slot
+        self._dof = dof
         self._params = NodeParameters(self, "action_publisher", settings)
         self._knobs = OutputKnobs.of(self._params.snapshot())  # replaced whole on a live change
-        self._output = ActionOutput(self._knobs)
+        self._output = ActionOutput(self._knobs, dof)
         self._publisher = self.create_publisher(MESSAGE_TYPES[self._output.command_type],
                                                 self._params["command_topic"], 10)
         self._counts = {"published": 0, "fresh": 0, "safe_stops": 0, "stale": 0, "no_action": 0,
@@ -53,6 +57,7 @@ class ActionPublisher(Node):
         self._timer_lock = threading.Lock()
         self._timer: Timer | None = None
         self._start_timer()
+        self._params.validate_with(self._check_output)
         self._params.on_change(self._on_change)
 
     def _start_timer(self) -> None:
@@ -61,6 +66,12 @@ class ActionPublisher(Node):
             if self._timer is not None:
                 self.destroy_timer(self._timer)
             self._timer = self.create_timer(1.0 / self._params["control_rate_hz"], self._tick, clock=self._steady)
+
+    def _check_output(self, values: dict[str, Any]) -> None:
+        """Refuse a change the command knobs cannot take together (min above max) or with this action."""
+        knobs = OutputKnobs.of(values)
+        if self._dof is not None:
+            check_fits_action(knobs, self._dof)
 
     def _on_change(self, changed: dict[str, Any]) -> None:
         self._knobs = OutputKnobs.of(self._params.snapshot())  # read whole by the next tick

@@ -50,7 +50,8 @@ class Pipeline:
         self.camera = CameraSubscriber(self.buffer, camera, context=context)
         self.reasoning = ReasoningNode(engine, self.buffer, self.slot, settings["reasoning"], store=self.loaded.store,
                                        context=context)
-        self.publisher = ActionPublisher(self.slot, settings["action_publisher"], context=context)
+        self.publisher = ActionPublisher(self.slot, settings["action_publisher"], dof=engine.config.action.dof,
+                                         context=context)
         self.nodes = [self.camera, self.reasoning, self.publisher]
         if synthetic_camera:
             self.nodes.append(SyntheticCameraPublisher(

@@ -42,6 +42,9 @@ def describe(param: Param) -> ParameterDescriptor:
     constraints = []
     if param.choices:
         constraints.append(f"one of {', '.join(param.choices)}")
+    if is_list:
+        low, high = param.items
+        constraints.append(f"{low} value{'s' if low > 1 else ''}" if low == high else f"{low} to {high} values")
     if param.minimum is not None and (is_list or param.kind not in (int, float)):
         constraints.append(f"each in [{param.minimum:g}, {param.maximum:g}]")
     elif param.kind is int:

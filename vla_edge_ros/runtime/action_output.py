@@ -104,6 +104,17 @@ def joint_positions(values: np.ndarray, joint_names: Sequence[str]) -> tuple[flo
     return tuple(float(v) for v in values)
 
 
+def check_fits_action(knobs: OutputKnobs, dof: int) -> None:
+    """ConfigError when these command knobs cannot serve an action of ``dof`` dimensions (clip limits of
+    another length, a twist field mapped past the action, a joint name count that differs). Checked at start
+    and on every live change, so that no control tick is the first to find out."""
+    clip(np.zeros(dof), knobs.action_min, knobs.action_max)
+    if knobs.command_type == "twist":
+        twist_components(np.zeros(dof), knobs.twist_dims)
+    elif knobs.command_type == "joint_trajectory":
+        joint_positions(np.zeros(dof), knobs.joint_names)
+
+
 def array_values(values: np.ndarray) -> tuple[float, ...]:
     return tuple(float(v) for v in values)
 
@@ -111,11 +122,10 @@ def array_values(values: np.ndarray) -> tuple[float, ...]:
 class ActionOutput:
     """Decides each tick's command for one command type, remembering the positions a hold needs."""
 
-    def __init__(self, knobs: OutputKnobs) -> None:
-        # What can be checked without an action is checked here, so a bad file fails at start-up.
-        if knobs.command_type == "twist" and len(knobs.twist_dims) != len(TWIST_FIELDS):
-            raise ConfigError(f"twist_dims must have {len(TWIST_FIELDS)} entries "
-                              f"({', '.join(TWIST_FIELDS)}), got {len(knobs.twist_dims)}")
+    def __init__(self, knobs: OutputKnobs, dof: int | None = None) -> None:
+        """``dof``: the action's dimensions when known (the engine's), so a bad file fails at start-up."""
+        if dof is not None:
+            check_fits_action(knobs, dof)
         if knobs.command_type == "joint_trajectory":
             if not knobs.joint_names:
                 raise ConfigError("joint_names must name at least one joint")

@@ -9,13 +9,14 @@ from typing import Any, NamedTuple
 
 from threadpoolctl import threadpool_limits
 
-from ..config import MemoryKnobs, Settings
+from ..config import MemoryKnobs, OutputKnobs, Settings
 from ..engine import VlaEngine
 from ..kv_store import BlockStore, load_key, load_or_prefill_prompt, model_fingerprint, restore_memory
 from ..memory import POLICIES, MemorySite, build_policy, check_knobs
 from ..model.backends import resolve_backend
 from ..model.budget import MemoryPlan, plan_memory, require_fit
 from ..model.checkpoint import Checkpoint, load_checkpoint
+from .action_output import check_fits_action
 
 _LOG = logging.getLogger("vla_edge_ros.runtime")
 
@@ -68,6 +69,11 @@ def load_engine(settings: Settings, policies: Iterable[str] = POLICIES) -> Loade
     if any(t >= vocab for t in prompt):
         raise ValueError(f"{settings.source}: reasoning.prompt_token_ids has ids >= vocab_size {vocab}")
     knobs = MemoryKnobs.of(node)
+    try:
+        check_fits_action(OutputKnobs.of(settings["action_publisher"]), checkpoint.config.action.dof)
+    except ValueError as exc:
+        raise ValueError(f"{settings.source}: action_publisher: {exc} (the model's action has "
+                         f"{checkpoint.config.action.dof} dimensions)") from exc
     try:
         check_knobs(knobs, MemorySite(checkpoint, node["kv_capacity_tokens"], len(prompt)), policies)
         engine = VlaEngine(checkpoint, backend=plan.backend, kv_capacity_tokens=node["kv_capacity_tokens"],
