@@ -140,6 +140,16 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               minimum=0.0, maximum=20.0, read_only=False),
         Param("warmup_cycles", 3, "Blocks of each kind admitted unconditionally while their cost is learned.",
               minimum=1, maximum=1000, read_only=False),
+        Param("diagnostics.window_s", 5.0, "Diagnostics judge the share of frames refused or missed over this "
+              "recent window.", minimum=0.5, maximum=3600.0, read_only=False),
+        Param("diagnostics.refused_warn_share", 0.1, "Diagnostics turn WARN when more than this share of the "
+              "window's frames were refused or stale (no action).", minimum=0.0, maximum=1.0, read_only=False),
+        Param("diagnostics.refused_error_share", 0.5, "Diagnostics turn ERROR when more than this share of the "
+              "window's frames were refused or stale.", minimum=0.0, maximum=1.0, read_only=False),
+        Param("diagnostics.missed_warn_share", 0.0, "Diagnostics turn WARN when more than this share of the "
+              "window's frames missed the deadline (0: any miss).", minimum=0.0, maximum=1.0, read_only=False),
+        Param("diagnostics.missed_error_share", 0.1, "Diagnostics turn ERROR when more than this share of the "
+              "window's frames missed the deadline.", minimum=0.0, maximum=1.0, read_only=False),
         Param("kv.policy", "fifo", "KV memory policy: fifo (oldest frame goes), cosine (most redundant frame "
               "goes), aura (prompt + current frame + constant-size fast weights), dms (keep/evict per token and "
               "KV head, enforced once the token leaves a window). A change takes effect at the next episode "
@@ -405,6 +415,26 @@ class GateKnobs(KnobGroup):
 
 
 @dataclass(frozen=True)
+class DiagnosticsKnobs(KnobGroup):
+    """reasoning: diagnostics.* (when the reasoning node's status turns WARN or ERROR)."""
+
+    NODE: ClassVar[str] = "reasoning"
+    PREFIX: ClassVar[str] = "diagnostics."
+    window_s: float
+    refused_warn_share: float
+    refused_error_share: float
+    missed_warn_share: float
+    missed_error_share: float
+
+    def check(self) -> None:
+        for what in ("refused", "missed"):
+            warn, error = getattr(self, f"{what}_warn_share"), getattr(self, f"{what}_error_share")
+            if warn > error:
+                raise ConfigError(f"{self.NODE}: diagnostics.{what}_warn_share={warn:g} is above "
+                                  f"diagnostics.{what}_error_share={error:g}")
+
+
+@dataclass(frozen=True)
 class CosineKnobs(KnobGroup):
     """reasoning: kv.cosine.*"""
 
@@ -479,4 +509,4 @@ class OutputKnobs(KnobGroup):
                 raise ConfigError(f"{self.NODE}: action_min is above action_max in dimension {i} ({a:g} > {b:g})")
 
 
-KNOB_GROUPS: tuple[type[KnobGroup], ...] = (GateKnobs, MemoryKnobs, OutputKnobs)  # every group a node has
+KNOB_GROUPS: tuple[type[KnobGroup], ...] = (GateKnobs, DiagnosticsKnobs, MemoryKnobs, OutputKnobs)  # every group a node has

@@ -26,9 +26,12 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 from ..config import OutputKnobs
 from ..runtime.action_output import ActionOutput, Command, Outcome, check_fits_action
 from ..runtime.action_slot import ActionSlot
-from .diagnostics import ERROR, OK, DiagnosticsTimer, status
+from ..runtime.event_window import EventWindow
+from .diagnostics import ERROR, OK, WARN, DiagnosticsTimer, status
 from .parameters import NodeParameters
 
+RATE_WINDOW_S = 2.0  # the control timer's achieved rate is measured over this window
+RATE_WARN_SHARE = 0.9  # diagnostics WARN below this share of control_rate_hz
 MESSAGE_TYPES = {"twist": Twist, "float32_multi_array": Float32MultiArray, "joint_trajectory": JointTrajectory}
 
 
@@ -50,6 +53,7 @@ class ActionPublisher(Node):
         self._counts = {"published": 0, "fresh": 0, "safe_stops": 0, "stale": 0, "no_action": 0,
                         "config_errors": 0, "invalid_actions": 0, "shutdown_stops": 0}
         self._last: Command | None = None  # the previous tick's decision
+        self._ticks = EventWindow(RATE_WINDOW_S)  # the control timer's achieved rate
         self._last_timeout_ms = self._knobs.action_timeout_ms
         self._diagnostics = DiagnosticsTimer(self, self.report)
 
@@ -76,10 +80,12 @@ class ActionPublisher(Node):
     def _on_change(self, changed: dict[str, Any]) -> None:
         self._knobs = OutputKnobs.of(self._params.snapshot())  # read whole by the next tick
         if "control_rate_hz" in changed:
+            self._ticks = EventWindow(RATE_WINDOW_S)
             self._start_timer()
             self.get_logger().info(f"control rate now {changed['control_rate_hz']:g} Hz")
 
     def _tick(self) -> None:
+        self._ticks.add("tick", time.monotonic_ns())
         knobs = self._knobs
         timeout_ms = knobs.action_timeout_ms
         command = self._output.decide(self._slot.latest(), time.monotonic_ns(), knobs)
@@ -152,14 +158,27 @@ class ActionPublisher(Node):
             return f"configuration error: {command.error}"
         return command.error or command.outcome.value
 
-    def report(self) -> DiagnosticStatus:
+    def report(self, now_ns: int | None = None) -> DiagnosticStatus:
+        """ERROR while the robot gets safe stops; WARN when the control timer runs below RATE_WARN_SHARE of
+        control_rate_hz (the robot then gets commands less often than configured); else OK."""
+        now = time.monotonic_ns() if now_ns is None else now_ns
+        figures = self.figures(now)
         command = self._last or Command(Outcome.NONE, None, None)
+        problems, level = [], OK
         if command.safe_stop:
-            return status(self, ERROR, f"safe stop: {self._reason(command, self._last_timeout_ms)}", self.figures())
-        return status(self, OK, "commanding fresh actions", self.figures())
+            level = ERROR
+            problems.append(f"safe stop: {self._reason(command, self._last_timeout_ms)}")
+        wanted = self._params["control_rate_hz"]
+        if self._ticks.covered_s(now) >= RATE_WINDOW_S / 2 and figures["achieved_rate_hz"] < RATE_WARN_SHARE * wanted:
+            level = max(level, WARN)
+            problems.append(f"publishing at {figures['achieved_rate_hz']:.1f} Hz, below {RATE_WARN_SHARE:.0%} of "
+                            f"control_rate_hz {wanted:g} Hz")
+        return status(self, level, "; ".join(problems) or "commanding fresh actions", figures)
 
-    def figures(self) -> dict[str, object]:
+    def figures(self, now_ns: int | None = None) -> dict[str, object]:
         """The node's counters as plain values: what was published, and why each tick was what it was."""
+        now_ns = time.monotonic_ns() if now_ns is None else now_ns
         command = self._last or Command(Outcome.NONE, None, None)
         return {**self._counts, "last_action_age_ms": "none" if command.age_ms is None else float(command.age_ms),
-                "command_type": self._output.command_type}
+                "command_type": self._output.command_type,
+                "achieved_rate_hz": self._ticks.rate_hz("tick", now_ns)}

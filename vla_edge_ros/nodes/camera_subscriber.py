@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from diagnostic_msgs.msg import DiagnosticStatus
@@ -36,6 +35,7 @@ from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image
 
+from ..runtime.event_window import EventWindow
 from ..runtime.frame_buffer import FrameBuffer
 from ..runtime.image_codec import REASONS, ImageDecodeError, frame_from_message
 from .diagnostics import ERROR, OK, WARN, DiagnosticsTimer, status
@@ -84,7 +84,7 @@ class CameraSubscriber(Node):
         self.received = 0  # every message, valid or not
         self.written = 0  # valid frames written to the buffer
         self._dropped = dict.fromkeys(DROP_REASONS, 0)
-        self._arrivals: deque[int] = deque()  # receive times within the last RATE_WINDOW_S
+        self._arrivals = EventWindow(RATE_WINDOW_S)  # messages received, for the input rate
         self._start_ns = time.monotonic_ns()
         self._last_frame_ns: int | None = None
         self._last_drop_ns: int | None = None
@@ -109,9 +109,7 @@ class CameraSubscriber(Node):
     def _receive(self, msg: Image | CompressedImage, topic: str, compressed: bool) -> None:
         receive_ns = time.monotonic_ns()
         self.received += 1
-        self._arrivals.append(receive_ns)
-        while self._arrivals[0] < receive_ns - RATE_WINDOW_S * _NS:
-            self._arrivals.popleft()
+        self._arrivals.add("message", receive_ns)
         try:
             self.buffer.write(frame_from_message(msg, compressed, self.size), stamp_ns(msg.header.stamp), receive_ns)
         except ImageDecodeError as exc:
@@ -160,7 +158,7 @@ class CameraSubscriber(Node):
     def figures(self, now_ns: int | None = None) -> dict[str, object]:
         """The node's counters and measurements at ``now_ns`` as plain values."""
         now_ns = time.monotonic_ns() if now_ns is None else now_ns
-        fps = sum(1 for t in self._arrivals if 0 <= now_ns - t <= RATE_WINDOW_S * _NS) / RATE_WINDOW_S
+        fps = self._arrivals.rate_hz("message", now_ns)
         return {
             "topic": self.topic,
             "qos": self.params["qos"],

@@ -24,7 +24,7 @@ from typing import Any
 from rclpy.node import Node
 from std_srvs.srv import Trigger
 
-from ..config import GateKnobs, MemoryKnobs
+from ..config import DiagnosticsKnobs, GateKnobs, MemoryKnobs
 from ..engine.vla_engine import VlaEngine
 from ..kv_store import BlockStore, load_or_prefill_prompt, save_memory
 from ..memory import build_policy, check_knobs
@@ -32,11 +32,12 @@ from ..runtime.action_slot import ActionSlot
 from ..runtime.admission import AdmissionGate
 from ..runtime.frame_buffer import Frame, FrameBuffer
 from ..runtime.reasoner import Reasoner
+from ..runtime.reasoning_health import Level, ReasoningHealth, outcome_of
 from .diagnostics import ERROR, OK, WARN, DiagnosticStatus, DiagnosticsTimer, status
 from .parameters import NodeParameters
 
 _IDLE_S = 0.0005  # how long the loop sleeps when no new frame has arrived
-_RECENT_NS = 1_000_000_000  # a miss or failure this recent sets the diagnostic level (WARN / ERROR)
+LEVELS = {Level.OK: OK, Level.WARN: WARN, Level.ERROR: ERROR}
 _SAVE_WAIT_S = 5.0  # how long ~/save_memory waits for the reasoning thread to write the block
 
 
@@ -66,8 +67,7 @@ class ReasoningNode(Node):
         self.cycles = 0
         self.actions = 0
         self.engine_errors = 0
-        self._last_miss_ns: int | None = None
-        self._last_error_ns: int | None = None
+        self.health = ReasoningHealth(DiagnosticsKnobs.of(self.params.snapshot()))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="reasoning", daemon=True)
         self._diagnostics = DiagnosticsTimer(self, self.report)
@@ -117,6 +117,8 @@ class ReasoningNode(Node):
         values = self.params.snapshot()
         if any(name in GateKnobs.keys() for name in changed):
             self.gate.configure(GateKnobs.of(values))
+        if any(name in DiagnosticsKnobs.keys() for name in changed):
+            self.health.configure(DiagnosticsKnobs.of(values))
         if any(name.startswith("kv.") and name != "kv.policy" for name in changed):
             with self._pending_lock:
                 self._pending_knobs = MemoryKnobs.of(values)
@@ -161,29 +163,24 @@ class ReasoningNode(Node):
                 self._cycle(frame)
             except Exception as exc:  # one bad cycle must not stop the robot's reasoning
                 self.engine_errors += 1
-                self._last_error_ns = time.monotonic_ns()
+                self.health.record("failed", time.monotonic_ns())
                 self.get_logger().error(f"reasoning cycle failed, frame skipped: {exc!r}", throttle_duration_sec=5.0)
 
     def _cycle(self, frame: Frame) -> None:
         self.cycles += 1
         result = self.reasoner.cycle(frame.image, frame.receive_ns)
+        self.health.record(outcome_of(result), time.monotonic_ns())
         if result.action is None:
             return
         self.slot.put(result.action, result.ready_ns, frame.stamp_ns)
-        if result.missed:
-            self._last_miss_ns = time.monotonic_ns()
         self.actions += 1
 
     def report(self) -> DiagnosticStatus:
-        """This node's diagnostic status: a level and one line, with ``figures()`` as its values."""
-        figures = self.figures()
-        now = time.monotonic_ns()
-        level, message = OK, "acting within the deadline"
-        if self._last_miss_ns is not None and now - self._last_miss_ns < _RECENT_NS:
-            level, message = WARN, f"missing the deadline ({figures['missed']} misses so far)"
-        if self._last_error_ns is not None and now - self._last_error_ns < _RECENT_NS:
-            level, message = ERROR, f"cycles failing ({self.engine_errors} so far)"
-        return status(self, level, message, figures)
+        """This node's diagnostic status: what the robot is getting over the recent window, and why not
+        (``runtime/reasoning_health.py``), with ``figures()`` as its values."""
+        health = self.health.judge(time.monotonic_ns(), self.gate.snapshot())
+        figures = {**self.figures(), **{f"{outcome}_share": share for outcome, share in health.shares.items()}}
+        return status(self, LEVELS[health.level], health.message, figures)
 
     def figures(self) -> dict[str, Any]:
         """The node's counters and measurements as plain values (diagnostics, status line, run summary)."""
