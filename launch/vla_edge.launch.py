@@ -3,7 +3,9 @@
 Starts the bringup process: camera subscriber, reasoning and action publisher nodes in one process
 (they share the frame buffer and the action slot in memory), configured by one YAML file, which
 bringup reads itself (relative paths in it resolve against its directory, then this package's share
-directory). If bringup exits (a bad config, a missing model, a crash), the launch ends with it.
+directory). Topic names are relative, so ``namespace`` puts every topic of one robot under it. If
+bringup exits, the launch ends with it: cleanly after a clean exit (SIGINT), with an error and a
+non-zero code after any other (a bad config, a missing model, a crash, a kill).
 """
 
 import os
@@ -11,8 +13,16 @@ import os
 from ament_index_python.packages import get_package_share_directory
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, Shutdown
+from launch.events.process import ProcessExited
 from launch.substitutions import LaunchConfiguration, PythonExpression
 from launch_ros.actions import Node
+
+
+def end_with_bringup(event: ProcessExited, context) -> list:
+    """A clean exit ends the launch; any other exit ends it with an error, so launch returns non-zero."""
+    if event.returncode != 0:
+        raise RuntimeError(f"bringup exited with code {event.returncode}")
+    return [Shutdown(reason="bringup exited")]
 
 
 def generate_launch_description() -> LaunchDescription:
@@ -22,7 +32,7 @@ def generate_launch_description() -> LaunchDescription:
     return LaunchDescription([
         DeclareLaunchArgument("config", default_value=default_config, description="vla_edge_ros YAML config"),
         DeclareLaunchArgument("namespace", default_value="", description="namespace of the three nodes"),
-        DeclareLaunchArgument("image_topic", default_value="/camera/image_raw",
+        DeclareLaunchArgument("image_topic", default_value="camera/image_raw",
                               description="camera topic (sensor_msgs/Image; CompressedImage on <topic>/compressed)"),
         DeclareLaunchArgument("use_sim_time", default_value="false", description="use /clock (bag replay, simulators)"),
         Node(
@@ -31,9 +41,9 @@ def generate_launch_description() -> LaunchDescription:
             namespace=LaunchConfiguration("namespace"),
             arguments=["--config", config],
             parameters=[{"use_sim_time": PythonExpression(["'", LaunchConfiguration("use_sim_time"), "' == 'true'"])}],
-            remappings=[("/camera/image_raw", image_topic),
-                        ("/camera/image_raw/compressed", [image_topic, "/compressed"])],
+            remappings=[("camera/image_raw", image_topic),
+                        ("camera/image_raw/compressed", [image_topic, "/compressed"])],
             output="screen",
-            on_exit=Shutdown(reason="bringup exited"),
+            on_exit=end_with_bringup,
         ),
     ])

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import signal
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 from pathlib import Path
 
@@ -63,7 +65,7 @@ def prefix(tmp_path_factory) -> dict[str, str]:
     assert done.returncode == 0, done.stderr
     site = Path(sysconfig.get_path("purelib", vars={"base": str(root / "prefix")}))
     assert (site / "vla_edge_ros" / "__init__.py").is_file()
-    return {**os.environ, "PYTHONPATH": str(site), "PYTHONSAFEPATH": "1",
+    return {**os.environ, "PYTHONPATH": str(site), "PYTHONSAFEPATH": "1", "ROS_DOMAIN_ID": str(100 + os.getpid() % 100),
             "AMENT_PREFIX_PATH": os.pathsep.join([str(root / "prefix"), sys.prefix]), "prefix": str(root / "prefix")}
 
 
@@ -93,48 +95,121 @@ def _launch(prefix: dict[str, str], cwd: Path, *arguments: str) -> subprocess.Po
               "service.include_launch_description(IncludeLaunchDescription(PythonLaunchDescriptionSource(path),\n"
               "    launch_arguments=[tuple(a.split(':=', 1)) for a in sys.argv[1:]]))\n"
               "sys.exit(service.run())\n")
-    env = {**prefix, "ROS_DOMAIN_ID": str(100 + os.getpid() % 100)}
-    return subprocess.Popen([sys.executable, "-c", script, *arguments], cwd=cwd, env=env, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-c", script, *arguments], cwd=cwd, env=prefix, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
-@pytest.mark.ros
-@needs_launch
-def test_the_launch_file_brings_the_nodes_up_from_an_install_prefix_and_stops_on_sigint(prefix, tmp_path):
+class Output:
+    """A child's merged output, read on a thread so that waiting on the child never blocks on a full pipe."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=lambda: self.lines.extend(iter(process.stdout.readline, "")),
+                                        daemon=True)
+        self._thread.start()
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def pid_of(self, name: str) -> int | None:
+        found = re.search(rf"\[{name}-\d+\]: process started with pid \[(\d+)\]", self.text())
+        return int(found.group(1)) if found else None
+
+
+@pytest.fixture
+def graph(prefix):
+    """A listener on the launch's DDS domain, with an executor to spin it."""
     import rclpy
-    from diagnostic_msgs.msg import DiagnosticArray
-    from geometry_msgs.msg import Twist
     from rclpy.context import Context
     from rclpy.executors import SingleThreadedExecutor
     from rclpy.node import Node
 
     context = Context()
-    rclpy.init(context=context, domain_id=100 + os.getpid() % 100)
+    rclpy.init(context=context, domain_id=int(prefix["ROS_DOMAIN_ID"]))
+    node = Node("listener", context=context)
+    executor = SingleThreadedExecutor(context=context)
+    executor.add_node(node)
+    yield node, executor
+    executor.shutdown()
+    node.destroy_node()
+    rclpy.shutdown(context=context)
+
+
+def _spin_until(executor, condition, timeout_s: float = 120.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        executor.spin_once(timeout_sec=0.1)
+    return condition()
+
+
+@pytest.mark.ros
+@needs_launch
+def test_the_launch_file_brings_a_namespaced_robot_up_from_an_install_prefix(prefix, graph, tmp_path):
+    """From a prefix and a directory that is not the checkout: commands arrive on robot1/vla/command, every
+    topic of ours is in the namespace, a parameter set through the real service takes effect and a bad one
+    is refused with the reason, and SIGINT ends it all with exit 0."""
+    from diagnostic_msgs.msg import DiagnosticArray
+    from geometry_msgs.msg import Twist
+    from rcl_interfaces.msg import Parameter as ParameterMsg
+    from rcl_interfaces.msg import ParameterType, ParameterValue
+    from rcl_interfaces.srv import GetParameters, SetParameters
+
+    from ros_graph import call
+
+    listener, executor = graph
     heard: dict[str, list] = {"command": [], "diagnostics": []}
-    listener = Node("listener", context=context)
-    listener.create_subscription(Twist, "/vla/command", heard["command"].append, 10)
+    listener.create_subscription(Twist, "/robot1/vla/command", heard["command"].append, 10)
     listener.create_subscription(DiagnosticArray, "/diagnostics", lambda m: heard["diagnostics"].extend(
         s.name for s in m.status), 10)
-    executor = SingleThreadedExecutor(context=context)
-    executor.add_node(listener)
-    process = _launch(prefix, tmp_path)  # the default config, from the share; cwd is not the checkout
+    process = _launch(prefix, tmp_path, "namespace:=robot1")
+    output = Output(process)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and process.poll() is None and not (
-                heard["command"] and "vla_edge_ros: reasoning" in heard["diagnostics"]):
-            executor.spin_once(timeout_sec=0.1)
-        assert process.poll() is None, process.stdout.read()
-        assert heard["command"] and all(m.linear.x == 0.0 for m in heard["command"])  # no camera: safe stop
-        assert "vla_edge_ros: reasoning" in heard["diagnostics"]
+        assert _spin_until(executor, lambda: (heard["command"] and "vla_edge_ros: reasoning" in heard["diagnostics"])
+                           or process.poll() is not None), output.text()[-3000:]
+        assert process.poll() is None, output.text()[-3000:]
+        assert all(not m.linear.x for m in heard["command"])  # no camera: safe stops
+        ours = {"camera/image_raw", "camera/image_raw/compressed", "vla/command"}
+        topics = {name for name, _ in listener.get_topic_names_and_types()}
+        assert {f"/robot1/{name}" for name in ours} <= topics and not {f"/{name}" for name in ours} & topics
+        nodes = set(listener.get_node_names_and_namespaces())
+        assert {("camera_subscriber", "/robot1"), ("reasoning", "/robot1"), ("action_publisher", "/robot1")} <= nodes
+
+        def set_deadline(value: float):
+            client = listener.create_client(SetParameters, "/robot1/reasoning/set_parameters")
+            value = ParameterValue(type=ParameterType.PARAMETER_DOUBLE, double_value=value)
+            return call(executor, client, SetParameters.Request(
+                parameters=[ParameterMsg(name="deadline_ms", value=value)]), 60).results[0]
+
+        assert set_deadline(25.0).successful
+        refused = set_deadline(-1.0)
+        assert not refused.successful and "deadline_ms" in refused.reason
+        client = listener.create_client(GetParameters, "/robot1/reasoning/get_parameters")
+        got = call(executor, client, GetParameters.Request(names=["deadline_ms"]), 60)
+        assert got.values[0].double_value == 25.0
         process.send_signal(signal.SIGINT)
-        out, _ = process.communicate(timeout=60)
+        process.wait(timeout=60)
     finally:
         process.kill()
-        executor.shutdown()
-        listener.destroy_node()
-        rclpy.shutdown(context=context)
-    assert process.returncode == 0, out[-3000:]
-    assert "Traceback" not in out and "process has finished cleanly" in out, out[-3000:]
+    assert process.returncode == 0, output.text()[-3000:]
+    assert "Traceback" not in output.text() and "process has finished cleanly" in output.text()
+
+
+@pytest.mark.ros
+@needs_launch
+def test_the_launch_ends_with_an_error_when_bringup_is_killed(prefix, tmp_path):
+    process = _launch(prefix, tmp_path)
+    output = Output(process)
+    try:
+        deadline = time.monotonic() + 120
+        while output.pid_of("bringup") is None and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pid = output.pid_of("bringup")
+        assert pid is not None, output.text()[-3000:]
+        os.kill(pid, signal.SIGKILL)
+        process.wait(timeout=60)  # ends by itself
+    finally:
+        process.kill()
+    assert process.returncode != 0 and "bringup exited with code -9" in output.text(), output.text()[-3000:]
 
 
 @pytest.mark.ros
@@ -148,4 +223,4 @@ def test_the_launch_ends_when_bringup_cannot_start(prefix, tmp_path):
     finally:
         process.kill()
     assert f"bringup: error: model directory {tmp_path / 'no_such_model'} does not exist" in out, out[-3000:]
-    assert "Traceback" not in out
+    assert process.returncode != 0 and "Traceback" not in out

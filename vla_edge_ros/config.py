@@ -83,7 +83,8 @@ class Param:
 
 SCHEMA: dict[str, tuple[Param, ...]] = {
     "camera_subscriber": (
-        Param("image_topic", "/camera/image_raw", "sensor_msgs/Image topic; sensor_msgs/CompressedImage is read "
+        Param("image_topic", "camera/image_raw", "sensor_msgs/Image topic (relative names resolve in the node's "
+              "namespace, so one per robot); sensor_msgs/CompressedImage is read "
               "from the same name + '/compressed' (image_transport convention)."),
         Param("qos", "sensor_data", "Subscription QoS: sensor_data (best effort, depth 1) or reliable (depth 1).",
               choices=("sensor_data", "reliable")),
@@ -97,7 +98,8 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               minimum=10.0, maximum=600000.0, read_only=False),
     ),
     "action_publisher": (
-        Param("command_topic", "/vla/command", "Topic the commands are published on."),
+        Param("command_topic", "vla/command", "Topic the commands are published on (relative names resolve in the "
+              "node's namespace, so robots in two namespaces never share one)."),
         Param("command_type", "twist", "Message type of the commands.",
               choices=("twist", "float32_multi_array", "joint_trajectory")),
         Param("control_rate_hz", 30.0, "How often the current command is published.",

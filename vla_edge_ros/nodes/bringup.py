@@ -40,29 +40,32 @@ from .synthetic_camera import SyntheticCameraPublisher
 class Pipeline:
     """The nodes of one process, the objects they share, and their executor."""
 
-    def __init__(self, settings: Settings, *, context: Context | None = None, synthetic_camera: bool = False,
-                 camera_rate_hz: float = 30.0, use_sim_time: bool = False, sim_task: str | None = None) -> None:
+    def __init__(self, settings: Settings, *, context: Context | None = None, namespace: str | None = None,
+                 synthetic_camera: bool = False, camera_rate_hz: float = 30.0, use_sim_time: bool = False,
+                 sim_task: str | None = None) -> None:
+        """``namespace`` (else the one ``--ros-args -r __ns:=`` gives) holds every node and relative topic."""
         self.loaded = load_engine(settings)  # refuses an over-budget config before any node exists
         engine, self.plan = self.loaded.engine, self.loaded.plan
+        where = {"context": context} if namespace is None else {"context": context, "namespace": namespace}
         camera = settings["camera_subscriber"]
         self.buffer = FrameBuffer(camera["frame_height"], camera["frame_width"])
         self.slot = ActionSlot()
-        self.camera = CameraSubscriber(self.buffer, camera, context=context)
+        self.camera = CameraSubscriber(self.buffer, camera, **where)
         self.reasoning = ReasoningNode(engine, self.buffer, self.slot, settings["reasoning"], store=self.loaded.store,
-                                       context=context)
+                                       **where)
         self.publisher = ActionPublisher(self.slot, settings["action_publisher"], dof=engine.config.action.dof,
-                                         context=context)
+                                         **where)
         self.nodes = [self.camera, self.reasoning, self.publisher]
         if synthetic_camera:
             self.nodes.append(SyntheticCameraPublisher(
                 topic=camera["image_topic"], rate_hz=camera_rate_hz, height=camera["frame_height"],
-                width=camera["frame_width"], context=context))
+                width=camera["frame_width"], **where))
         self.sim: SimWorldNode | None = None
         if sim_task is not None:  # the simulated robot: camera out, commands in (nodes/sim_world.py)
             publisher = settings["action_publisher"]
             self.sim = SimWorldNode(sim_task, image_topic=camera["image_topic"], command_topic=publisher["command_topic"],
                                     command_type=publisher["command_type"],
-                                    command_timeout_ms=publisher["action_timeout_ms"], context=context)
+                                    command_timeout_ms=publisher["action_timeout_ms"], **where)
             self.nodes.append(self.sim)
         if use_sim_time:  # stamps and the publisher's watchdog follow /clock (a bag played with --clock)
             for node in self.nodes:

@@ -37,7 +37,7 @@ def image_message(pixels: np.ndarray, header: Header) -> Image:
 class SyntheticCameraPublisher(Node):
     """Publishes rgb8 frames of a deterministic synthetic scene at ``rate_hz``, stamped by the node clock."""
 
-    def __init__(self, topic: str = "/camera/image_raw", rate_hz: float = 30.0, height: int = 480,
+    def __init__(self, topic: str = "camera/image_raw", rate_hz: float = 30.0, height: int = 480,
                  width: int = 640, seed: int = 0, frame_id: str = "camera", **node_kwargs: Any) -> None:
         if not rate_hz > 0.0:
             raise ValueError(f"rate_hz must be positive, got {rate_hz}")
@@ -58,7 +58,7 @@ class SyntheticCameraPublisher(Node):
 def run(args_with_ros: list[str], stop: StopSignals) -> int:
     """`synthetic_camera [--topic T] [--rate-hz R] ... [--ros-args ...]` (entry.py installed ``stop``)."""
     parser = argparse.ArgumentParser(prog="synthetic_camera", description=__doc__.splitlines()[0])
-    parser.add_argument("--topic", default="/camera/image_raw")
+    parser.add_argument("--topic", default="camera/image_raw")
     parser.add_argument("--rate-hz", type=float, default=30.0)
     parser.add_argument("--height", type=int, default=480)
     parser.add_argument("--width", type=int, default=640)
