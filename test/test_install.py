@@ -84,19 +84,9 @@ def test_an_installed_package_runs_from_its_prefix_and_finds_its_share(prefix, t
 
 
 def _launch(prefix: dict[str, str], cwd: Path, *arguments: str) -> subprocess.Popen:
-    """``ros2 launch vla_edge_ros vla_edge.launch.py ARGS`` without ros2cli: the same LaunchService call."""
-    script = ("import sys\n"
-              "from ament_index_python.packages import get_package_share_directory\n"
-              "from launch import LaunchService\n"
-              "from launch.actions import IncludeLaunchDescription\n"
-              "from launch.launch_description_sources import PythonLaunchDescriptionSource\n"
-              "path = get_package_share_directory('vla_edge_ros') + '/launch/vla_edge.launch.py'\n"
-              "service = LaunchService()\n"
-              "service.include_launch_description(IncludeLaunchDescription(PythonLaunchDescriptionSource(path),\n"
-              "    launch_arguments=[tuple(a.split(':=', 1)) for a in sys.argv[1:]]))\n"
-              "sys.exit(service.run())\n")
-    return subprocess.Popen([sys.executable, "-c", script, *arguments], cwd=cwd, env=prefix, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    """``vla-edge launch ARGS`` from the prefix: what README's ROS section tells a user to run."""
+    return subprocess.Popen([str(Path(prefix["prefix"]) / "lib" / "vla_edge_ros" / "vla-edge"), "launch", *arguments],
+                            cwd=cwd, env=prefix, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 class Output:

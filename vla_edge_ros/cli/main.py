@@ -12,9 +12,9 @@ import sys
 
 from ..config import USER_ERRORS
 from ..runtime.stop_signals import StopSignals
-from . import bags, evaluate, kv_store, memory_bench, model, replay, run, train
+from . import bags, evaluate, kv_store, launch, memory_bench, model, replay, run, train
 
-COMMANDS = (model, run, memory_bench, kv_store, bags, replay, evaluate, train)
+COMMANDS = (model, run, launch, memory_bench, kv_store, bags, replay, evaluate, train)
 
 
 def build_parser() -> argparse.ArgumentParser:
