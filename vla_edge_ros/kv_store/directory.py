@@ -1,20 +1,27 @@
-"""The files of a store directory: scanning, atomic durable writes, removal.
+"""The files of a store directory: scanning, atomic durable writes, removal, and the directory's lock.
 
 One file per block, named by its key, so there is no index file to corrupt: the index is the
 directory, rebuilt by scanning it. Every write goes to a private temp file that is written,
-fsynced, renamed over the final name and made durable by fsyncing the directory, so a crash at any
-point leaves the old file or the new one and at worst a temp file that the next open removes.
-Readers read a whole file through one open descriptor, so a concurrent rename or removal by another
-process gives them the old or the new inode, never a mix. Least recently used is the file's mtime,
-which a hit refreshes.
+fsynced, renamed over the final name (or linked to it, when it must not exist yet) and made durable
+by fsyncing the directory, so a crash at any point leaves the old file or the new one and at worst a
+temp file that the next open removes. Readers read a whole file through one open descriptor, so a
+concurrent rename or removal by another process gives them the old or the new inode, never a mix.
+Least recently used is the file's mtime, which a hit refreshes.
+
+Every process that opens the directory holds a shared ``flock`` on the directory for as long as it
+has it open; changing the store's key or wiping it takes the lock exclusively, so neither can run
+under a live node, and a node cannot open a store while one of them runs.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +34,10 @@ _TEMP_MAX_AGE_S = 3600.0  # a temp file this old is garbage even if its writer's
 
 class StoreFullError(OSError):
     """A block that does not fit the budget, the free-space floor or the disk; the store is unchanged."""
+
+
+class StoreBusyError(OSError):
+    """The directory is locked by another process for an operation that needs it alone."""
 
 
 @dataclass(frozen=True)
@@ -46,9 +57,35 @@ class BlockDirectory:
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._lock = os.open(self.directory, os.O_RDONLY)  # the lock is on the directory itself: no lock file
+        self._release = weakref.finalize(self, os.close, self._lock)  # by close(), or with this object
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._release()
+            raise StoreBusyError(errno.EBUSY, f"KV store {self.directory} is being re-keyed or wiped by another "
+                                              f"process; open it again when that is done") from None
         self.evictions = 0
         self.on_step: Callable[[str], None] = lambda step: None  # crash tests stop a writer between steps
-        self.remove_stale_temp_files()
+
+    def close(self) -> None:
+        """Release the directory's lock (the object must not be used afterwards)."""
+        self._release()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the directory alone for the block, or raise StoreBusyError if another process has it open."""
+        fd = self._lock
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # flock may drop the shared lock while converting: take it back
+            raise StoreBusyError(errno.EBUSY, f"KV store {self.directory} is open in another process (a running "
+                                              f"node?); stop it first") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_SH)
 
     def path_of(self, key: bytes) -> Path:
         return self.directory / f"{key.hex()}{SUFFIX}"
@@ -72,8 +109,9 @@ class BlockDirectory:
             found.append(Entry(path, info.st_size, info.st_mtime, header, error))
         return sorted(found, key=lambda e: e.path.name)
 
-    def write_atomically(self, final: Path, image: bytes) -> None:
-        """Make ``final`` hold ``image`` durably, all or nothing."""
+    def write_atomically(self, final: Path, image: bytes, *, replace: bool = True) -> None:
+        """Make ``final`` hold ``image`` durably, all or nothing; ``replace=False`` raises FileExistsError
+        instead of replacing an existing file (two processes creating it: exactly one wins)."""
         temp = self.directory / f"{_TEMP_PREFIX}{os.getpid()}.{os.urandom(6).hex()}{SUFFIX}"
         try:
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -86,7 +124,11 @@ class BlockDirectory:
             finally:
                 os.close(fd)
             self.on_step("synced")
-            os.replace(temp, final)
+            if replace:
+                os.replace(temp, final)
+            else:
+                os.link(temp, final)
+                temp.unlink()
             self.on_step("renamed")
             self.sync()
         except OSError as exc:

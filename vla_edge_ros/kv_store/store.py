@@ -1,7 +1,12 @@
-"""A directory of KV blocks of one model: authenticated reads, atomic durable writes, LRU eviction to a budget.
+"""A key-bound directory of KV blocks: authenticated reads, atomic durable writes, LRU eviction to a budget.
 
-The files and their atomic writes are directory.py's; this adds the model binding, the key, the
-budget and the hit/miss/failure counters a node reports.
+The files, their atomic writes and the directory's lock are directory.py's; which key the directory
+belongs to is binding.py's. A store opens only with the key (or, for plain blocks, the mode) its
+directory is bound to, so a wrong key is refused before any block is read or written, instead of
+every block failing authentication and being recomputed over. A new directory is bound to the key
+that first opens it. One without a binding that already holds blocks (made before binding existed)
+is bound to the opening key only if every block authenticates under it; otherwise it may hold blocks
+of another key, and it is refused with nothing changed.
 """
 
 from __future__ import annotations
@@ -17,14 +22,20 @@ from pathlib import Path
 import numpy as np
 
 from ..model.safetensors_io import SafetensorsError, pack_arrays, unpack_arrays
+from .binding import StoreBindingError, check_key, read_binding, remedy, show, write_check
 from .block_file import BlockError, open_block, seal
 from .directory import SUFFIX, BlockDirectory, StoreFullError
+from .keys import key_id
+from .rekey import finish_rekey, rekey
 
 _LOG = logging.getLogger("vla_edge_ros.kv_store")
 
 
 class BlockStore(BlockDirectory):
-    """Blocks of one model (``fingerprint``) in ``directory``; encrypted when ``aes_key`` is given."""
+    """Blocks of one model (``fingerprint``) in ``directory``; encrypted when ``aes_key`` is given.
+
+    Raises StoreBindingError (a ValueError) when the directory is bound to another key or mode.
+    """
 
     def __init__(self, directory: str | Path, fingerprint: bytes, *, aes_key: bytes | None,
                  budget_bytes: int, min_free_bytes: int = 0, log: Callable[[str], None] | None = None) -> None:
@@ -37,10 +48,55 @@ class BlockStore(BlockDirectory):
         self._logged: set[tuple[str, str]] = set()
         self.failures: Counter[str] = Counter()
         self.hits = self.misses = self.writes = 0
+        try:
+            self._bind()
+        except BaseException:
+            self.close()
+            raise
+        self.remove_stale_temp_files()  # only once the store is known to be ours: a refusal changes nothing
 
     @property
     def encrypted(self) -> bool:
         return self._aes_key is not None
+
+    def _bind(self) -> None:
+        """Open only what is bound to this key: finish an unfinished re-key towards it, bind a new directory,
+        adopt an unbound one whose blocks all authenticate under it, refuse everything else."""
+        bound = read_binding(self.directory)
+        if bound is not None and bound.rekey_to is not None:
+            count = finish_rekey(self, self._aes_key)
+            self.log(f"KV store {self.directory}: finished an interrupted re-key, {count} blocks re-sealed; "
+                     f"bound to key {show(key_id(self._aes_key))}")
+        elif bound is not None:
+            check_key(self.directory, self._aes_key)
+        else:
+            self._adopt()
+
+    def _adopt(self) -> None:
+        problems = self.verify()
+        if problems:
+            path, problem = problems[0]
+            opened = "authenticate under the key given" if self.encrypted else "open as plain blocks"
+            raise StoreBindingError(
+                f"KV store {self.directory} is not bound to a key yet, and {len(problems)} of its "
+                f"{len(self.entries(read_headers=False))} blocks do not {opened} (first {path.name}: {problem}): it "
+                f"may hold another key's blocks, so it was not opened and nothing was changed. "
+                f"{remedy(self.directory)} Or remove the failing blocks (vla-edge kv-store verify, rm).")
+        try:
+            write_check(self, self._aes_key, replace=False)
+        except FileExistsError:  # another process bound it first
+            check_key(self.directory, self._aes_key)
+            return
+        count = len(self.entries(read_headers=False))
+        if count:
+            self.log(f"KV store {self.directory} had no key binding; all {count} blocks authenticate under this "
+                     f"key, so it is now bound to it ({show(key_id(self._aes_key))})")
+
+    def rekey(self, new_key: bytes) -> tuple[int, int]:
+        """Re-seal every block under ``new_key`` and bind the store to it, crash-safe (rekey.py): (blocks, bytes)."""
+        result = rekey(self, self._aes_key, new_key)
+        self._aes_key = new_key
+        return result
 
     # -- reading -------------------------------------------------------------------------------
 
