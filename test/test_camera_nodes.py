@@ -175,7 +175,7 @@ def test_malformed_messages_are_counted_by_reason_and_good_frames_still_arrive(c
     _connect(executor, raw, _image(good), node)
     _connect(executor, compressed, _jpeg(good), node)
     bad = [
-        (raw, _image(good, encoding="yuv422"), "unknown_encoding"),
+        (raw, _image(good, encoding="nv24"), "unknown_encoding"),
         (raw, _image(good, data=good.tobytes()[: -W * 3]), "short_buffer"),
         (raw, _image(good, step=W * 3 - 1), "bad_step"),
         (raw, _image(good, width=0), "bad_dimensions"),
@@ -204,7 +204,7 @@ def test_each_reason_is_logged_once_per_interval_not_per_message(camera, graph, 
     add(Node("log_reader", context=context)).create_subscription(
         Log, "/rosout", lambda msg: lines.append(msg.msg) if msg.name == "camera_subscriber" else None, history)
     _connect(executor, raw, _image(_scene()), node)
-    for encoding in ("yuv422", "yuv422", "nv12", "rgb8"):
+    for encoding in ("nv24", "nv24", "32FC1", "rgb8"):
         _deliver(executor, raw, _image(_scene(), encoding=encoding), node)  # the last one is good
     _deliver(executor, raw, _image(_scene(), step=1), node)
     _spin_until(executor, lambda: any("bad_step" in line for line in lines))
@@ -212,7 +212,7 @@ def test_each_reason_is_logged_once_per_interval_not_per_message(camera, graph, 
 
     monkeypatch.setattr(camera_subscriber, "LOG_EVERY_S", 0.2)  # the interval over, one line tells the rest
     time.sleep(0.25)
-    _deliver(executor, raw, _image(_scene(), encoding="yuv422"), node)
+    _deliver(executor, raw, _image(_scene(), encoding="nv24"), node)
     _spin_until(executor, lambda: sum("unknown_encoding" in line for line in lines) == 2)
     assert "(unknown_encoding; 2 more since the last such line)" in lines[-1]
 
@@ -239,7 +239,7 @@ def test_diagnostics_message_reports_the_counters(camera, graph):
     add(Node("monitor", context=context)).create_subscription(
         DiagnosticArray, "/diagnostics", lambda msg: reports.extend(msg.status), 10)
     _connect(executor, raw, _image(_scene()), node)
-    _deliver(executor, raw, _image(_scene(), encoding="yuv422"), node)
+    _deliver(executor, raw, _image(_scene(), encoding="nv24"), node)
     _spin_until(executor, lambda: any(_values(s).get("dropped_unknown_encoding") == "1" for s in reports))
 
     latest = next(s for s in reversed(reports) if _values(s).get("dropped_unknown_encoding") == "1")

@@ -180,23 +180,25 @@ def test_truncated_or_extended_files_are_detected(tmp_path):
     assert store.failures == {"length": 7}
 
 
-def test_wrong_key_swapped_name_other_model_and_downgrade_are_refused(tmp_path):
+def test_another_keys_block_swapped_name_other_model_and_downgrade_are_refused(tmp_path):
     writer = _store(tmp_path)
-    a, b = chain_key(FINGERPRINT, "prompt", "a"), chain_key(FINGERPRINT, "prompt", "b")
+    a, b, c = (chain_key(FINGERPRINT, "prompt", name) for name in "abc")
     writer.put(a, "prompt", _arrays(1))
     writer.put(b, "prompt", _arrays(2))
 
-    assert _store(tmp_path, aes_key=bytes(32)).get(a) is None  # another key
+    stranger = _store(tmp_path / "stranger", aes_key=bytes(32))  # a block of another key, planted in this store
+    stranger.put(c, "prompt", _arrays(3))
+    stranger.path_of(c).replace(writer.path_of(c))
+    assert writer.get(c) is None and writer.failures == {"tag": 1}
     assert _store(tmp_path, fingerprint=b"\x22" * 32).get(a) is None  # another model
     writer.path_of(a).replace(writer.path_of(b))  # a's block under b's name
     assert writer.get(b) is None
-    assert writer.failures == {"key": 1}
+    assert writer.failures == {"tag": 1, "key": 1}
 
     plain = _store(tmp_path / "plain", aes_key=None)
     plain.put(a, "prompt", _arrays(1))
-    downgraded = _store(tmp_path / "plain")  # an encrypted store never reads plain blocks
-    assert downgraded.get(a) is None and downgraded.failures == {"plain": 1}
-    assert plain.get(a) is not None
+    plain.path_of(a).replace(writer.path_of(a))  # an encrypted store never reads plain blocks
+    assert writer.get(a) is None and writer.failures["plain"] == 1
 
 
 def test_failures_are_logged_once_per_block_and_reason(tmp_path):
@@ -268,7 +270,7 @@ def test_a_writer_killed_between_steps_leaves_the_old_or_the_new_block(tmp_path,
     generation = reopened.get(bytes(32))["generation"]
     expected = 1 if step in ("written", "synced") else 2
     assert np.array_equal(generation, np.full(200_000, expected, dtype=np.int32))
-    assert [p.name for p in tmp_path.iterdir()] == [reopened.path_of(bytes(32)).name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [reopened.path_of(bytes(32)).name, "key-check"]
     assert reopened.verify() == []
 
 
@@ -351,7 +353,7 @@ def test_disk_full_mid_write_leaves_existing_blocks_intact(tmp_path, monkeypatch
         store.put(key, "memory", _arrays(2))
     monkeypatch.undo()
     assert _same(store.get(key), _arrays(1))
-    assert [p.name for p in tmp_path.iterdir()] == [store.path_of(key).name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [store.path_of(key).name, "key-check"]
 
 
 def test_temp_files_of_dead_writers_are_removed_and_live_ones_kept(tmp_path):

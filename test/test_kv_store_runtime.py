@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 
 from vla_edge_ros.cli import main
 from vla_edge_ros.config import parse_settings
@@ -12,10 +14,18 @@ from vla_edge_ros.runtime.loader import load_engine
 from vla_edge_ros.worlds.synthetic import SyntheticCamera
 
 
-def _settings(tiny_model, store_dir, key_file, **store):
-    return parse_settings({"reasoning": {"ros__parameters": {
+def _config(tiny_model, store_dir, key_file, **store) -> dict:
+    return {"reasoning": {"ros__parameters": {
         "model_dir": str(tiny_model), "backend": "numpy", "kv_capacity_tokens": 128,
-        "kv_store": {"dir": str(store_dir), "key_file": str(key_file), **store}}}}, "test.yaml")
+        "kv_store": {"dir": str(store_dir), "key_file": str(key_file), **store}}}}
+
+
+def _settings(tiny_model, store_dir, key_file, **store):
+    return parse_settings(_config(tiny_model, store_dir, key_file, **store), "test.yaml")
+
+
+def _snapshot(directory: Path) -> dict[str, tuple[bytes, int]]:
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(directory.iterdir())}
 
 
 @pytest.fixture
@@ -53,6 +63,55 @@ def test_a_bad_key_setup_is_a_clear_error_before_anything_runs(tiny_model, tmp_p
         load_engine(_settings(tiny_model, tmp_path / "store", tmp_path / "missing.key"))
 
 
+def test_a_store_of_another_key_stops_the_start_and_is_left_as_it_was(tiny_model, tmp_path, key_file, capsys):
+    from vla_edge_ros.kv_store import save_memory
+
+    store_dir, other = tmp_path / "store", tmp_path / "other.key"
+    assert main(["kv-store", "keygen", "--out", str(other)]) == 0
+    first = load_engine(_settings(tiny_model, store_dir, key_file))
+    first.engine.step(SyntheticCamera(height=48, width=64, seed=3).frame())
+    save_memory(first.engine, first.store, "episode")
+    first.store.close()
+    before = _snapshot(store_dir)
+
+    with pytest.raises(ValueError, match=r"^test\.yaml: reasoning: KV store .* is bound to another key .*: not opened, "
+                                         r"nothing was changed\. Use the key it was made with, re-key it"):
+        load_engine(_settings(tiny_model, store_dir, other))
+    with pytest.raises(ValueError, match="is encrypted .* opened without encryption"):
+        load_engine(_settings(tiny_model, store_dir, key_file, encryption="none"))
+    config = tmp_path / "robot.yaml"  # what an operator running a command sees: one line, exit 2
+    config.write_text(yaml.safe_dump(_config(tiny_model, store_dir, other)))
+    capsys.readouterr()
+    assert main(["engine", "--config", str(config), "--frames", "1"]) == 2
+    assert main(["kv-store", "verify", "--dir", str(store_dir), "--key-file", str(other)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert captured.out == "" and len(lines) == 2 and "Traceback" not in captured.err
+    assert lines[0].startswith(f"vla-edge engine: error: {config}: reasoning: KV store {store_dir} is bound to")
+    assert lines[1].startswith(f"vla-edge kv-store: error: KV store {store_dir} is bound to another key")
+    assert _snapshot(store_dir) == before
+
+    assert main(["kv-store", "rekey", "--dir", str(store_dir), "--key-file", str(key_file)]) == 2  # no new key
+    assert main(["kv-store", "rekey", "--dir", str(store_dir), "--key-file", str(key_file),
+                 "--new-key-file", str(other)]) == 0
+    assert "re-sealed 2 blocks" in capsys.readouterr().out
+    assert main(["kv-store", "verify", "--dir", str(store_dir), "--key-file", str(other),
+                 "--model", str(tiny_model)]) == 0
+    assert "2 of 2 blocks verified" in capsys.readouterr().out
+    restarted = load_engine(_settings(tiny_model, store_dir, other))
+    assert (restarted.prompt_from_store, restarted.memory_restored) == (True, True)
+    restarted.store.close()
+    with pytest.raises(ValueError, match="bound to another key"):
+        load_engine(_settings(tiny_model, store_dir, key_file))
+
+    rekeyed = _snapshot(store_dir)
+    assert main(["kv-store", "wipe", "--dir", str(store_dir)]) == 2
+    assert "pass --yes" in capsys.readouterr().err and _snapshot(store_dir) == rekeyed
+    assert main(["kv-store", "wipe", "--dir", str(store_dir), "--yes"]) == 0
+    fresh = load_engine(_settings(tiny_model, store_dir, key_file))  # the old key starts it afresh
+    assert (fresh.prompt_from_store, fresh.memory_restored) == (False, False)
+
+
 def test_kv_store_command_lists_verifies_collects_and_removes(tiny_model, tmp_path, key_file, capsys):
     store_dir = tmp_path / "store"
     load_engine(_settings(tiny_model, store_dir, key_file))  # writes the prompt block
@@ -60,6 +119,7 @@ def test_kv_store_command_lists_verifies_collects_and_removes(tiny_model, tmp_pa
     assert main(["kv-store", "ls", "--dir", str(store_dir), "--model", str(tiny_model)]) == 0
     listing = capsys.readouterr().out
     assert "prompt" in listing and "aes-256-gcm" in listing and "1 blocks" in listing and " *" in listing
+    assert "store: bound to key " in listing
     assert main(["kv-store", "verify", "--dir", str(store_dir), "--key-file", str(key_file),
                  "--model", str(tiny_model)]) == 0
 

@@ -1,10 +1,12 @@
-"""Encrypted, model-bound, crash-safe storage of KV blocks (see store.py and block_file.py)."""
+"""Encrypted, model-bound, key-bound, crash-safe storage of KV blocks (see store.py and block_file.py)."""
 
+from .binding import StoreBindingError
 from .block_file import BlockError
+from .directory import BlockDirectory, StoreBusyError, StoreFullError
 from .engine_blocks import load_or_prefill_prompt, restore_memory, save_memory
 from .fingerprint import model_fingerprint
 from .keys import StoreKeyError, load_key
-from .store import BlockStore, StoreFullError
+from .store import BlockStore
 
-__all__ = ["BlockError", "BlockStore", "StoreFullError", "StoreKeyError", "load_key", "load_or_prefill_prompt",
-           "model_fingerprint", "restore_memory", "save_memory"]
+__all__ = ["BlockDirectory", "BlockError", "BlockStore", "StoreBindingError", "StoreBusyError", "StoreFullError",
+           "StoreKeyError", "load_key", "load_or_prefill_prompt", "model_fingerprint", "restore_memory", "save_memory"]

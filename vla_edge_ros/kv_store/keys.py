@@ -1,8 +1,9 @@
-"""The AES-256 key of an encrypted store, and the chained keys that name its blocks.
+"""The AES-256 key of an encrypted store, its public id, and the chained keys that name its blocks.
 
 The secret comes from a file or an environment variable, never from the config itself, and is
 never logged. A key file that the group or others can read is refused: a KV cache holds what the
-robot saw and was told.
+robot saw and was told. A key's id (an HMAC of a fixed label under it) tells keys apart in messages
+and in a store's key-check file without revealing anything about the key.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import hmac
 import os
 import stat
 from pathlib import Path
@@ -67,6 +69,13 @@ def write_new_key(path: str | Path) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as handle:
         handle.write(binascii.hexlify(os.urandom(KEY_BYTES)) + b"\n")
+
+
+def key_id(aes_key: bytes | None) -> bytes:
+    """32 bytes naming ``aes_key`` (all zero for a plain store, which has none); shown as its first 16 hex digits."""
+    if aes_key is None:
+        return bytes(32)
+    return hmac.new(aes_key, b"vla_edge_ros kv_store key id", hashlib.sha256).digest()
 
 
 def chain_key(parent: bytes, kind: str, *parts: bytes | str | np.ndarray) -> bytes:

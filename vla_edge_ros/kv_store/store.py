@@ -1,12 +1,12 @@
-"""A directory of KV blocks: atomic durable writes, authenticated reads, LRU eviction to a budget.
+"""A key-bound directory of KV blocks: authenticated reads, atomic durable writes, LRU eviction to a budget.
 
-One file per block, named by its key, so there is no index file to corrupt: the index is the
-directory, rebuilt by scanning it. Every write goes to a private temp file that is written,
-fsynced, renamed over the final name and made durable by fsyncing the directory, so a crash at any
-point leaves the old block or the new one and at worst a temp file that the next open removes.
-Readers read a whole file through one open descriptor, so a concurrent rename or eviction by
-another process gives them the old or the new inode, never a mix. Least recently used is the file's
-mtime, which a hit refreshes.
+The files, their atomic writes and the directory's lock are directory.py's; which key the directory
+belongs to is binding.py's. A store opens only with the key (or, for plain blocks, the mode) its
+directory is bound to, so a wrong key is refused before any block is read or written, instead of
+every block failing authentication and being recomputed over. A new directory is bound to the key
+that first opens it. One without a binding that already holds blocks (made before binding existed)
+is bound to the opening key only if every block authenticates under it; otherwise it may hold blocks
+of another key, and it is refused with nothing changed.
 """
 
 from __future__ import annotations
@@ -15,45 +15,31 @@ import errno
 import logging
 import os
 import shutil
-import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..model.safetensors_io import SafetensorsError, pack_arrays, unpack_arrays
-from .block_file import HEADER_BYTES, BlockError, BlockHeader, open_block, parse_header, seal
+from .binding import StoreBindingError, check_key, read_binding, remedy, show, write_check
+from .block_file import BlockError, open_block, seal
+from .directory import SUFFIX, BlockDirectory, StoreFullError
+from .keys import key_id
+from .rekey import finish_rekey, rekey
 
-SUFFIX = ".kvb"
-_TEMP_PREFIX = ".tmp."
-_TEMP_MAX_AGE_S = 3600.0  # a temp file this old is garbage even if its writer's pid was reused
 _LOG = logging.getLogger("vla_edge_ros.kv_store")
 
 
-class StoreFullError(OSError):
-    """A block that does not fit the budget, the free-space floor or the disk; the store is unchanged."""
+class BlockStore(BlockDirectory):
+    """Blocks of one model (``fingerprint``) in ``directory``; encrypted when ``aes_key`` is given.
 
-
-@dataclass(frozen=True)
-class Entry:
-    """One file of the store as ``ls`` shows it (``header`` is None when even the header is unreadable)."""
-
-    path: Path
-    size: int
-    last_used: float
-    header: BlockHeader | None
-    error: str = ""
-
-
-class BlockStore:
-    """Blocks of one model (``fingerprint``) in ``directory``; encrypted when ``aes_key`` is given."""
+    Raises StoreBindingError (a ValueError) when the directory is bound to another key or mode.
+    """
 
     def __init__(self, directory: str | Path, fingerprint: bytes, *, aes_key: bytes | None,
                  budget_bytes: int, min_free_bytes: int = 0, log: Callable[[str], None] | None = None) -> None:
-        self.directory = Path(directory)
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        super().__init__(directory)
         self.fingerprint = fingerprint
         self._aes_key = aes_key
         self.budget_bytes = budget_bytes
@@ -61,16 +47,56 @@ class BlockStore:
         self.log = log or _LOG.warning  # where rejected blocks are reported (a ROS node passes its logger)
         self._logged: set[tuple[str, str]] = set()
         self.failures: Counter[str] = Counter()
-        self.hits = self.misses = self.writes = self.evictions = 0
-        self.on_step: Callable[[str], None] = lambda step: None  # crash tests stop a writer between steps
-        self.remove_stale_temp_files()
+        self.hits = self.misses = self.writes = 0
+        try:
+            self._bind()
+        except BaseException:
+            self.close()
+            raise
+        self.remove_stale_temp_files()  # only once the store is known to be ours: a refusal changes nothing
 
     @property
     def encrypted(self) -> bool:
         return self._aes_key is not None
 
-    def path_of(self, key: bytes) -> Path:
-        return self.directory / f"{key.hex()}{SUFFIX}"
+    def _bind(self) -> None:
+        """Open only what is bound to this key: finish an unfinished re-key towards it, bind a new directory,
+        adopt an unbound one whose blocks all authenticate under it, refuse everything else."""
+        bound = read_binding(self.directory)
+        if bound is not None and bound.rekey_to is not None:
+            count = finish_rekey(self, self._aes_key)
+            self.log(f"KV store {self.directory}: finished an interrupted re-key, {count} blocks re-sealed; "
+                     f"bound to key {show(key_id(self._aes_key))}")
+        elif bound is not None:
+            check_key(self.directory, self._aes_key)
+        else:
+            self._adopt()
+
+    def _adopt(self) -> None:
+        problems = self.verify()
+        if problems:
+            path, problem = problems[0]
+            opened = "authenticate under the key given" if self.encrypted else "open as plain blocks"
+            raise StoreBindingError(
+                f"KV store {self.directory} is not bound to a key yet, and {len(problems)} of its "
+                f"{len(self.entries(read_headers=False))} blocks do not {opened} (first {path.name}: {problem}): it "
+                f"may hold another key's blocks, so it was not opened and nothing was changed. "
+                f"{remedy(self.directory)} Or remove the failing blocks (vla-edge kv-store verify, rm).")
+        try:
+            write_check(self, self._aes_key, replace=False)
+        except FileExistsError:  # another process bound it first
+            check_key(self.directory, self._aes_key)
+            return
+        count = len(self.entries(read_headers=False))
+        if count:
+            self.log(f"KV store {self.directory} had no key binding; all {count} blocks authenticate under this "
+                     f"key, so it is now bound to it ({show(key_id(self._aes_key))})")
+
+    def rekey(self, new_key: bytes) -> tuple[int, int]:
+        """Re-seal every block under ``new_key`` and bind the store to it, crash-safe (rekey.py): (blocks, bytes)."""
+        result = rekey(self, self._aes_key, new_key)
+        self._aes_key = new_key
+        return result
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -111,37 +137,9 @@ class BlockStore:
         image = seal(kind, key, self.fingerprint, pack_arrays(arrays), self._aes_key)
         final = self.path_of(key)
         self._make_room(len(image), replacing=final)
-        temp = self.directory / f"{_TEMP_PREFIX}{os.getpid()}.{os.urandom(6).hex()}{SUFFIX}"
-        try:
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                view = memoryview(image)
-                while view:
-                    view = view[os.write(fd, view):]
-                self.on_step("written")
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            self.on_step("synced")
-            os.replace(temp, final)
-            self.on_step("renamed")
-            self._sync_directory()
-        except OSError as exc:
-            temp.unlink(missing_ok=True)
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise StoreFullError(exc.errno, f"disk full writing KV block {final.name}; "
-                                                f"existing blocks are intact") from exc
-            raise
-        self.on_step("durable")
+        self.write_atomically(final, image)
         self.writes += 1
         return len(image)
-
-    def _sync_directory(self) -> None:
-        fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
     def _make_room(self, size: int, replacing: Path) -> None:
         """Evict least-recently-used blocks until ``size`` more bytes fit the budget and the floor."""
@@ -158,38 +156,11 @@ class BlockStore:
         for entry in entries:
             if used + size <= self.budget_bytes and free - size >= self.min_free_bytes:
                 break
-            if self._unlink(entry.path):
+            if self.remove(entry.path):
                 used -= entry.size
                 free += entry.size
 
-    def _unlink(self, path: Path) -> bool:
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            return False  # another process got there first
-        self.evictions += 1
-        return True
-
     # -- maintenance -----------------------------------------------------------------------------
-
-    def entries(self, *, read_headers: bool = True) -> list[Entry]:
-        """Every block file, by scanning the directory (the store keeps no other index)."""
-        found = []
-        for path in self.directory.glob(f"*{SUFFIX}"):
-            if path.name.startswith(_TEMP_PREFIX):
-                continue
-            try:
-                info = path.stat()
-                header, error = None, ""
-                if read_headers:
-                    with path.open("rb") as handle:
-                        header = parse_header(handle.read(HEADER_BYTES), str(path))
-            except FileNotFoundError:
-                continue
-            except BlockError as exc:
-                error = str(exc)
-            found.append(Entry(path, info.st_size, info.st_mtime, header, error))
-        return sorted(found, key=lambda e: e.path.name)
 
     def verify(self, fingerprint: bytes | None = None) -> list[tuple[Path, str]]:
         """Fully check every block (tag or digest, length, version, its name, and ``fingerprint`` if given).
@@ -209,46 +180,3 @@ class BlockStore:
             except ValueError as exc:  # BlockError, SafetensorsError, or a name that is not a hex key
                 problems.append((entry.path, str(exc)))
         return problems
-
-    def gc(self, budget_bytes: int | None = None) -> list[Path]:
-        """Evict least-recently-used blocks until the store is within ``budget_bytes`` (default: its budget)."""
-        budget = self.budget_bytes if budget_bytes is None else budget_bytes
-        entries = sorted(self.entries(read_headers=False), key=lambda e: e.last_used)
-        used = sum(e.size for e in entries)
-        removed = []
-        for entry in entries:
-            if used <= budget:
-                break
-            if self._unlink(entry.path):
-                used -= entry.size
-                removed.append(entry.path)
-        return removed
-
-    def remove(self, path: Path) -> bool:
-        """Delete one block file of this store (False if another process removed it first)."""
-        return self._unlink(path)
-
-    def remove_stale_temp_files(self) -> int:
-        """Delete temp files whose writer died (a crash mid-write); a live writer's are left alone."""
-        removed = 0
-        for path in self.directory.glob(f"{_TEMP_PREFIX}*"):
-            try:
-                pid = int(path.name.split(".")[2])
-                age = time.time() - path.stat().st_mtime
-            except (ValueError, IndexError, FileNotFoundError):
-                continue
-            if age < _TEMP_MAX_AGE_S and _alive(pid):
-                continue
-            path.unlink(missing_ok=True)
-            removed += 1
-        return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

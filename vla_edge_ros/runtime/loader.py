@@ -40,7 +40,10 @@ def plan_for(settings: Settings, checkpoint: Checkpoint | None = None) -> tuple[
 
 
 def open_kv_store(node: dict[str, Any], checkpoint: Checkpoint) -> BlockStore | None:
-    """The configured KV block store bound to this checkpoint, or None when ``kv_store.dir`` is empty."""
+    """The configured KV block store bound to this checkpoint, or None when ``kv_store.dir`` is empty.
+
+    A directory bound to another key, or to the other mode, raises StoreBindingError (a ValueError,
+    with what to do about it) before anything in it is read or written: the node does not start."""
     if not node["kv_store.dir"]:
         return None
     aes_key = None
