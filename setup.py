@@ -5,6 +5,7 @@ Dependencies, one place (colcon installs none of them: rosdep reads package.xml)
 - install_requires: what the runtime needs (`vla-edge run`, replay, evaluate, the KV store);
 - ros: rclpy and the messages as pip wheels, for a machine without a ROS 2 install;
 - train: `vla-edge train` (CPU torch);
+- ray: `--ray` on replay, evaluate and memory-bench (units as Ray tasks on a cluster);
 - test: the suite (transformers for parity, NVVM/NVRTC to compile the kernels to PTX, pytest).
 `make setup` installs all of them.
 """
@@ -39,6 +40,7 @@ setup(
         "matplotlib>=3.7",  # replay and evaluate plots
         "numba>=0.60",  # the cuda backend's kernels (auto picks numpy without a GPU)
         "numba-cuda>=0.20",
+        "tqdm>=4.60",  # progress bars (train, and the units of replay, evaluate, memory-bench)
     ],
     extras_require={
         "ros": [  # ROS 2 Kilted from pip wheels
@@ -53,7 +55,8 @@ setup(
             "ros-rcl-interfaces==2.3.0",
             "ros-rmw-fastrtps-cpp==9.3.3",
         ],
-        "train": [TORCH, "tqdm>=4.60"],
+        "train": [TORCH],
+        "ray": ["ray>=2.9"],  # --ray: replay, evaluate and memory-bench units as Ray tasks
         "test": [
             TORCH,
             "transformers>=4.45",  # the reference our forward pass is proven against

@@ -53,10 +53,10 @@ def test_the_expert_reaches_the_goal_through_the_loop():
 
 def test_fixed_cost_evaluation_is_deterministic_and_records_bags(tiny_model, tmp_path):
     settings = _settings(tiny_model)
-    runs = [evaluate(settings, SPEC, ["fifo", "aura"], [2], episodes=2, seed=5, costs=FIXED,
-                     record_dir=tmp_path / "bags") for _ in range(2)]
+    runs = [evaluate(settings, SPEC, ["fifo", "aura"], [2], episodes=2, seed=5, costs=FIXED, out=tmp_path / f"r{i}",
+                     record_dir=tmp_path / "bags") for i in range(2)]
     for run in runs:
-        run.pop("runtime_s")
+        run.pop("runtime_s"), run.pop("run")
     assert runs[0] == runs[1]
     cells = {(c["variant"], c["budget_frames"]): c for c in runs[0]["cells"]}
     assert cells[(EXPERT, None)]["episodes"] == 2
@@ -71,11 +71,11 @@ def test_fixed_cost_evaluation_is_deterministic_and_records_bags(tiny_model, tmp
     assert path.is_file() and (tmp_path / "out" / "success.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_without_fresh_actions_the_robot_gets_safe_stops_and_never_moves(tiny_model):
+def test_without_fresh_actions_the_robot_gets_safe_stops_and_never_moves(tiny_model, tmp_path):
     """A 1 ms deadline: after warm-up every cycle is refused, so every tick commands zero velocity."""
     settings = _settings(tiny_model, deadline_ms=1.0, warmup_cycles=1)
     report = evaluate(settings, TaskSpec(name="reach", time_limit_s=1.0), ["fifo"], [2], episodes=1, seed=0,
-                      costs=FIXED)
+                      costs=FIXED, out=tmp_path)
     fifo = next(c for c in report["cells"] if c["policy"] == "fifo")
     assert fifo["success_rate"] == 0.0 and fifo["actions"] == 0 and fifo["safe_stops"] == 30
     assert fifo["path_length"] is None  # no successful episode to average over
@@ -104,11 +104,11 @@ def test_aura_runs_before_the_rows_matched_to_its_rate_and_is_added_when_missing
         run_order(["aura:learned"])
 
 
-def test_gate_baselines_write_at_the_rate_the_aura_row_measured_and_aura_rows_run_once(tiny_model):
+def test_gate_baselines_write_at_the_rate_the_aura_row_measured_and_aura_rows_run_once(tiny_model, tmp_path):
     lines: list[str] = []
     report = evaluate(_settings(tiny_model), TaskSpec(name="reach", time_limit_s=1.0),
                       ["aura:periodic", "fifo", "aura:random"], [2, 3], episodes=2, seed=0, costs=FIXED,
-                      progress=lines.append)
+                      out=tmp_path, progress=lines.append)
     assert [(c["variant"], c["budget_frames"]) for c in report["cells"]] == [
         (EXPERT, None), ("aura", 1), ("aura:periodic", 1), ("fifo", 2), ("fifo", 3), ("aura:random", 1)]
     assert lines[0].startswith("aura added") and AURA_NOTE in report["notes"]
@@ -146,7 +146,7 @@ def test_learned_gates_decide_aura_and_dms_and_their_score_variants_ignore_them(
     gated = _with_gates(tiny_model, tmp_path / "gated", aura_bias=-10.0, dms_bias=10.0)
     settings = _settings(gated, kv={"dms": {"target_ratio": 0.0, "threshold": 0.0}})
     report = evaluate(settings, TaskSpec(name="reach", time_limit_s=1.0), ["aura:surprise", "dms", "dms:novelty"],
-                      [None], episodes=1, seed=0, costs=FIXED)
+                      [None], episodes=1, seed=0, costs=FIXED, out=tmp_path / "out")
     cells = {c["variant"]: c for c in report["cells"]}
     aura, surprise = cells["aura"], cells["aura:surprise"]
     frames = aura["memory_frames"]

@@ -9,16 +9,20 @@ from pathlib import Path
 from ..config import load_settings
 from ..memory import POLICIES
 from ..tools.evaluate import VARIANTS, evaluate, format_table, write_report
+from ..tools.parallel import progress_bar, run_line
 from ..worlds.sim.world import TASKS, TaskSpec
-from .args import cost_model, frame_budgets, subset_of
+from .args import add_parallel_arguments, cost_model, frame_budgets, subset_of
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     spec = TaskSpec(name=args.task, time_limit_s=args.time_limit_s)
-    report = evaluate(settings, spec, args.policy, args.budgets, args.episodes, args.seed, args.cost,
-                      record_dir=args.record, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    report = evaluate(settings, spec, args.policy, args.budgets, args.episodes, args.seed, args.cost, args.out,
+                      record_dir=args.record, workers=args.workers, ray_address=args.ray, resume=args.resume,
+                      progress=lambda line: print(line, file=sys.stderr, flush=True),
+                      bar=progress_bar("evaluate"))
     print(format_table(report))
+    print(run_line(report["run"], report["runtime_s"]))
     print(f"wrote {write_report(report, args.out)} and success.png ({report['runtime_s']:.0f} s)")
     return 0
 
@@ -41,4 +45,5 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="block costs: measured (default) or fixed:encode=4ms,decode=1ms (deterministic)")
     p.add_argument("--record", type=Path, help="also write each episode (camera + expert command) as a bag here")
     p.add_argument("--out", type=Path, default=Path("evaluate_report"))
+    add_parallel_arguments(p)
     p.set_defaults(func=cmd_evaluate)

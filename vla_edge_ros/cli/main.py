@@ -12,6 +12,7 @@ import sys
 
 from ..config import USER_ERRORS
 from ..runtime.stop_signals import StopSignals
+from ..tools.parallel import UNITS_DIR, UnitsFailed
 from . import bags, evaluate, kv_store, launch, memory_bench, model, replay, run, train
 
 COMMANDS = (model, run, launch, memory_bench, kv_store, bags, replay, evaluate, train)
@@ -30,8 +31,13 @@ def run_command(argv: list[str] | None, stop: StopSignals) -> int:
     ``play`` let it end their spin loops)."""
     args = build_parser().parse_args(argv)
     args.stop = stop
+    if hasattr(args, "resume"):  # a batch of units: an interruption leaves the finished ones for --resume
+        stop.phase = f"before the run finished: the finished units are in {args.out / UNITS_DIR}, --resume goes on"
     try:
         return args.func(args)
     except USER_ERRORS as exc:
         print(f"vla-edge {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except UnitsFailed as exc:
+        print(f"vla-edge {args.command}: {exc}", file=sys.stderr)
+        return 1

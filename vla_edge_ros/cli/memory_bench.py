@@ -9,16 +9,19 @@ from pathlib import Path
 from ..memory import POLICIES
 from ..memory.cosine import SIGNATURES
 from ..tools.memory_bench import BenchSpec, format_table, run_bench, write_report
+from ..tools.parallel import progress_bar, run_line
 from ..worlds.scenes import MAX_CLASSES
-from .args import count, counts, seed, subset_of
+from .args import add_parallel_arguments, count, counts, seed, subset_of
 
 
 def cmd_memory_bench(args: argparse.Namespace) -> int:
     spec = BenchSpec(episodes=args.episodes, distractors=args.distractors, budgets=args.budgets,
                      policies=args.policies, cosine_signatures=args.cosine_signatures, classes=args.classes,
                      seed=args.seed)
-    report = run_bench(spec, args.model, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    report = run_bench(spec, args.model, args.out, workers=args.workers, ray_address=args.ray, resume=args.resume,
+                       progress=lambda line: print(line, file=sys.stderr, flush=True), bar=progress_bar("memory-bench"))
     print(format_table(report))
+    print(run_line(report["run"], report["runtime_s"]))
     path = write_report(report, args.out)
     print(f"wrote {path} ({report['runtime_s']:.0f} s)")
     return 0
@@ -39,5 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--classes", type=int, choices=range(2, MAX_CLASSES + 1), default=bench.classes, metavar="K",
                    help=f"cue classes, 2..{MAX_CLASSES}")
     p.add_argument("--seed", type=seed, default=bench.seed)
-    p.add_argument("--out", type=Path, default=Path("."), help="directory for memory_bench.json")
+    p.add_argument("--out", type=Path, default=Path("memory_bench_report"),
+                   help="directory for memory_bench.json and the per-episode results (units/)")
+    add_parallel_arguments(p)
     p.set_defaults(func=cmd_memory_bench)

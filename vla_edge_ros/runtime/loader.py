@@ -56,14 +56,16 @@ def open_kv_store(node: dict[str, Any], checkpoint: Checkpoint) -> BlockStore | 
                       budget_bytes=node["kv_store.budget_bytes"], min_free_bytes=node["kv_store.min_free_bytes"])
 
 
-def load_engine(settings: Settings, policies: Iterable[str] = POLICIES) -> LoadedEngine:
+def load_engine(settings: Settings, policies: Iterable[str] = POLICIES, checkpoint: Checkpoint | None = None
+                ) -> LoadedEngine:
     """Plan, check the budget, load the engine, prefill (or load) the pinned prompt, warm up, restore memory.
 
     The ``kv.*`` knobs of every policy in ``policies`` are checked against this arena, not only the
     configured one's: a live node may switch to any of them at the next episode. An offline run that
-    sizes the arena for one policy (evaluate's budgets) checks that policy alone."""
+    sizes the arena for one policy (evaluate's budgets) checks that policy alone. ``checkpoint``: the
+    model's weights, already loaded (a worker that builds many engines reads them once)."""
     node = settings["reasoning"]
-    plan, checkpoint = plan_for(settings)
+    plan, checkpoint = plan_for(settings, checkpoint)
     require_fit(plan)
     if node["blas_threads"]:
         threadpool_limits(limits=node["blas_threads"], user_api="blas")  # process-wide, from here on

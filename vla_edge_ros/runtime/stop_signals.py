@@ -35,6 +35,7 @@ class StopSignals:
     def __init__(self) -> None:
         self.running = False  # set by the spin loop once the nodes run; cleared when it returns
         self.requested: str | None = None  # the name of the signal that asked the running loop to stop
+        self.phase = "during start-up"  # how an interruption is described (a batch job says where it stopped)
 
     @classmethod
     @contextmanager
@@ -53,5 +54,5 @@ class StopSignals:
         if self.running and self.requested is None:
             self.requested = name
             return
-        raise Interrupted(f"interrupted by {name} {'while stopping' if self.requested else 'during start-up'}")
+        raise Interrupted(f"interrupted by {name} {'while stopping' if self.requested else self.phase}")
 

@@ -19,9 +19,9 @@ runs once and is reported at ``AURA_BUDGET`` frames.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,7 +32,8 @@ import numpy as np
 from ..config import MemoryKnobs, Settings
 from ..engine import VlaEngine
 from ..memory import AuraPolicy, MemoryPolicy, make_policy
-from ..model.config import ModelConfig, load_model_config
+from ..model.checkpoint import Checkpoint, load_checkpoint
+from ..model.config import ModelConfig
 from ..model.layout import arena_capacity
 from ..runtime.admission import Verdict
 from ..runtime.block_costs import CostModel
@@ -40,6 +41,7 @@ from ..runtime.clock import VirtualClock
 from ..runtime.driver import Driver
 from ..runtime.loader import load_engine
 from ..worlds.sim.world import VELOCITY_COMMANDS, CueReachEnv, TaskSpec, velocity_command
+from .parallel import Job, Unit, UnitsFailed, run_figures, run_units
 
 EXPERT = "expert"
 BAG_START_NS = 1_735_689_600 * 10**9  # recorded episodes start at 2025-01-01, as make-bag's bags do
@@ -187,10 +189,63 @@ def run_order(variants: Sequence[str]) -> tuple[list[str], bool]:
     return order, added
 
 
+@dataclass(frozen=True)
+class EvalContext:
+    """What every worker needs to run any episode of one evaluation (picklable)."""
+
+    settings: Settings
+    spec: TaskSpec
+    costs: CostModel
+    record_dir: Path | None
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """One unit: one episode of one variant at one budget (``gate_rate``: an aura:* row's matched rate)."""
+
+    variant: str
+    budget: int | None
+    seed: int
+    gate_rate: float | None = None
+
+    @property
+    def key(self) -> str:
+        budget = "all" if self.budget is None else self.budget
+        return f"{self.variant.replace(':', '-')}_b{budget}_s{self.seed}"
+
+
+def prepare(context: EvalContext) -> dict[str, Any]:
+    """A worker's state: the checkpoint, loaded once, and an engine per cell, built on first use."""
+    return {"context": context, "checkpoint": load_checkpoint(context.settings["reasoning"]["model_dir"]),
+            "engines": {}}
+
+
+def run_unit(state: dict[str, Any], episode: EpisodeSpec) -> dict[str, Any]:
+    """One episode, from nothing but its spec: a fresh frame buffer, gate and clock; the cell's engine with
+    its memory restarted from the prompt. Its result does not depend on what the worker ran before."""
+    context = state["context"]
+    spec = context.spec
+    if episode.variant == EXPERT:
+        return asdict(_expert_episode(spec, episode.seed, context.settings, context.record_dir))
+    cell = (episode.variant, episode.budget, episode.gate_rate)
+    if cell not in state["engines"]:
+        state["engines"][cell] = _cell_runtime(context, episode, state["checkpoint"])
+    engine, settings = state["engines"][cell]
+    _start_episode(engine, settings["reasoning"], episode.variant, episode.gate_rate, episode.seed)
+    driver = Driver(engine, settings, VirtualClock(0), context.costs, (spec.image_size, spec.image_size))
+    return asdict(run_episode(CueReachEnv(spec, episode.seed), episode.seed, driver))
+
+
 def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budgets: Sequence[int | None],
-             episodes: int, seed: int, costs: CostModel, record_dir: Path | None = None,
-             progress: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
-    """Every (variant, budget) over the same seeded episodes, plus the expert; returns evaluate.json's content."""
+             episodes: int, seed: int, costs: CostModel, out: Path, record_dir: Path | None = None, *,
+             workers: int = 1, ray_address: str | None = None, resume: bool = False,
+             progress: Callable[[str], None] = lambda line: None,
+             bar: Callable[[int, int], None] = lambda done, total: None) -> dict[str, Any]:
+    """Every (variant, budget) over the same seeded episodes, plus the expert; returns evaluate.json's content.
+
+    Episodes are units (tools/parallel.py): serial, on ``workers`` local processes or on Ray, each result
+    written to ``out/units`` as it finishes, with the same report whichever ran where. The aura:* rows run
+    in a second pass, at the write rate the aura row measured in the first."""
     spec.validate()
     command_type = settings["action_publisher"]["command_type"]
     if command_type not in VELOCITY_COMMANDS:
@@ -202,32 +257,53 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
         notes.append(f"aura added: it measures the write rate matched by {', '.join(v for v in order if v in MATCHED)}")
         progress(notes[-1])
     seeds = [seed + i for i in range(episodes)]
-    cells = [Cell(EXPERT, None, episodes=[_expert_episode(spec, s, settings, record_dir) for s in seeds])]
-    started = time.perf_counter()
-    matched: tuple[float, str | None] | None = None  # the aura row's write rate, once it ran
-    for variant in order:
-        for budget in [AURA_BUDGET] if variant.startswith("aura") else budgets:
-            cell = Cell(variant, budget)
-            if variant in MATCHED:
-                cell.gate_rate, cell.note = matched  # set: run_order puts aura first
-            fitted, budget_note = fit_to_budget(settings["reasoning"], variant, budget)
-            cell.note = "; ".join(filter(None, (cell.note, budget_note))) or None
-            driver = _driver(settings, spec, variant, budget, cell.gate_rate, fitted, costs)
-            for s in seeds:
-                _start_episode(driver.engine, settings["reasoning"], variant, cell.gate_rate, s)
-                cell.episodes.append(run_episode(CueReachEnv(spec, s), s, driver))
-                driver.clock.wait_until(driver.clock() + 10 ** 9)  # a second between episodes: nothing is stale
-            cells.append(cell)
-            if variant == "aura":
-                matched = cell.matched_rate()
-            summary = cell.summary()
-            rate = f", matched write rate {cell.gate_rate:.3f}" if cell.gate_rate is not None else ""
-            progress(f"{variant:>13} budget {budget if budget is not None else 'all':>4}: success "
-                     f"{summary['success_rate']:.2f} of {len(seeds)}, {summary['refused']} refused, "
-                     f"{summary['missed']} missed{rate}" + (f" ({cell.note})" if cell.note else ""))
+    context = EvalContext(settings, spec, costs, record_dir)
+    job = Job(prepare, run_unit, context, identity=_identity(settings, spec, costs))
+    cells = [Cell(EXPERT, None)] + [Cell(v, b) for v in order for b in ([AURA_BUDGET] if v.startswith("aura") else budgets)]
+    for cell in cells:
+        _, cell.note = fit_to_budget(settings["reasoning"], cell.variant, cell.budget_frames)
+    total = len(cells) * len(seeds)
+    summaries, done = [], [0]
+    for matched_pass in (False, True):
+        todo = [cell for cell in cells if (cell.variant in MATCHED) == matched_pass]
+        if matched_pass and todo:
+            rate, note = next(c for c in cells if c.variant == "aura").matched_rate()
+            for cell in todo:
+                cell.gate_rate, cell.note = rate, "; ".join(filter(None, (note, cell.note))) or None
+        specs = [EpisodeSpec(c.variant, c.budget_frames, s, c.gate_rate) for c in todo for s in seeds]
+        units = [Unit(spec.key, spec) for spec in specs]
+        base = done[0]
+        summary = run_units(job, units, out, workers=workers, ray_address=ray_address, resume=resume,
+                            progress=lambda n, _t, base=base: bar(base + n, total))
+        done[0] += len(units)
+        summaries.append(summary)
+        if summary.failed:
+            failures = "; ".join(f"{key}: {why.splitlines()[-1]}" for key, why in sorted(summary.failed.items()))
+            raise UnitsFailed(f"{len(summary.failed)} of {len(units)} episodes failed ({failures}); the finished "
+                              f"ones are in {out / 'units'}: --resume runs only what is missing")
+        for cell in todo:
+            cell.episodes = [Episode(**summary.results[EpisodeSpec(cell.variant, cell.budget_frames, s,
+                                                                   cell.gate_rate).key]) for s in seeds]
+            if cell.variant != EXPERT:
+                progress(_cell_line(cell))
+    run = run_figures(summaries, workers, ray_address)
     return {"schema": SCHEMA, "task": asdict(spec), "seed": seed, "episodes": episodes,
             "cost_model": costs.describe(), "model_dir": settings["reasoning"]["model_dir"], "notes": notes,
-            "runtime_s": time.perf_counter() - started, "cells": [cell.summary() for cell in cells]}
+            "runtime_s": run.pop("seconds"), "run": run, "cells": [cell.summary() for cell in cells]}
+
+
+def _identity(settings: Settings, spec: TaskSpec, costs: CostModel) -> str:
+    """What an episode's result depends on besides its spec: a unit file of another evaluation never resumes."""
+    text = json.dumps([SCHEMA, settings.values, asdict(spec), costs.describe()], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _cell_line(cell: Cell) -> str:
+    summary = cell.summary()
+    rate = f", matched write rate {cell.gate_rate:.3f}" if cell.gate_rate is not None else ""
+    budget = cell.budget_frames if cell.budget_frames is not None else "all"
+    return (f"{cell.variant:>13} budget {budget:>4}: success {summary['success_rate']:.2f} of {len(cell.episodes)}, "
+            f"{summary['refused']} refused, {summary['missed']} missed{rate}" + (f" ({cell.note})" if cell.note else ""))
 
 
 def _expert_episode(spec: TaskSpec, seed: int, settings: Settings, record_dir: Path | None) -> Episode:
@@ -290,17 +366,16 @@ def fit_to_budget(node: dict[str, Any], variant: str, budget: int | None) -> tup
     return {}, None
 
 
-def _driver(settings: Settings, spec: TaskSpec, variant: str, budget: int | None, rate: float | None,
-            fitted: dict[str, Any], costs: CostModel) -> Driver:
-    """The runtime of one cell: an engine sized for ``budget`` frames under ``variant`` (and
-    ``fit_to_budget``'s knobs), on a fresh virtual clock."""
-    node = dict(settings["reasoning"], **variant_knobs(variant, rate), **fitted)
-    config = load_model_config(node["model_dir"])
-    node["kv_capacity_tokens"] = capacity_for(config, make_policy(node["kv.policy"], node),
-                                              len(node["prompt_token_ids"]), budget, spec)
+def _cell_runtime(context: EvalContext, episode: EpisodeSpec, checkpoint: Checkpoint) -> tuple[VlaEngine, Settings]:
+    """The engine of one cell: sized for its budget under its variant (and ``fit_to_budget``'s knobs)."""
+    settings, spec = context.settings, context.spec
+    fitted, _ = fit_to_budget(settings["reasoning"], episode.variant, episode.budget)
+    node = dict(settings["reasoning"], **variant_knobs(episode.variant, episode.gate_rate), **fitted)
+    node["kv_capacity_tokens"] = capacity_for(checkpoint.config, make_policy(node["kv.policy"], node),
+                                              len(node["prompt_token_ids"]), episode.budget, spec)
     cell = Settings({**settings.values, "reasoning": node}, settings.source)
-    engine = load_engine(cell, policies=(node["kv.policy"],)).engine  # the arena is sized for this policy alone
-    return Driver(engine, cell, VirtualClock(0), costs, (spec.image_size, spec.image_size))
+    engine = load_engine(cell, policies=(node["kv.policy"],), checkpoint=checkpoint).engine  # this policy's arena
+    return engine, cell
 
 
 def format_table(report: dict[str, Any]) -> str:

@@ -76,6 +76,7 @@ Output ``memory_bench.json`` (schema ``vla_edge_ros.memory_bench/2``)::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import tempfile
@@ -95,10 +96,11 @@ from ..memory.aura import frame_feature
 from ..memory.cosine import SIGNATURES
 from ..model.checkpoint import Checkpoint, load_checkpoint
 from ..model.init_model import preset, write_random_model
-from ..model.layout import arena_capacity
+from ..model.layout import arena_capacity, kv_bytes_per_token
 from ..model.memory_tensors import feature_layout
 from ..model.vision import FrameEncoder
 from ..worlds.scenes import COMPRESSION, MAX_CLASSES, OVERHEAD, PROTOTYPE, TEST, CueScene, scene_seed
+from .parallel import Job, Unit, UnitsFailed, run_figures, run_units
 
 SCHEMA = "vla_edge_ros.memory_bench/2"
 PROMPT = tuple(range(1, 9))  # a fixed 8-token instruction; the bench is about frames, not words
@@ -163,15 +165,17 @@ class Episode:
     cue_index: int = 0  # the cue's frame: after ``lead_in`` look-alike frames
 
 
+def make_episode(spec: BenchSpec, split: int, index: int, distractors: int, lead_in: int = 0) -> Episode:
+    """Episode ``index`` of ``split``, seeded: ``lead_in`` distractor frames, the cue, ``distractors``
+    distractors, the query."""
+    seed, cls = scene_seed(spec.seed, split, index), index % spec.classes
+    scene = CueScene(seed, classes=spec.classes, height=FRAME_HW[0], width=FRAME_HW[1])
+    before = [scene.distractor_frame() for _ in range(lead_in)]
+    return Episode(cls, seed, before + scene.episode(cls, distractors), lead_in)
+
+
 def make_episodes(spec: BenchSpec, split: int, count: int, distractors: int, lead_in: int = 0) -> list[Episode]:
-    """``count`` seeded episodes: ``lead_in`` distractor frames, the cue, ``distractors`` distractors, the query."""
-    episodes = []
-    for index in range(count):
-        seed, cls = scene_seed(spec.seed, split, index), index % spec.classes
-        scene = CueScene(seed, classes=spec.classes, height=FRAME_HW[0], width=FRAME_HW[1])
-        before = [scene.distractor_frame() for _ in range(lead_in)]
-        episodes.append(Episode(cls, seed, before + scene.episode(cls, distractors), lead_in))
-    return episodes
+    return [make_episode(spec, split, index, distractors, lead_in) for index in range(count)]
 
 
 def _engine(checkpoint: Checkpoint, policy: MemoryPolicy, capacity: int) -> VlaEngine:
@@ -212,24 +216,24 @@ def _summarise(per_episode: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def run_window(checkpoint: Checkpoint, name: str, frames: int, episodes: list[Episode],
-               signature: str | None = None) -> dict[str, Any]:
-    """fifo or cosine with a ``frames``-frame budget: is the cue still cached and read at the query?"""
-    engine = _engine(checkpoint, _window_policy(name, frames, signature), window_capacity(checkpoint, frames))
-    results = []
-    for episode in episodes:
-        engine.set_prompt(list(PROMPT))
-        cue = engine.add_frame(episode.frames[0])
-        cue_entry = engine.policy.frames[-1]  # the policy's own record of the cue: identity survives slot reuse
-        for image in episode.frames[1:-1]:
-            engine.add_frame(image)
-        query = engine.add_frame(episode.frames[-1], probe_attention=True)
-        kept = any(entry is cue_entry for entry in engine.policy.frames)
-        attention = float(query.attention[..., cue.slots].sum(axis=-1).mean()) if kept else 0.0
-        stats = engine.memory_stats()
-        results.append({"kept": kept, "attention": attention, "uniform": cue.slots.size / engine.arena.used,
-                        "writes": stats.writes, "frames": stats.frames_seen, "evictions": stats.evictions,
-                        **_memory_columns(engine)})
+def window_episode(engine: VlaEngine, episode: Episode) -> dict[str, Any]:
+    """fifo or cosine, one episode: is the cue still cached and read at the query?"""
+    engine.set_prompt(list(PROMPT))
+    cue = engine.add_frame(episode.frames[0])
+    cue_entry = engine.policy.frames[-1]  # the policy's own record of the cue: identity survives slot reuse
+    for image in episode.frames[1:-1]:
+        engine.add_frame(image)
+    query = engine.add_frame(episode.frames[-1], probe_attention=True)
+    kept = any(entry is cue_entry for entry in engine.policy.frames)
+    attention = float(query.attention[..., cue.slots].sum(axis=-1).mean()) if kept else 0.0
+    stats = engine.memory_stats()
+    return {"kept": kept, "attention": attention, "uniform": cue.slots.size / engine.arena.used,
+            "writes": stats.writes, "frames": stats.frames_seen, "evictions": stats.evictions,
+            **_memory_columns(engine)}
+
+
+def window_row(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One fifo/cosine cell from its episodes."""
     return {
         "cue_kept": float(np.mean([r["kept"] for r in results])),
         "cue_attention": float(np.mean([r["attention"] for r in results])),
@@ -250,29 +254,29 @@ def cue_token(spec: BenchSpec, episode: Episode, checkpoint: Checkpoint) -> int:
     return int(cy * grid / FRAME_HW[0]) * grid + int(cx * grid / FRAME_HW[1])
 
 
-def run_dms(checkpoint: Checkpoint, spec: BenchSpec, target: float, frames: int,
-            episodes: list[Episode]) -> dict[str, Any]:
-    """dms in the same ``frames``-frame arena as fifo and cosine: how much of the cue do the heads still read?"""
-    engine = _engine(checkpoint, _dms_policy(spec, target), window_capacity(checkpoint, frames))
-    results = []
-    for episode in episodes:
-        engine.set_prompt(list(PROMPT))
-        for index, image in enumerate(episode.frames[:-1]):
-            prefill = engine.add_frame(image)
-            if index == episode.cue_index:
-                centre = int(prefill.slots[cue_token(spec, episode, checkpoint)])
-        query = engine.add_frame(episode.frames[-1], probe_attention=True)
-        policy: DmsPolicy = engine.policy
-        entries = policy.entries_of_frame(episode.cue_index)  # [layers, kv_heads] cue tokens each head reads
-        cue_slots = policy.slots_of_frame(episode.cue_index)
-        reads = engine.arena.head_valid.sum(axis=-1)  # tokens each head reads
-        report, stats = policy.compression(), engine.memory_stats()
-        results.append({"kept": bool(entries.sum()), "entries": float(entries.mean()) / engine.tokens_per_frame,
-                        "centre": float(engine.arena.head_valid[:, :, centre].mean()) if centre in cue_slots else 0.0,
-                        "attention": float(query.attention[..., cue_slots].sum(axis=-1).mean()),
-                        "uniform": float((entries / reads).mean()), "compression": report.ratio,
-                        "forced": report.forced_evictions, "writes": stats.writes,
-                        "frames": stats.frames_seen, "evictions": stats.evictions, **_memory_columns(engine)})
+def dms_episode(engine: VlaEngine, spec: BenchSpec, episode: Episode, checkpoint: Checkpoint) -> dict[str, Any]:
+    """dms in the same F-frame arena as fifo and cosine, one episode: how much of the cue do the heads read?"""
+    engine.set_prompt(list(PROMPT))
+    for index, image in enumerate(episode.frames[:-1]):
+        prefill = engine.add_frame(image)
+        if index == episode.cue_index:
+            centre = int(prefill.slots[cue_token(spec, episode, checkpoint)])
+    query = engine.add_frame(episode.frames[-1], probe_attention=True)
+    policy: DmsPolicy = engine.policy
+    entries = policy.entries_of_frame(episode.cue_index)  # [layers, kv_heads] cue tokens each head reads
+    cue_slots = policy.slots_of_frame(episode.cue_index)
+    reads = engine.arena.head_valid.sum(axis=-1)  # tokens each head reads
+    report, stats = policy.compression(), engine.memory_stats()
+    return {"kept": bool(entries.sum()), "entries": float(entries.mean()) / engine.tokens_per_frame,
+            "centre": float(engine.arena.head_valid[:, :, centre].mean()) if centre in cue_slots else 0.0,
+            "attention": float(query.attention[..., cue_slots].sum(axis=-1).mean()),
+            "uniform": float((entries / reads).mean()), "compression": report.ratio,
+            "forced": report.forced_evictions, "writes": stats.writes,
+            "frames": stats.frames_seen, "evictions": stats.evictions, **_memory_columns(engine)}
+
+
+def dms_row(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One dms cell from its episodes."""
     return {
         "cue_kept": float(np.mean([r["kept"] for r in results])),
         "cue_entries_kept": float(np.mean([r["entries"] for r in results])),
@@ -285,27 +289,22 @@ def run_dms(checkpoint: Checkpoint, spec: BenchSpec, target: float, frames: int,
     }
 
 
-def measure_compression(checkpoint: Checkpoint, spec: BenchSpec) -> list[dict[str, Any]]:
-    """Per target ratio: dms over ``compression_frames`` frames of back-to-back episodes (largest N) in an
-    arena with room for every token, so nothing is forced out and the ratio is the heads' own choice."""
+def measure_compression(checkpoint: Checkpoint, spec: BenchSpec, target: float) -> dict[str, Any]:
+    """dms at ``target`` over ``compression_frames`` frames of back-to-back episodes (largest N) in an arena
+    with room for every token, so nothing is forced out and the ratio is the heads' own choice."""
     n = max(spec.distractors)
     episodes = make_episodes(spec, COMPRESSION, math.ceil(spec.compression_frames / (n + 2)), n)
     stream = [image for episode in episodes for image in episode.frames][:spec.compression_frames]
-    capacity = window_capacity(checkpoint, len(stream))
-    out = []
-    for target in spec.dms_targets:
-        engine = _engine(checkpoint, _dms_policy(spec, target), capacity)
-        for image in stream:
-            engine.add_frame(image)
-        report = engine.policy.compression()
-        per_head = report.ratio_per_head
-        out.append({"target_ratio": target, "window": spec.dms_window, "frames": len(stream),
-                    "tokens_seen": report.tokens_seen, "compression": report.ratio,
-                    "decision_compression": report.decision_ratio, "slot_compression": report.slot_ratio,
-                    "forced_evictions": report.forced_evictions, "held_per_head": report.held_per_head.tolist(),
-                    "compression_per_head": [[float(r) if math.isfinite(r) else None for r in layer]
-                                             for layer in per_head]})
-    return out
+    engine = _engine(checkpoint, _dms_policy(spec, target), window_capacity(checkpoint, len(stream)))
+    for image in stream:
+        engine.add_frame(image)
+    report = engine.policy.compression()
+    return {"target_ratio": target, "window": spec.dms_window, "frames": len(stream),
+            "tokens_seen": report.tokens_seen, "compression": report.ratio,
+            "decision_compression": report.decision_ratio, "slot_compression": report.slot_ratio,
+            "forced_evictions": report.forced_evictions, "held_per_head": report.held_per_head.tolist(),
+            "compression_per_head": [[float(r) if math.isfinite(r) else None for r in layer]
+                                     for layer in report.ratio_per_head]}
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -328,28 +327,28 @@ def aura_policy(gate: str, rate: float, seed: int) -> AuraPolicy:
     return AuraPolicy(MemoryKnobs.of().aura, gate=gate, gate_rate=rate, seed=seed)
 
 
-def aura_episodes(engine: VlaEngine, gate: str, rate: float, episodes: list[Episode]) -> list[dict[str, Any]]:
-    """Run each episode under a fresh aura policy; its read at the query, writes and bytes."""
-    results = []
-    for episode in episodes:
-        engine.set_policy(aura_policy(gate, rate, episode.seed))
-        for image in episode.frames[:-1]:
-            engine.add_frame(image)
-        read = aura_read(engine, episode.frames[-1])
-        engine.add_frame(episode.frames[-1])
-        stats = engine.memory_stats()
-        results.append({"cls": episode.cls, "read": read, "writes": stats.writes, "frames": stats.frames_seen,
-                        "evictions": stats.evictions, **_memory_columns(engine)})
-    return results
+def aura_episode(engine: VlaEngine, gate: str, rate: float, episode: Episode) -> dict[str, Any]:
+    """One episode under a fresh aura policy: its read at the query, writes and bytes."""
+    engine.set_policy(aura_policy(gate, rate, episode.seed))
+    for image in episode.frames[:-1]:
+        engine.add_frame(image)
+    read = aura_read(engine, episode.frames[-1])
+    engine.add_frame(episode.frames[-1])
+    stats = engine.memory_stats()
+    return {"cls": episode.cls, "read": [float(x) for x in read], "writes": stats.writes, "frames": stats.frames_seen,
+            "evictions": stats.evictions, **_memory_columns(engine)}
 
 
 def prototype_accuracy(prototype_runs: list[dict[str, Any]], test_runs: list[dict[str, Any]], classes: int) -> float:
     """Fraction of test reads whose nearest centred class prototype (by cosine) is their own class."""
-    prototypes = np.stack([np.mean([r["read"] for r in prototype_runs if r["cls"] == c], axis=0)
+    def read(run: dict[str, Any]) -> np.ndarray:  # fp32, as the memory returned it (a result file holds floats)
+        return np.asarray(run["read"], dtype=np.float32)
+
+    prototypes = np.stack([np.mean([read(r) for r in prototype_runs if r["cls"] == c], axis=0)
                            for c in range(classes)])
     centre = prototypes.mean(axis=0)
     centred = np.stack([_unit(p - centre) for p in prototypes])
-    hits = [int(np.argmax(centred @ _unit(r["read"] - centre))) == r["cls"] for r in test_runs]
+    hits = [int(np.argmax(centred @ _unit(read(r) - centre))) == r["cls"] for r in test_runs]
     return float(np.mean(hits))
 
 
@@ -363,7 +362,7 @@ def readout_ceiling(checkpoint: Checkpoint, spec: BenchSpec, tests: list[Episode
         return v_proj @ frame_feature(encoder.encode(image), layout)
 
     def values(episodes: list[Episode]) -> list[dict[str, Any]]:
-        return [{"cls": e.cls, "read": value(e.frames[0]) - value(e.frames[-1])} for e in episodes]
+        return [{"cls": e.cls, "read": (value(e.frames[0]) - value(e.frames[-1])).tolist()} for e in episodes]
 
     return prototype_accuracy(values(prototypes), values(tests), spec.classes)
 
@@ -373,26 +372,16 @@ def above_chance(accuracy: float, chance: float, episodes: int) -> bool:
     return accuracy > chance + 2 * math.sqrt(chance * (1 - chance) / episodes)
 
 
-def run_aura(checkpoint: Checkpoint, spec: BenchSpec, tests: list[Episode],
-             prototypes: list[Episode]) -> list[dict[str, Any]]:
-    """The four aura gates at one N; the baselines get the write rate the surprise gate measured."""
-    config = checkpoint.config
-    capacity = arena_capacity(config, len(PROMPT), 1, reserved_tokens=1)  # aura: one memory token
-    engine = _engine(checkpoint, make_policy("aura"), capacity)
-    rows, rate = [], 1.0
-    for gate in AURA_GATES:
-        test_runs = aura_episodes(engine, gate, rate, tests)
-        proto_runs = aura_episodes(engine, gate, rate, prototypes)
-        if gate == "surprise":
-            measured = sum(r["writes"] for r in test_runs) / sum(r["frames"] for r in test_runs)
-            rate = min(1.0, max(measured, 1e-6))
-        rows.append({"policy": "aura", "gate": gate, **NOT_DMS,
-                     "gate_rate": None if gate == "surprise" else (1.0 if gate == "every_frame" else rate),
-                     "kv_capacity_tokens": capacity, "protect_recent_frames": None,
-                     "cue_kept": None, "cue_attention": None, "uniform_attention": None,
-                     "readout_accuracy": prototype_accuracy(proto_runs, test_runs, spec.classes),
-                     **_summarise(test_runs)})
-    return rows
+def aura_capacity(checkpoint: Checkpoint) -> int:
+    return arena_capacity(checkpoint.config, len(PROMPT), 1, reserved_tokens=1)  # aura: one memory token
+
+
+def aura_row(gate: str, rate: float | None, capacity: int, tests: list[dict[str, Any]],
+             prototypes: list[dict[str, Any]], classes: int) -> dict[str, Any]:
+    """One aura gate at one N, from its test and prototype episodes."""
+    return {"policy": "aura", "gate": gate, **NOT_DMS, "gate_rate": rate, "kv_capacity_tokens": capacity,
+            "protect_recent_frames": None, "cue_kept": None, "cue_attention": None, "uniform_attention": None,
+            "readout_accuracy": prototype_accuracy(prototypes, tests, classes), **_summarise(tests)}
 
 
 @contextmanager
@@ -510,65 +499,152 @@ def evaluate_claims(rows: list[dict[str, Any]], episodes: int, chance: float, ce
     return claims
 
 
-def _window_rows(checkpoint: Checkpoint, spec: BenchSpec, n: int, tests: list[Episode],
-                 progress: Callable[[str], None]) -> list[dict[str, Any]]:
-    rows = []
-    for name in (p for p in spec.policies if p in ("fifo", "cosine")):
-        for signature in spec.cosine_signatures if name == "cosine" else (None,):
-            for frames in spec.budgets:
-                start = time.perf_counter()
-                rows.append({"policy": name, "gate": None, "gate_rate": None, "signature": signature, **NOT_DMS,
-                             "distractors": n, "budget_frames": frames,
-                             "kv_capacity_tokens": window_capacity(checkpoint, frames),
-                             "protect_recent_frames": cosine_protect(frames) if name == "cosine" else None,
-                             **run_window(checkpoint, name, frames, tests, signature), "readout_accuracy": None})
-                progress(f"{name:<6} {signature or '':<10} N={n:<4} F={frames:<3} cue kept "
-                         f"{rows[-1]['cue_kept']:.2f} ({time.perf_counter() - start:.1f} s)")
-    return rows
+@dataclass(frozen=True)
+class BenchUnit:
+    """One unit of the sweep (tools/parallel.py): one episode of one cell, the readout ceiling, or one dms
+    compression stream. ``split`` and ``index`` name the episode; the rest name the cell."""
+
+    kind: str  # window | dms | aura | ceiling | compression
+    n: int = 0  # distractors
+    frames: int = 0  # memory budget F (window, dms)
+    policy: str = ""  # window: fifo or cosine
+    signature: str | None = None  # window, cosine
+    target: float = 0.0  # dms target ratio
+    gate: str = ""  # aura gate
+    rate: float = 1.0  # aura random/periodic gate rate
+    split: int = TEST
+    index: int = 0
+
+    @property
+    def key(self) -> str:
+        fields = [self.kind, self.policy, self.signature or "", self.gate, f"n{self.n}", f"f{self.frames}",
+                  f"t{self.target:g}", f"r{self.rate!r}", f"s{self.split}", f"e{self.index}"]
+        return "_".join(field for field in fields if field)
 
 
-def _dms_rows(checkpoint: Checkpoint, spec: BenchSpec, n: int, tests: list[Episode],
-              progress: Callable[[str], None]) -> list[dict[str, Any]]:
-    rows = []
-    for target in spec.dms_targets:
-        for frames in spec.budgets:
-            start = time.perf_counter()
-            rows.append({"policy": "dms", "gate": None, "gate_rate": None, "signature": None, "target_ratio": target,
-                         "distractors": n, "budget_frames": frames,
-                         "kv_capacity_tokens": window_capacity(checkpoint, frames), "protect_recent_frames": None,
-                         **run_dms(checkpoint, spec, target, frames, tests), "readout_accuracy": None})
-            progress(f"dms    target {target:<4g} N={n:<4} F={frames:<3} cue kept {rows[-1]['cue_kept']:.2f}, "
-                     f"entries {rows[-1]['cue_entries_kept']:.2f} ({time.perf_counter() - start:.1f} s)")
-    return rows
+@dataclass(frozen=True)
+class BenchContext:
+    spec: BenchSpec
+    model_dir: Path | None  # None: the tiny preset, written by each worker from MODEL_SEED (the same bytes)
 
 
-def run_bench(spec: BenchSpec, model_dir: Path | None = None,
-              progress: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
-    """Run the whole sweep and return the report (see the module doc for its schema)."""
+def prepare(context: BenchContext) -> dict[str, Any]:
+    """A worker's state: the checkpoint, read once, and an engine per cell, built on first use."""
+    state: dict[str, Any] = {"spec": context.spec, "engines": {}}
+    model_dir = context.model_dir
+    if model_dir is None:
+        state["scratch"] = tempfile.TemporaryDirectory(prefix="vla-memory-bench-")  # removed with the state
+        model_dir = write_random_model(Path(state["scratch"].name) / "tiny", preset("tiny"), seed=MODEL_SEED)
+    state["checkpoint"] = load_checkpoint(model_dir)
+    return state
+
+
+def run_unit(state: dict[str, Any], unit: BenchUnit) -> dict[str, Any]:
+    """One unit's result, from its spec alone: an episode restarts its engine's memory from the prompt."""
+    spec, checkpoint, engines = state["spec"], state["checkpoint"], state["engines"]
+
+    def engine(cell: tuple, build: Callable[[], VlaEngine]) -> VlaEngine:
+        if cell not in engines:
+            engines[cell] = build()
+        return engines[cell]
+
+    if unit.kind == "window":
+        episode = make_episode(spec, TEST, unit.index, unit.n)
+        return window_episode(engine(("window", unit.policy, unit.signature, unit.frames), lambda: _engine(
+            checkpoint, _window_policy(unit.policy, unit.frames, unit.signature),
+            window_capacity(checkpoint, unit.frames))), episode)
+    if unit.kind == "dms":
+        episode = make_episode(spec, TEST, unit.index, unit.n, spec.dms_lead_in)
+        return dms_episode(engine(("dms", unit.target, unit.frames), lambda: _engine(
+            checkpoint, _dms_policy(spec, unit.target), window_capacity(checkpoint, unit.frames))),
+            spec, episode, checkpoint)
+    if unit.kind == "aura":
+        episode = make_episode(spec, unit.split, unit.index, unit.n)
+        return aura_episode(engine(("aura",), lambda: _engine(checkpoint, make_policy("aura"),
+                                                             aura_capacity(checkpoint))), unit.gate, unit.rate, episode)
+    if unit.kind == "ceiling":
+        return {"accuracy": readout_ceiling(checkpoint, spec, make_episodes(spec, TEST, spec.episodes, unit.n),
+                                            make_episodes(spec, PROTOTYPE, _prototypes(spec), unit.n))}
+    return measure_compression(checkpoint, spec, unit.target)
+
+
+def _prototypes(spec: BenchSpec) -> int:
+    return spec.classes * spec.prototypes_per_class
+
+
+def _pass_one(spec: BenchSpec) -> list[BenchUnit]:
+    """Every unit that needs no other's result: all but the aura baselines, which run at the surprise gate's
+    measured write rate."""
+    units = []
+    for n in spec.distractors:
+        for name in (p for p in spec.policies if p in ("fifo", "cosine")):
+            for signature in spec.cosine_signatures if name == "cosine" else (None,):
+                units += [BenchUnit("window", n, frames, name, signature, index=i)
+                          for frames in spec.budgets for i in range(spec.episodes)]
+        if "dms" in spec.policies:
+            units += [BenchUnit("dms", n, frames, target=target, index=i)
+                      for target in spec.dms_targets for frames in spec.budgets for i in range(spec.episodes)]
+        if "aura" in spec.policies:
+            for gate in ("surprise", "every_frame"):
+                units += _aura_units(spec, n, gate, 1.0)
+    if "aura" in spec.policies:
+        units.append(BenchUnit("ceiling", spec.distractors[0]))  # cue frames do not depend on N
+    if "dms" in spec.policies:
+        units += [BenchUnit("compression", target=target) for target in spec.dms_targets]
+    return units
+
+
+def _aura_units(spec: BenchSpec, n: int, gate: str, rate: float) -> list[BenchUnit]:
+    return ([BenchUnit("aura", n, gate=gate, rate=rate, split=TEST, index=i) for i in range(spec.episodes)]
+            + [BenchUnit("aura", n, gate=gate, rate=rate, split=PROTOTYPE, index=i) for i in range(_prototypes(spec))])
+
+
+def _episodes(results: dict[str, dict], spec: BenchSpec, unit: BenchUnit) -> list[dict[str, Any]]:
+    """The results of a cell's episodes, in episode order (``unit`` names the cell, index 0)."""
+    count = _prototypes(spec) if unit.split == PROTOTYPE else spec.episodes
+    return [results[BenchUnit(**{**unit.__dict__, "index": i}).key] for i in range(count)]
+
+
+def run_bench(spec: BenchSpec, model_dir: Path | None = None, out: Path | None = None, *, workers: int = 1,
+              ray_address: str | None = None, resume: bool = False,
+              progress: Callable[[str], None] = lambda line: None,
+              bar: Callable[[int, int], None] = lambda done, total: None) -> dict[str, Any]:
+    """Run the whole sweep and return the report (see the module doc for its schema). Episodes are units
+    (tools/parallel.py) written to ``out/units`` as they finish; the report does not depend on which worker
+    ran what. The per-policy overheads are timed afterwards, here, alone, since they are timings."""
     spec.validate()
-    start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="vla-memory-bench-") as scratch:
-        model_name = str(model_dir) if model_dir else f"tiny preset, seed {MODEL_SEED}"
-        model_dir = model_dir or write_random_model(Path(scratch) / "tiny", preset("tiny"), seed=MODEL_SEED)
-        checkpoint = load_checkpoint(model_dir)
-        rows, ceiling = [], None
-        for n in spec.distractors:
-            tests = make_episodes(spec, TEST, spec.episodes, n)
-            rows += _window_rows(checkpoint, spec, n, tests, progress)
-            if "dms" in spec.policies:
-                rows += _dms_rows(checkpoint, spec, n, make_episodes(spec, TEST, spec.episodes, n, spec.dms_lead_in),
-                                  progress)
-            if "aura" in spec.policies:
-                cell_start = time.perf_counter()
-                prototypes = make_episodes(spec, PROTOTYPE, spec.classes * spec.prototypes_per_class, n)
-                if ceiling is None:  # cue frames do not depend on N
-                    ceiling = readout_ceiling(checkpoint, spec, tests, prototypes)
-                rows += [{**row, "signature": None, "distractors": n, "budget_frames": None}
-                         for row in run_aura(checkpoint, spec, tests, prototypes)]
-                progress(f"aura   N={n:<4} {len(AURA_GATES)} gates ({time.perf_counter() - cell_start:.1f} s)")
-        for row in rows:
-            row["chance"] = 1.0 / spec.classes
-        compression = measure_compression(checkpoint, spec) if "dms" in spec.policies else []
+        out = out or Path(scratch)
+        context = BenchContext(spec, model_dir)
+        identity = hashlib.sha256(json.dumps([SCHEMA, repr(spec), str(model_dir)]).encode()).hexdigest()
+        job = Job(prepare, run_unit, context, identity)
+        first = _pass_one(spec)
+        rates = {}
+        second_size = (2 * (spec.episodes + _prototypes(spec)) * len(spec.distractors)) if "aura" in spec.policies else 0
+        total = len(first) + second_size
+        summaries = [run_units(job, [Unit(u.key, u) for u in first], out, workers=workers, ray_address=ray_address,
+                               resume=resume, progress=lambda done, _t: bar(done, total))]
+        results = dict(summaries[0].results)
+        if "aura" in spec.policies:
+            for n in spec.distractors:
+                tests = _episodes(results, spec, BenchUnit("aura", n, gate="surprise", rate=1.0))
+                measured = sum(r["writes"] for r in tests) / sum(r["frames"] for r in tests)
+                rates[n] = min(1.0, max(measured, 1e-6))
+            second = [u for n in spec.distractors for gate in ("random", "periodic") for u in _aura_units(spec, n, gate, rates[n])]
+            summaries.append(run_units(job, [Unit(u.key, u) for u in second], out, workers=workers,
+                                       ray_address=ray_address, resume=resume,
+                                       progress=lambda done, _t: bar(len(first) + done, total)))
+            results.update(summaries[-1].results)
+        failed = {key: why for summary in summaries for key, why in summary.failed.items()}
+        if failed:
+            raise UnitsFailed(f"{len(failed)} units failed ({'; '.join(f'{k}: {w.splitlines()[-1]}' for k, w in sorted(failed.items()))}); "
+                              f"the finished ones are in {out / 'units'}: --resume runs only what is missing")
+        state = prepare(context)
+        checkpoint = state["checkpoint"]
+        rows = _rows(spec, checkpoint, results, rates, progress)
+        ceiling = results[BenchUnit("ceiling", spec.distractors[0]).key]["accuracy"] if "aura" in spec.policies else None
+        compression = [results[BenchUnit("compression", target=t).key] for t in spec.dms_targets] \
+            if "dms" in spec.policies else []
         for c in compression:
             progress(f"dms    target {c['target_ratio']:g}: {c['compression']:.2f}x over {c['frames']} frames")
         overhead = []
@@ -576,16 +652,16 @@ def run_bench(spec: BenchSpec, model_dir: Path | None = None,
             overhead.append(measure_overhead(checkpoint, name, spec))
             progress(f"{name:<6} overhead at {spec.overhead_arena_frames} frames: {overhead[-1]['policy_ms']:.3f} ms")
         config = checkpoint.config
-        kv_bytes_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
+    run = run_figures(summaries, workers, ray_address)
     return {
         "schema": SCHEMA,
-        "config": {"model": model_name, "episodes": spec.episodes, "distractors": list(spec.distractors),
-                   "budgets": list(spec.budgets), "policies": list(spec.policies),
+        "config": {"model": str(model_dir) if model_dir else f"tiny preset, seed {MODEL_SEED}", "episodes": spec.episodes,
+                   "distractors": list(spec.distractors), "budgets": list(spec.budgets), "policies": list(spec.policies),
                    "cosine_signatures": list(spec.cosine_signatures), "classes": spec.classes,
                    "seed": spec.seed, "prototypes_per_class": spec.prototypes_per_class,
                    "prompt_tokens": len(PROMPT), "tokens_per_frame": config.vision.tokens_per_frame,
-                   "dof": config.action.dof, "kv_bytes_per_token": kv_bytes_per_token, "frame_hw": list(FRAME_HW),
-                   "dms_targets": list(spec.dms_targets), "dms_window": spec.dms_window,
+                   "dof": config.action.dof, "kv_bytes_per_token": kv_bytes_per_token(config),
+                   "frame_hw": list(FRAME_HW), "dms_targets": list(spec.dms_targets), "dms_window": spec.dms_window,
                    "dms_lead_in": spec.dms_lead_in, "compression_frames": spec.compression_frames},
         "rows": rows,
         "aura_readout_ceiling": ceiling,
@@ -593,8 +669,48 @@ def run_bench(spec: BenchSpec, model_dir: Path | None = None,
         "overhead": overhead,
         "claims": evaluate_claims(rows, spec.episodes, 1.0 / spec.classes, ceiling, compression,
                                   spec.cosine_signatures[0]),
-        "runtime_s": time.perf_counter() - start,
+        "runtime_s": run.pop("seconds"),
+        "run": run,
     }
+
+
+def _rows(spec: BenchSpec, checkpoint: Checkpoint, results: dict[str, dict], rates: dict[int, float],
+          progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    """The report's rows from the episodes' results, in the sweep's order: per N, the windows, dms, aura."""
+    rows = []
+    for n in spec.distractors:
+        for name in (p for p in spec.policies if p in ("fifo", "cosine")):
+            for signature in spec.cosine_signatures if name == "cosine" else (None,):
+                for frames in spec.budgets:
+                    row = window_row(_episodes(results, spec, BenchUnit("window", n, frames, name, signature)))
+                    rows.append({"policy": name, "gate": None, "gate_rate": None, "signature": signature, **NOT_DMS,
+                                 "distractors": n, "budget_frames": frames,
+                                 "kv_capacity_tokens": window_capacity(checkpoint, frames),
+                                 "protect_recent_frames": cosine_protect(frames) if name == "cosine" else None,
+                                 **row, "readout_accuracy": None})
+                    progress(f"{name:<6} {signature or '':<10} N={n:<4} F={frames:<3} cue kept {row['cue_kept']:.2f}")
+        if "dms" in spec.policies:
+            for target in spec.dms_targets:
+                for frames in spec.budgets:
+                    row = dms_row(_episodes(results, spec, BenchUnit("dms", n, frames, target=target)))
+                    rows.append({"policy": "dms", "gate": None, "gate_rate": None, "signature": None,
+                                 "target_ratio": target, "distractors": n, "budget_frames": frames,
+                                 "kv_capacity_tokens": window_capacity(checkpoint, frames),
+                                 "protect_recent_frames": None, **row, "readout_accuracy": None})
+                    progress(f"dms    target {target:<4g} N={n:<4} F={frames:<3} cue kept {row['cue_kept']:.2f}, "
+                             f"entries {row['cue_entries_kept']:.2f}")
+        if "aura" in spec.policies:
+            for gate in AURA_GATES:
+                rate = 1.0 if gate in ("surprise", "every_frame") else rates[n]
+                cell = BenchUnit("aura", n, gate=gate, rate=rate)
+                row = aura_row(gate, None if gate == "surprise" else rate, aura_capacity(checkpoint),
+                               _episodes(results, spec, cell),
+                               _episodes(results, spec, BenchUnit(**{**cell.__dict__, "split": PROTOTYPE})), spec.classes)
+                rows.append({**row, "signature": None, "distractors": n, "budget_frames": None})
+            progress(f"aura   N={n:<4} {len(AURA_GATES)} gates")
+    for row in rows:
+        row["chance"] = 1.0 / spec.classes
+    return rows
 
 
 def _cell(value: float | None, fmt: str) -> str:

@@ -1,0 +1,145 @@
+"""Units of work on this process, local workers or Ray: the same results, kept through deaths and interruptions."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from vla_edge_ros.tools.parallel import Job, Unit, run_units
+
+HERE = Path(__file__).resolve().parent
+
+
+def prepare(context: dict) -> dict:
+    """A toy worker state: what a real one loads once (the model), here a counter of units run."""
+    return {"scale": context["scale"], "ran": 0, "pid": os.getpid()}
+
+
+def work(state: dict, spec: dict) -> dict:
+    """A toy unit: deterministic from its spec; may die (SIGKILL to itself) or raise when told to."""
+    state["ran"] += 1
+    if spec.get("die") and not Path(spec["die"]).exists():
+        Path(spec["die"]).write_text("died once")  # the next attempt survives
+        os.kill(os.getpid(), signal.SIGKILL)
+    if spec.get("always_die"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if spec.get("raise"):
+        raise ValueError(f"unit {spec['n']} cannot be done")
+    time.sleep(spec.get("sleep", 0.0))
+    return {"n": spec["n"], "square": spec["n"] ** 2 * state["scale"], "pid": state["pid"]}
+
+
+def job(scale: int = 1) -> Job:
+    return Job(prepare, work, {"scale": scale}, identity=f"toy-{scale}")
+
+
+def units(count: int, **extra) -> list[Unit]:
+    return [Unit(f"u{n:03d}", {"n": n, **extra}) for n in range(count)]
+
+
+def strip(results: dict) -> dict:
+    return {key: {k: v for k, v in value.items() if k != "pid"} for key, value in results.items()}
+
+
+def test_workers_give_the_results_a_serial_run_gives_and_write_each_unit(tmp_path):
+    serial = run_units(job(), units(12), tmp_path / "serial")
+    parallel = run_units(job(), units(12), tmp_path / "parallel", workers=2)
+    assert strip(serial.results) == strip(parallel.results) and not parallel.failed
+    assert len({r["pid"] for r in parallel.results.values()}) == 2  # both workers took units
+    files = sorted((tmp_path / "parallel" / "units").glob("*.json"))
+    assert [f.stem for f in files] == [f"u{n:03d}" for n in range(12)]
+    assert json.loads(files[3].read_text())["result"]["square"] == 9
+    assert parallel.backend == "processes" and serial.backend == "serial"
+
+
+def test_a_worker_that_dies_has_its_unit_retried_and_one_that_keeps_dying_is_reported(tmp_path):
+    work_units = units(6) + [Unit("dies_once", {"n": 6, "die": str(tmp_path / "marker")}),
+                             Unit("always_dies", {"n": 7, "always_die": True}),
+                             Unit("raises", {"n": 8, "raise": True})]
+    summary = run_units(job(), work_units, tmp_path / "out", workers=2)
+    assert summary.results["dies_once"]["square"] == 36  # retried on a fresh worker
+    assert set(summary.failed) == {"always_dies", "raises"}
+    assert "died 2 times" in summary.failed["always_dies"] and "cannot be done" in summary.failed["raises"]
+    assert all(summary.results[f"u{n:03d}"]["square"] == n * n for n in range(6))  # nothing else lost
+
+
+def test_resume_keeps_finished_units_of_the_same_job_only(tmp_path):
+    first = run_units(job(), units(4), tmp_path)
+    (tmp_path / "units" / "u002.json").unlink()  # as if the run had stopped before this one
+    again = run_units(job(), units(4), tmp_path, resume=True)
+    assert again.resumed == 3 and strip(again.results) == strip(first.results)
+    other = run_units(job(scale=2), units(4), tmp_path, resume=True)  # another configuration: nothing reused
+    assert other.resumed == 0 and other.results["u003"]["square"] == 18
+
+
+def test_ctrl_c_stops_every_worker_and_leaves_whole_units_for_resume(tmp_path):
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(HERE)!r})
+        from pathlib import Path
+        from test_parallel import job, units
+        from vla_edge_ros.tools.parallel import run_units
+        from vla_edge_ros.runtime.stop_signals import Interrupted, StopSignals
+        with StopSignals.installed():
+            try:
+                run_units(job(), units(40, sleep=0.2), Path({str(tmp_path)!r}), workers=2)
+            except Interrupted:
+                sys.exit(3)
+    """)
+    process = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(list((tmp_path / "units").glob("*.json"))) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 3, err[-2000:]
+    finished = sorted((tmp_path / "units").glob("*.json"))
+    assert 4 <= len(finished) < 40 and not list((tmp_path / "units").glob("*.tmp"))
+    stored = [json.loads(f.read_text()) for f in finished]
+    assert all(s["identity"] == "toy-1" for s in stored)  # each one whole
+    for pid in {s["result"]["pid"] for s in stored}:  # the workers went down with the run: no orphan left
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(pid)
+    resumed = run_units(job(), units(40), tmp_path, resume=True)
+    assert resumed.resumed == len(finished) and len(resumed.results) == 40
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/status").is_file() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
+
+
+def test_evaluate_on_two_workers_and_on_a_local_ray_instance_matches_serial_byte_for_byte(tiny_model, tmp_path):
+    """The real job: fixed-cost closed-loop episodes; evaluate.json equal but for the run's timing block."""
+    from vla_edge_ros.config import parse_settings
+    from vla_edge_ros.runtime.block_costs import parse_cost
+    from vla_edge_ros.tools.evaluate import evaluate
+    from vla_edge_ros.worlds.sim.world import TaskSpec
+
+    settings = parse_settings({"reasoning": {"ros__parameters": {"model_dir": str(tiny_model), "backend": "numpy"}}},
+                              "test.yaml")
+    args = (settings, TaskSpec(name="cue-reach", time_limit_s=2.0), ["fifo", "aura:random"], [2], 2, 0,
+            parse_cost("fixed:encode=8ms,decode=1ms"))
+
+    def report(out: Path, **how) -> str:
+        result = evaluate(*args, out, **how)
+        result.pop("runtime_s"), result.pop("run")
+        return json.dumps(result, sort_keys=True)
+
+    serial = report(tmp_path / "serial")
+    assert report(tmp_path / "processes", workers=2) == serial
+    pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'vla_edge_ros[ray]'")
+    assert report(tmp_path / "ray", workers=2, ray_address="") == serial

@@ -1,0 +1,321 @@
+"""Independent units of work, run in this process, on local worker processes, or as Ray tasks, with results
+that do not depend on which.
+
+A tool (replay, evaluate, memory-bench) cuts its work into *units*: a key, which names the unit's result
+file, and a picklable spec. A ``Job`` says how a worker gets ready once (``prepare(context)``: load the
+model) and how it runs one unit (``work(state, spec)`` -> a JSON-able dict). A unit's result must depend
+on its spec alone, never on what the worker ran before it; the caller assembles its report from the
+results in unit order, so the report is the same whichever worker ran what, and the same as a serial run.
+
+Every result is written as it arrives to ``<out>/units/<key>.json`` (a temporary file, then a rename), so
+an interrupted run keeps each finished unit whole, and ``resume`` skips the units whose file is there and
+was written for the same job (``Job.identity``: a different configuration never resumes an old run).
+
+Failures. A unit that raises is reported failed with its error; its worker carries on. A worker process
+that dies (killed, out of memory, a crash in native code) has its unit run once more on a fresh worker;
+if that dies too, the unit is reported failed. Other units are not affected. Ctrl-C / SIGTERM stops every
+worker and leaves the finished units on disk.
+
+Backends. ``workers=1``: this process, in order. ``workers=N``: N spawned processes on this machine, each
+with one BLAS thread. ``ray=ADDRESS``: one Ray actor per worker on the cluster at ADDRESS (``""``: a Ray
+instance started here), each preparing once; inputs (model directory, bags) are read from paths every
+node sees, i.e. a shared filesystem; results come back to this process and are written here.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import queue
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+UNITS_DIR = "units"
+
+
+class UnitsFailed(RuntimeError):
+    """Some units failed; the finished ones are on disk and ``resume`` runs only the rest."""
+RETRIES_AFTER_A_DEATH = 1
+
+
+@dataclass(frozen=True)
+class Unit:
+    key: str  # file-name safe: [A-Za-z0-9_.-]
+    spec: Any
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every worker runs: module-level functions (pickled by reference) and a picklable context."""
+
+    prepare: Callable[[Any], Any]  # context -> state, once per worker
+    work: Callable[[Any, Any], dict]  # (state, spec) -> result
+    context: Any
+    identity: str  # a digest of everything a result depends on besides the spec
+
+
+@dataclass
+class RunSummary:
+    results: dict[str, dict] = field(default_factory=dict)  # key -> result, every finished unit
+    failed: dict[str, str] = field(default_factory=dict)  # key -> why
+    resumed: int = 0  # units read back from an earlier run
+    seconds: float = 0.0  # wall time of the run
+    busy_seconds: float = 0.0  # CPU time the units took: what one worker with a core to itself would need
+    workers: int = 1
+    backend: str = "serial"
+
+    @property
+    def speedup(self) -> float:
+        """Over one worker doing the same units alone: their summed CPU time over the run's wall time (CPU time,
+        not wall time, so that workers slowed by sharing cores do not count as work done)."""
+        return self.busy_seconds / self.seconds if self.seconds > 0 else 0.0
+
+
+def run_units(job: Job, units: Sequence[Unit], out: Path, *, workers: int = 1, ray_address: str | None = None,
+              resume: bool = False, progress: Callable[[int, int], None] = lambda done, total: None) -> RunSummary:
+    """Run ``units`` (see the module doc); returns every result and failure, whatever happened to workers."""
+    keys = [unit.key for unit in units]
+    if len(set(keys)) != len(keys):
+        raise ValueError("unit keys must be unique")
+    directory = out / UNITS_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    summary = RunSummary(workers=workers, backend="ray" if ray_address is not None else
+                         "processes" if workers > 1 else "serial")
+    pending = []
+    for unit in units:
+        earlier = _read(directory / f"{unit.key}.json", job.identity) if resume else None
+        if earlier is None:
+            pending.append(unit)
+        else:
+            summary.results[unit.key] = earlier
+            summary.resumed += 1
+    started = time.perf_counter()
+    done = [len(summary.results)]
+
+    def finished(key: str, result: dict | None, error: str | None, seconds: float = 0.0) -> None:
+        summary.busy_seconds += seconds
+        if result is not None:
+            _write(directory / f"{key}.json", job.identity, result)
+            summary.results[key] = result
+        else:
+            summary.failed[key] = error or "failed"
+        done[0] += 1
+        progress(done[0], len(units))
+
+    progress(done[0], len(units))
+    if ray_address is not None:
+        _run_ray(job, pending, workers, ray_address, finished)
+    elif workers > 1:
+        _run_processes(job, pending, workers, finished)
+    else:
+        state = job.prepare(job.context) if pending else None
+        for unit in pending:
+            finished(unit.key, *_timed(job, state, unit.spec))
+    summary.seconds = time.perf_counter() - started
+    return summary
+
+
+def _timed(job: Job, state: Any, spec: Any) -> tuple[dict | None, str | None, float]:
+    """(result, None, CPU seconds) or (None, the error, CPU seconds): a unit's failure is reported, the run
+    goes on."""
+    started = time.process_time()
+    try:
+        result = job.work(state, spec)
+    except Exception:  # noqa: BLE001
+        return None, traceback.format_exc(limit=3).rstrip(), time.process_time() - started
+    return result, None, time.process_time() - started
+
+
+def _write(path: Path, identity: str, result: dict) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps({"identity": identity, "result": result}, sort_keys=True) + "\n")
+    os.replace(temporary, path)
+
+
+def _read(path: Path, identity: str) -> dict | None:
+    """An earlier result of the same job, or None (absent, unreadable, or written for another job)."""
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return stored["result"] if isinstance(stored, dict) and stored.get("identity") == identity else None
+
+
+# --- local processes ---------------------------------------------------------------------------------------
+
+
+def _serve(job: Job, tasks: multiprocessing.Queue, results: multiprocessing.Queue, worker: int) -> None:
+    """A worker process: prepare once, then run units until told to stop (None)."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1, user_api="blas")  # N workers share the cores; one BLAS thread each
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    state = job.prepare(job.context)
+    while True:
+        unit = tasks.get()
+        if unit is None:
+            return
+        results.put((worker, unit.key, *_timed(job, state, unit.spec)))
+
+
+class _Worker:
+    def __init__(self, context: Any, job: Job, results: multiprocessing.Queue, number: int) -> None:
+        self.number = number
+        self.tasks = context.Queue()
+        self.process = context.Process(target=_serve, args=(job, self.tasks, results, number), daemon=True)
+        self.process.start()
+        self.unit: Unit | None = None
+
+    def give(self, unit: Unit) -> None:
+        self.unit = unit
+        self.tasks.put(unit)
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self.process.terminate()
+        self.process.join(timeout=5)
+
+
+def _run_processes(job: Job, pending: Sequence[Unit], workers: int,
+                   finished: Callable[[str, dict | None, str | None], None]) -> None:
+    context = multiprocessing.get_context("spawn")  # no forked BLAS or numba threads, the same on every OS
+    results = context.Queue()
+    todo = list(pending)
+    deaths: dict[str, int] = {}
+    numbers = iter(range(1 << 30))
+    pool = [_Worker(context, job, results, next(numbers)) for _ in range(min(workers, len(todo)))]
+    try:
+        while todo or any(worker.unit is not None for worker in pool):
+            for worker in pool:
+                if worker.unit is None and todo:
+                    worker.give(todo.pop(0))
+            try:
+                number, key, result, error, seconds = results.get(timeout=0.2)
+            except queue.Empty:
+                pool = _replace_dead(pool, todo, deaths, finished, lambda: _Worker(context, job, results, next(numbers)))
+                continue
+            for worker in pool:
+                if worker.number == number:
+                    worker.unit = None
+            finished(key, result, error, seconds)
+    finally:
+        for worker in pool:
+            worker.tasks.put(None)
+        for worker in pool:
+            worker.stop()
+
+
+def _replace_dead(pool: list[_Worker], todo: list[Unit], deaths: dict[str, int],
+                  finished: Callable[[str, dict | None, str | None], None], spawn: Callable[[], _Worker]) -> list[_Worker]:
+    """Workers that died: their unit runs again (once), and a fresh worker takes the dead one's place."""
+    alive = []
+    for worker in pool:
+        if worker.process.is_alive():
+            alive.append(worker)
+            continue
+        unit = worker.unit
+        worker.stop()
+        if unit is not None:
+            deaths[unit.key] = deaths.get(unit.key, 0) + 1
+            if deaths[unit.key] > RETRIES_AFTER_A_DEATH:
+                finished(unit.key, None, f"its worker died {deaths[unit.key]} times "
+                                         f"(exit code {worker.process.exitcode})")
+            else:
+                todo.insert(0, unit)
+        if todo:
+            alive.append(spawn())
+    return alive
+
+
+# --- Ray ---------------------------------------------------------------------------------------------------
+
+
+def _run_ray(job: Job, pending: Sequence[Unit], workers: int, address: str,
+             finished: Callable[[str, dict | None, str | None], None]) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("--ray needs Ray: pip install 'vla_edge_ros[ray]' (or pip install ray)") from None
+    ray.init(address=address or None, num_cpus=None if address else workers, include_dashboard=False,
+             log_to_driver=False, ignore_reinit_error=True, configure_logging=False)
+    try:
+        actor = ray.remote(num_cpus=1, max_restarts=RETRIES_AFTER_A_DEATH)(_RayWorker)
+        pool = [actor.remote(job) for _ in range(min(workers, len(pending)))]
+        todo, running, deaths = list(pending), {}, {}
+        while todo or running:
+            for handle in pool:
+                if todo and not any(h is handle for h, _ in running.values()):
+                    unit = todo.pop(0)
+                    running[handle.run.remote(unit.spec)] = (handle, unit)
+            ready, _ = ray.wait(list(running), num_returns=1)
+            handle, unit = running.pop(ready[0])
+            try:
+                result, error, seconds = ray.get(ready[0])
+            except ray.exceptions.RayActorError as exc:  # the worker died; Ray restarts the actor
+                deaths[unit.key] = deaths.get(unit.key, 0) + 1
+                if deaths[unit.key] > RETRIES_AFTER_A_DEATH:
+                    finished(unit.key, None, f"its Ray worker died {deaths[unit.key]} times: {exc}")
+                else:
+                    todo.insert(0, unit)
+                continue
+            finished(unit.key, result, error, seconds)
+    finally:
+        ray.shutdown()
+
+
+class _RayWorker:
+    """One Ray actor: prepares once, then runs units (its results go back to the driver, which writes them)."""
+
+    def __init__(self, job: Job) -> None:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(1, user_api="blas")
+        self.job = job
+        self.state = job.prepare(job.context)
+
+    def run(self, spec: Any) -> tuple[dict | None, str | None, float]:
+        return _timed(self.job, self.state, spec)
+
+
+def progress_bar(description: str) -> Callable[[int, int], None]:
+    """One progress bar over all units on stderr (tqdm)."""
+    from tqdm import tqdm
+
+    bar: list[tqdm] = []
+
+    def update(done: int, total: int) -> None:
+        if not bar:
+            bar.append(tqdm(total=total, desc=description, unit="unit", file=sys.stderr, dynamic_ncols=True))
+        bar[0].update(done - bar[0].n)
+        if done == total:
+            bar[0].close()
+    return update
+
+
+def run_line(run: dict, seconds: float) -> str:
+    """The end-of-run summary: units, rate, who ran them."""
+    where = f"Ray ({run['ray_address'] or 'local'})" if run["backend"] == "ray" else \
+        f"{run['workers']} local process{'es' if run['workers'] > 1 else ''}" if run["backend"] == "processes" else "this process"
+    resumed = f", {run['resumed']} resumed from an earlier run" if run["resumed"] else ""
+    return (f"{run['units']} units in {seconds:.1f} s = {run['units_per_s']:.2f} units/s on {where} "
+            f"({run['cores']} cores), {run['speedup']:.2f}x one worker, {run['failed']} failed{resumed}")
+
+
+def run_figures(summaries: Sequence[RunSummary], workers: int, ray_address: str | None) -> dict[str, Any]:
+    """How a run of one or more passes went: wall time, units/s, speed-up, failures, who ran it. Timing
+    fields, which differ from run to run (``seconds`` is popped into a report's ``runtime_s``)."""
+    seconds = sum(s.seconds for s in summaries)
+    busy = sum(s.busy_seconds for s in summaries)
+    ran = sum(len(s.results) - s.resumed for s in summaries)
+    return {"seconds": seconds, "workers": workers, "backend": summaries[0].backend if summaries else "serial",
+            "ray_address": ray_address, "cores": os.cpu_count(), "units": sum(len(s.results) for s in summaries),
+            "resumed": sum(s.resumed for s in summaries), "failed": sum(len(s.failed) for s in summaries),
+            "units_per_s": ran / seconds if seconds > 0 else 0.0, "speedup": busy / seconds if seconds > 0 else 0.0}
