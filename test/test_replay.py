@@ -16,10 +16,9 @@ from vla_edge_ros.bags import Bag, BagError
 from vla_edge_ros.cli import main
 from vla_edge_ros.runtime.admission import BlockKind
 from vla_edge_ros.runtime.loader import load_engine
-from vla_edge_ros.tools.replay import parse_cost, replay_bag
+from vla_edge_ros.tools.replay import parse_cost, plots, replay_bag
 from vla_edge_ros.tools.replay.commands import RecordedCommands
 from vla_edge_ros.tools.replay.memory_view import MemoryView
-from vla_edge_ros.tools.replay.plots import latency_figure, writes_figure
 from vla_edge_ros.tools.replay.report import action_error
 from vla_edge_ros.tools.replay.runner import recorded_frames
 from vla_edge_ros.tools.replay.session import FrameRecord, PolicyRun, replay_policy
@@ -185,12 +184,25 @@ def test_plots_label_every_axis_draw_the_deadline_and_keep_tokens_off_the_frames
     for policy in ("fifo", "dms"):
         with Bag(moving_bag) as bag:
             runs.append(replay_policy(recorded_frames(bag, "/camera/image_raw"), settings, policy, parse_cost(FIXED)))
-    fig = latency_figure(runs, 33.0)
+    with Bag(moving_bag) as bag:
+        commands = RecordedCommands.read(bag, "/vla/command", settings)
+
+    def seconds(t_ns: int) -> float:
+        return (t_ns - bag.start_ns) / 1e9
+
+    for fig in (plots.memory_figure(runs, seconds), plots.timeline_figure(runs, seconds),
+                plots.actions_figure(runs, commands, seconds)):
+        assert all(ax.get_ylabel() for ax in fig.axes) and "(s)" in fig.axes[-1].get_xlabel()
+    assert "(bytes" in plots.memory_figure(runs, seconds).axes[0].get_ylabel()
+    panels = plots.actions_figure(runs, commands, seconds).axes
+    assert len(panels) == 7
+    assert [line.get_label() for line in panels[0].get_lines()] == ["recorded command", "fifo", "dms"]
+    fig = plots.latency_figure(runs, 33.0)
     ax = fig.axes[0]
     deadline = [line for line in ax.get_lines() if list(line.get_xdata()) == [33.0, 33.0]]
     assert len(deadline) == 1 and "deadline 33 ms" in [t.get_text() for t in ax.get_legend().get_texts()]
     assert "(ms)" in ax.get_xlabel() and "(count)" in ax.get_ylabel()
-    fig = writes_figure(runs, lambda t: t / 1e9)
+    fig = plots.writes_figure(runs, seconds)
     by_label = {ax.get_ylabel(): [line.get_label() for line in ax.get_lines()] for ax in fig.axes}
     assert by_label == {"frames (cumulative)": ["fifo"], "tokens (cumulative)": ["dms"]}
     assert all("(s)" in ax.get_xlabel() for ax in fig.axes)

@@ -43,9 +43,6 @@ class RecordedCommands:
                     for m in bag.messages([topic])]
         return cls(commands, msgtype, dimension_labels(msgtype, publisher["twist_dims"], publisher["joint_names"]))
 
-    def __len__(self) -> int:
-        return len(self.vectors)
-
     def nearest(self, t_ns: int) -> int | None:
         """Index of the command nearest to ``t_ns`` within ``MAX_GAP_MS``, or None."""
         if not len(self.times):

@@ -49,7 +49,7 @@ def _decision(record: FrameRecord, start_ns: int, figure_names: tuple[str, ...])
     if memory is not None:
         parts += [f"kv={memory.kv_tokens}", f"writes={memory.writes}", f"evictions={memory.evictions}",
                   f"kept={_joined(memory.kept, ',')}", f"evicted={_joined(memory.evicted, ',')}"]
-        parts += [f"{name}={_figure(value)}" for name, value in zip(figure_names, memory.figures)
+        parts += [f"{name}={_number(value)}" for name, value in zip(figure_names, memory.figures)
                   if not math.isnan(value)]
     return " ".join(parts)
 
@@ -89,14 +89,14 @@ def _row(record: FrameRecord, run: PolicyRun, commands: RecordedCommands, start_
     else:
         vector = commands.vectors[matched]
         row += [seconds(int(commands.times[matched]))]
-        row += [_figure(vector[i], digits=9) if i < vector.size else "" for i in range(commands.width)]
+        row += [_number(vector[i], digits=9) if i < vector.size else "" for i in range(commands.width)]
     memory = record.memory
     if memory is None:
         row += [""] * (6 + len(run.figure_names))
     else:
         row += [str(memory.kv_tokens), str(memory.memory_bytes), str(memory.writes), str(memory.evictions),
                 _joined(memory.kept, " ", empty=""), _joined(memory.evicted, " ", empty="")]
-        row += [_figure(value) for value in memory.figures]
+        row += [_number(value) for value in memory.figures]
     return row
 
 
@@ -105,7 +105,7 @@ def _float32(value: float) -> str:
     return str(np.float32(value))
 
 
-def _figure(value: float, digits: int = 6) -> str:
+def _number(value: float, digits: int = 6) -> str:
     return "" if math.isnan(value) else f"{value:.{digits}g}"
 
 

@@ -23,6 +23,7 @@ OUTCOME_COLOURS = {"admitted": "tab:green", "refused": "tab:orange", "missed": "
                    "dropped": "tab:blue", "bad_frame": "tab:purple"}
 WRITES_OF = {"frames": "frames stored (aura: written into its fast weights)", "tokens": "tokens written (dms)"}
 BAG_TIME = "bag time (s)"
+PLOTS = ("latency.png", "timeline.png", "memory.png", "writes.png", "actions.png")
 
 
 def write_plots(out: Path, runs: Sequence[PolicyRun], commands: RecordedCommands, *, bag_start_ns: int,
@@ -32,10 +33,9 @@ def write_plots(out: Path, runs: Sequence[PolicyRun], commands: RecordedCommands
     def seconds(t_ns: int) -> float:
         return (t_ns - bag_start_ns) / 1e9
 
-    figures = {"latency.png": latency_figure(runs, deadline_ms), "timeline.png": timeline_figure(runs, seconds),
-               "memory.png": memory_figure(runs, seconds), "writes.png": writes_figure(runs, seconds),
-               "actions.png": actions_figure(runs, commands, seconds)}
-    for name, fig in figures.items():
+    figures = (latency_figure(runs, deadline_ms), timeline_figure(runs, seconds), memory_figure(runs, seconds),
+               writes_figure(runs, seconds), actions_figure(runs, commands, seconds))
+    for name, fig in zip(PLOTS, figures):
         fig.tight_layout()
         fig.savefig(out / name, dpi=100)
         plt.close(fig)

@@ -40,11 +40,10 @@ import numpy as np
 
 from .commands import MAX_GAP_MS, RecordedCommands
 from .frame_files import decision_lines, write_predictions
-from .plots import write_plots
+from .plots import PLOTS, write_plots
 from .session import PolicyRun
 
 SCHEMA = "vla_edge_ros.replay/2"
-PLOTS = ("latency.png", "timeline.png", "memory.png", "writes.png", "actions.png")
 
 
 def action_error(run: PolicyRun, commands: RecordedCommands) -> dict[str, Any] | None:
