@@ -47,6 +47,7 @@ def cmd_play(args: argparse.Namespace) -> int:
     start = StartWhen(args.wait_subscribers, args.wait_timeout, args.delay)
     with Bag(args.bag) as bag, ros_session():
         player = BagPlayer(bag, args.topics, rate=args.rate, clock_hz=args.clock)
+        args.stop.running = True  # from here a signal stops playback (play sees it), even before play is called
         try:
             print(f"playing {bag.path} ({bag.duration_s:.2f} s) at x{args.rate:g}"
                   f"{', looping' if args.loop else ''}, /clock at {args.clock:g} Hz:\n{_describe(bag)}", flush=True)
