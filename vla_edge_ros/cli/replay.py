@@ -19,8 +19,9 @@ from typing import Any
 from ..bags import BagError
 from ..config import load_settings
 from ..memory import POLICIES
-from ..tools.replay import replay_bag
-from .args import cost_model, subset_of
+from ..tools.parallel import progress_bar, run_figures, run_line
+from ..tools.replay.runner import read_bag, replay_bags
+from .args import add_parallel_arguments, cost_model, subset_of
 
 BATCH_SCHEMA = "vla_edge_ros.replay-batch/1"
 
@@ -46,24 +47,33 @@ def output_dirs(out: Path, bags: list[Path]) -> list[Path]:
 def cmd_replay(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     dirs = output_dirs(args.out, args.bags)
-    reports: list[dict[str, Any]] = []
-    failed: list[dict[str, str]] = []
+    failed: dict[Path, str] = {}
+    ready, outs = [], []
     for bag, out in zip(args.bags, dirs):
         try:
-            report = replay_bag(bag, settings, args.policy, args.cost, out, image_topic=args.image_topic,
-                                command_topic=args.command_topic, realtime=args.realtime)
+            ready.append(read_bag(bag, settings, args.image_topic, args.command_topic))
+            outs.append(out)
         except BagError as exc:
-            print(f"vla-edge replay: error: {exc}", file=sys.stderr, flush=True)
-            failed.append({"bag": str(bag), "error": str(exc)})
-            continue
-        reports.append(report)
-        if not args.json:
-            _print_summary(report, out)
+            failed[bag] = str(exc)
+    reports, failures, summary = replay_bags(
+        ready, outs, settings, args.policy, args.cost, args.out, realtime=args.realtime, workers=args.workers,
+        ray_address=args.ray, resume=args.resume, bar=progress_bar("replay"))
+    failed.update(failures)
+    for bag in args.bags:
+        if bag in failed:
+            print(f"vla-edge replay: error: {failed[bag]}", file=sys.stderr, flush=True)
+        elif not args.json:
+            _print_summary(reports[bag], dirs[args.bags.index(bag)])
+    run = run_figures([summary], args.workers, args.ray)
     if args.json:
-        print(json.dumps({"schema": BATCH_SCHEMA, "reports": reports, "failed": failed}, indent=2))
+        print(json.dumps({"schema": BATCH_SCHEMA, "reports": [reports[bag] for bag in args.bags if bag in reports],
+                          "failed": [{"bag": str(bag), "error": failed[bag]} for bag in args.bags if bag in failed]},
+                         indent=2))
+    else:
+        print(run_line(run, run.pop("seconds")))
     if failed and len(args.bags) > 1:
         print(f"vla-edge replay: {len(failed)} of {len(args.bags)} bags failed: "
-              f"{', '.join(f['bag'] for f in failed)}", file=sys.stderr)
+              f"{', '.join(str(bag) for bag in args.bags if bag in failed)}", file=sys.stderr)
     return 2 if failed else 0
 
 
@@ -92,4 +102,5 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="report directory (created; with several bags, one subdirectory NN_STEM per bag)")
     p.add_argument("--json", action="store_true",
                    help="print only a JSON document to stdout: every bag's report.json content, and the failed bags")
+    add_parallel_arguments(p)
     p.set_defaults(func=cmd_replay)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...config import Settings
+from ...model.checkpoint import Checkpoint
 from ...runtime.action_output import clip
 from ...runtime.admission import Verdict
 from ...runtime.block_costs import CostModel
@@ -92,12 +93,28 @@ class PolicyRun:
     def cycles(self) -> list[FrameRecord]:
         return [record for record in self.frames if record.memory is not None]
 
+    def to_json(self) -> dict:
+        """Plain JSON values (a unit's result file), from which ``from_json`` rebuilds this run exactly."""
+        frames = [{**record.__dict__, "action": None if record.action is None else record.action.tolist(),
+                   "memory": None if record.memory is None else record.memory.__dict__} for record in self.frames]
+        return {**self.__dict__, "frames": frames}
+
+    @classmethod
+    def from_json(cls, data: dict) -> PolicyRun:
+        frames = [FrameRecord(**{**f, "action": None if f["action"] is None else np.asarray(f["action"]),
+                                 "memory": None if f["memory"] is None else MemoryRecord(**{
+                                     k: tuple(v) if isinstance(v, list) else v for k, v in f["memory"].items()})})
+                  for f in data["frames"]]
+        return cls(**{**data, "frames": frames, "figure_names": tuple(data["figure_names"])})
+
 
 def replay_policy(frames: Iterable[RecordedFrame], settings: Settings, policy: str, costs: CostModel, *,
-                  realtime: bool = False, progress: Callable[[int], None] = lambda frames_done: None) -> PolicyRun:
-    """Run ``frames`` (in arrival order; read once, lazily) through a fresh engine with ``policy``."""
+                  realtime: bool = False, checkpoint: Checkpoint | None = None,
+                  progress: Callable[[int], None] = lambda frames_done: None) -> PolicyRun:
+    """Run ``frames`` (in arrival order; read once, lazily) through a fresh engine with ``policy``
+    (``checkpoint``: the model's weights, when a worker has them loaded already)."""
     settings = settings.replace("reasoning", {"kv.policy": policy, "kv_store.dir": ""})
-    engine = load_engine(settings).engine
+    engine = load_engine(settings, checkpoint=checkpoint).engine
     camera, publisher = settings["camera_subscriber"], settings["action_publisher"]
     size = (camera["frame_height"], camera["frame_width"])
     upcoming = iter(frames)
