@@ -29,7 +29,13 @@ try:
 except ImportError:  # the decision tests above the graph still run
     rclpy = None
 
-needs_ros = pytest.mark.skipif(rclpy is None, reason="rclpy is not installed")
+
+
+def needs_ros(test):
+    """A graph test: marked ros, skipped where rclpy is not installed."""
+    return pytest.mark.ros(pytest.mark.skipif(rclpy is None, reason="rclpy is not installed")(test))
+
+
 MS = 1_000_000
 NOW = 10_000 * MS
 

@@ -26,6 +26,8 @@ from vla_edge_ros.bags import Bag, BagError  # noqa: E402
 from vla_edge_ros.bags.scenarios import BagSpec, write_bag  # noqa: E402
 from vla_edge_ros.nodes.bag_player import BagPlayer  # noqa: E402
 
+pytestmark = pytest.mark.ros
+
 CAMERA, COMMAND = "/camera/image_raw", "/vla/command"
 KEEP_ALL = QoSProfile(depth=1000, reliability=ReliabilityPolicy.BEST_EFFORT)  # matches every publisher
 

@@ -31,6 +31,8 @@ from vla_edge_ros.nodes.synthetic_camera import SyntheticCameraPublisher  # noqa
 from vla_edge_ros.runtime.frame_buffer import FrameBuffer  # noqa: E402
 from vla_edge_ros.runtime.image_codec import REASONS  # noqa: E402
 
+pytestmark = pytest.mark.ros
+
 TOPIC = "/test_camera/image_raw"
 H, W = 48, 64
 RELIABLE = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)

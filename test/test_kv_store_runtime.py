@@ -79,6 +79,7 @@ def test_kv_store_command_lists_verifies_collects_and_removes(tiny_model, tmp_pa
     assert main(["kv-store", "ls", "--dir", str(tmp_path / "nowhere")]) == 2
 
 
+@pytest.mark.ros
 def test_save_memory_service_and_shutdown_save_over_ros(tiny_model, tmp_path, key_file):
     pytest.importorskip("rclpy")
     from rclpy.node import Node

@@ -344,6 +344,7 @@ def _long_stream(micro_model, name: str, count: int) -> None:
     assert late < 3 * early + 0.5, f"{name}: median frame {early:.3f} ms early, {late:.3f} ms late"
 
 
+@pytest.mark.soak
 @pytest.mark.parametrize("name", POLICIES)
 def test_a_100k_frame_episode_stays_bounded(micro_model, name):
     _long_stream(micro_model, name, 100_000)

@@ -15,6 +15,8 @@ from vla_edge_ros.config import parse_settings  # noqa: E402
 from vla_edge_ros.nodes.bringup import Pipeline  # noqa: E402
 from vla_edge_ros.nodes.diagnostics import ERROR  # noqa: E402
 
+pytestmark = pytest.mark.ros
+
 
 def test_camera_to_commands_and_safe_stop_when_the_camera_stops(tiny_model):
     settings = parse_settings({

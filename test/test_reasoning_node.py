@@ -18,6 +18,8 @@ from vla_edge_ros.runtime.frame_buffer import FrameBuffer  # noqa: E402
 from vla_edge_ros.runtime.loader import load_engine  # noqa: E402
 from vla_edge_ros.worlds.synthetic import SyntheticCamera  # noqa: E402
 
+pytestmark = pytest.mark.ros
+
 
 @pytest.fixture
 def reasoning(tiny_model):

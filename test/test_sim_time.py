@@ -18,6 +18,8 @@ from vla_edge_ros.config import parse_settings  # noqa: E402
 from vla_edge_ros.nodes.bag_player import BagPlayer  # noqa: E402
 from vla_edge_ros.nodes.bringup import Pipeline  # noqa: E402
 
+pytestmark = pytest.mark.ros
+
 
 def test_commands_are_stamped_in_the_bag_time_of_a_played_bag(tiny_model, tmp_path):
     path = write_bag(BagSpec(seconds=2.0, size=(64, 48)), tmp_path / "moving.mcap")

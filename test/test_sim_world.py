@@ -13,6 +13,8 @@ from vla_edge_ros.config import parse_settings  # noqa: E402
 from vla_edge_ros.nodes.bringup import Pipeline  # noqa: E402
 from vla_edge_ros.nodes.sim_world import SimWorldNode  # noqa: E402
 
+pytestmark = pytest.mark.ros
+
 SHIPPED_MODEL = Path(__file__).resolve().parent.parent / "models" / "sim"
 
 
