@@ -303,6 +303,9 @@ def nano_model(tmp_path_factory):
     return load_checkpoint(write_random_model(tmp_path_factory.mktemp("nano") / "m", config, seed=4))
 
 
+# 30-50 s per policy on 2 cores: `make test-slow`. The default suite keeps the CUDA backend end to end in
+# test_engine.py and test_parity.py, and every memory kernel against its NumPy twin (test_kernels_memory.py).
+@pytest.mark.slow
 @pytest.mark.parametrize("name", POLICIES)
 def test_every_policy_runs_through_the_cuda_simulator_like_numpy(nano_model, name):
     results = {}
