@@ -16,10 +16,14 @@ that dies (killed, out of memory, a crash in native code) has its unit run once 
 if that dies too, the unit is reported failed. Other units are not affected. Ctrl-C / SIGTERM stops every
 worker and leaves the finished units on disk.
 
-Backends. ``workers=1``: this process, in order. ``workers=N``: N spawned processes on this machine, each
-with one BLAS thread. ``ray=ADDRESS``: one Ray actor per worker on the cluster at ADDRESS (``""``: a Ray
+Backends. ``workers=1``: this process, in order. ``workers=N``: N spawned processes on this machine.
+``ray=ADDRESS``: one Ray actor per worker on the cluster at ADDRESS (``""``: a Ray
 instance started here), each preparing once; inputs (model directory, bags) are read from paths every
 node sees, i.e. a shared filesystem; results come back to this process and are written here.
+
+Every backend runs its units with one BLAS thread. N workers share the cores anyway, and a float32 product
+split over two threads rounds differently from one on one thread (memory-bench's cue attention moved in the
+8th digit), so one thread everywhere is what keeps a report independent of the backend and of the machine.
 """
 
 from __future__ import annotations
@@ -114,11 +118,20 @@ def run_units(job: Job, units: Sequence[Unit], out: Path, *, workers: int = 1, r
     elif workers > 1:
         _run_processes(job, pending, workers, finished)
     else:
-        state = job.prepare(job.context) if pending else None
-        for unit in pending:
-            finished(unit.key, *_timed(job, state, unit.spec))
+        with one_blas_thread():
+            state = job.prepare(job.context) if pending else None
+            for unit in pending:
+                finished(unit.key, *_timed(job, state, unit.spec))
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+def one_blas_thread() -> Any:
+    """Limit BLAS to one thread (see the module doc); as a context manager, until its end."""
+    import numpy  # noqa: F401  (loads the BLAS: threadpoolctl limits only the libraries already loaded)
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(1, user_api="blas")
 
 
 def _timed(job: Job, state: Any, spec: Any) -> tuple[dict | None, str | None, float]:
@@ -152,10 +165,9 @@ def _read(path: Path, identity: str) -> dict | None:
 
 def _serve(job: Job, tasks: multiprocessing.Queue, results: multiprocessing.Queue, worker: int) -> None:
     """A worker process: prepare once, then run units until told to stop (None)."""
-    from threadpoolctl import threadpool_limits
-
-    threadpool_limits(1, user_api="blas")  # N workers share the cores; one BLAS thread each
     import signal
+
+    one_blas_thread()
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
     state = job.prepare(job.context)
@@ -275,9 +287,7 @@ class _RayWorker:
     """One Ray actor: prepares once, then runs units (its results go back to the driver, which writes them)."""
 
     def __init__(self, job: Job) -> None:
-        from threadpoolctl import threadpool_limits
-
-        threadpool_limits(1, user_api="blas")
+        one_blas_thread()
         self.job = job
         self.state = job.prepare(job.context)
 
