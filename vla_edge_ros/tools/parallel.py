@@ -82,8 +82,13 @@ class RunSummary:
 
 
 def run_units(job: Job, units: Sequence[Unit], out: Path, *, workers: int = 1, ray_address: str | None = None,
-              resume: bool = False, progress: Callable[[int, int], None] = lambda done, total: None) -> RunSummary:
-    """Run ``units`` (see the module doc); returns every result and failure, whatever happened to workers."""
+              resume: bool = False, progress: Callable[[int, int], None] = lambda done, total: None,
+              on_result: Callable[[str, dict], None] = lambda key, result: None) -> RunSummary:
+    """Run ``units`` (see the module doc); returns every result and failure, whatever happened to workers.
+
+    ``on_result(key, result)`` is called in this process for each result, resumed ones first, as it arrives:
+    work that needs several results (a bag's report) can start while the workers run the other units, on a
+    core this process would otherwise leave idle. Every worker has its next unit before it is called."""
     keys = [unit.key for unit in units]
     if len(set(keys)) != len(keys):
         raise ValueError("unit keys must be unique")
@@ -101,6 +106,8 @@ def run_units(job: Job, units: Sequence[Unit], out: Path, *, workers: int = 1, r
             summary.resumed += 1
     started = time.perf_counter()
     done = [len(summary.results)]
+    for key, result in list(summary.results.items()):
+        on_result(key, result)
 
     def finished(key: str, result: dict | None, error: str | None, seconds: float = 0.0) -> None:
         summary.busy_seconds += seconds
@@ -111,6 +118,8 @@ def run_units(job: Job, units: Sequence[Unit], out: Path, *, workers: int = 1, r
             summary.failed[key] = error or "failed"
         done[0] += 1
         progress(done[0], len(units))
+        if result is not None:
+            on_result(key, result)
 
     progress(done[0], len(units))
     if ray_address is not None:
@@ -217,6 +226,8 @@ def _run_processes(job: Job, pending: Sequence[Unit], workers: int,
             for worker in pool:
                 if worker.number == number:
                     worker.unit = None
+                    if todo:
+                        worker.give(todo.pop(0))  # before this process handles the result
             finished(key, result, error, seconds)
     finally:
         for worker in pool:
@@ -262,13 +273,18 @@ def _run_ray(job: Job, pending: Sequence[Unit], workers: int, address: str,
         actor = ray.remote(num_cpus=1, max_restarts=RETRIES_AFTER_A_DEATH)(_RayWorker)
         pool = [actor.remote(job) for _ in range(min(workers, len(pending)))]
         todo, running, deaths = list(pending), {}, {}
+        def feed(handle: Any) -> None:
+            if todo:
+                unit = todo.pop(0)
+                running[handle.run.remote(unit.spec)] = (handle, unit)
+
         while todo or running:
             for handle in pool:
-                if todo and not any(h is handle for h, _ in running.values()):
-                    unit = todo.pop(0)
-                    running[handle.run.remote(unit.spec)] = (handle, unit)
+                if not any(h is handle for h, _ in running.values()):
+                    feed(handle)
             ready, _ = ray.wait(list(running), num_returns=1)
             handle, unit = running.pop(ready[0])
+            feed(handle)  # before this process handles the result
             try:
                 result, error, seconds = ray.get(ready[0])
             except ray.exceptions.RayActorError as exc:  # the worker died; Ray restarts the actor
