@@ -31,12 +31,13 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import queue
+import pickle
 import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
@@ -172,90 +173,95 @@ def _read(path: Path, identity: str) -> dict | None:
 # --- local processes ---------------------------------------------------------------------------------------
 
 
-def _serve(job: Job, tasks: multiprocessing.Queue, results: multiprocessing.Queue, worker: int) -> None:
+def _serve(job: Job, tasks: Connection, results: Connection) -> None:
     """A worker process: prepare once, then run units until told to stop (None)."""
     import signal
 
     one_blas_thread()
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
     state = job.prepare(job.context)
-    while True:
-        unit = tasks.get()
-        if unit is None:
-            return
-        results.put((worker, unit.key, *_timed(job, state, unit.spec)))
+    while (unit := tasks.recv()) is not None:
+        results.send((unit.key, *_timed(job, state, unit.spec)))
 
 
 class _Worker:
-    def __init__(self, context: Any, job: Job, results: multiprocessing.Queue, number: int) -> None:
-        self.number = number
-        self.tasks = context.Queue()
-        self.process = context.Process(target=_serve, args=(job, self.tasks, results, number), daemon=True)
+    """A spawned process with a pipe of its own each way. Nothing is shared between workers (a shared queue
+    has a lock, and a worker killed while holding it would block every other worker's results for good),
+    and the send happens on the worker's main thread, so a worker killed mid-send can only leave a broken
+    message in its own pipe, which reads here as its death."""
+
+    def __init__(self, context: Any, job: Job) -> None:
+        task_reader, self.tasks = context.Pipe(duplex=False)
+        self.results, result_writer = context.Pipe(duplex=False)
+        self.process = context.Process(target=_serve, args=(job, task_reader, result_writer), daemon=True)
         self.process.start()
+        task_reader.close(), result_writer.close()  # the worker's ends: once it is gone, reads here see EOF
         self.unit: Unit | None = None
 
     def give(self, unit: Unit) -> None:
         self.unit = unit
-        self.tasks.put(unit)
+        self.tasks.send(unit)
+
+    def receive(self) -> tuple[str, dict | None, str | None, float] | None:
+        """The worker's result, or None when it died before sending one whole."""
+        try:
+            return self.results.recv()
+        except (EOFError, OSError, pickle.UnpicklingError):
+            return None
 
     def stop(self) -> None:
+        try:
+            self.tasks.send(None)
+        except OSError:
+            pass
+        self.process.join(timeout=5)
         if self.process.is_alive():
             self.process.terminate()
-        self.process.join(timeout=5)
+            self.process.join(timeout=5)
 
 
 def _run_processes(job: Job, pending: Sequence[Unit], workers: int,
                    finished: Callable[[str, dict | None, str | None], None]) -> None:
     context = multiprocessing.get_context("spawn")  # no forked BLAS or numba threads, the same on every OS
-    results = context.Queue()
     todo = list(pending)
     deaths: dict[str, int] = {}
-    numbers = iter(range(1 << 30))
-    pool = [_Worker(context, job, results, next(numbers)) for _ in range(min(workers, len(todo)))]
+    pool = [_Worker(context, job) for _ in range(min(workers, len(todo)))]
     try:
         while todo or any(worker.unit is not None for worker in pool):
             for worker in pool:
                 if worker.unit is None and todo:
                     worker.give(todo.pop(0))
-            try:
-                number, key, result, error, seconds = results.get(timeout=0.2)
-            except queue.Empty:
-                pool = _replace_dead(pool, todo, deaths, finished, lambda: _Worker(context, job, results, next(numbers)))
-                continue
-            for worker in pool:
-                if worker.number == number:
-                    worker.unit = None
+            busy = [worker for worker in pool if worker.unit is not None]
+            wait([conn for worker in busy for conn in (worker.results, worker.process.sentinel)], timeout=1.0)
+            for worker in busy:
+                if not worker.results.poll() and worker.process.is_alive():
+                    continue
+                unit = worker.unit
+                received = worker.receive()
+                if received is None:  # it died on this unit
+                    pool.remove(worker)
+                    worker.stop()
+                    _after_a_death(unit, worker.process.exitcode, todo, deaths, finished)
                     if todo:
-                        worker.give(todo.pop(0))  # before this process handles the result
-            finished(key, result, error, seconds)
+                        pool.append(_Worker(context, job))
+                    continue
+                worker.unit = None
+                if todo:
+                    worker.give(todo.pop(0))  # before this process handles the result
+                finished(*received)
     finally:
-        for worker in pool:
-            worker.tasks.put(None)
         for worker in pool:
             worker.stop()
 
 
-def _replace_dead(pool: list[_Worker], todo: list[Unit], deaths: dict[str, int],
-                  finished: Callable[[str, dict | None, str | None], None], spawn: Callable[[], _Worker]) -> list[_Worker]:
-    """Workers that died: their unit runs again (once), and a fresh worker takes the dead one's place."""
-    alive = []
-    for worker in pool:
-        if worker.process.is_alive():
-            alive.append(worker)
-            continue
-        unit = worker.unit
-        worker.stop()
-        if unit is not None:
-            deaths[unit.key] = deaths.get(unit.key, 0) + 1
-            if deaths[unit.key] > RETRIES_AFTER_A_DEATH:
-                finished(unit.key, None, f"its worker died {deaths[unit.key]} times "
-                                         f"(exit code {worker.process.exitcode})")
-            else:
-                todo.insert(0, unit)
-        if todo:
-            alive.append(spawn())
-    return alive
+def _after_a_death(unit: Unit, exitcode: int | None, todo: list[Unit], deaths: dict[str, int],
+                   finished: Callable[[str, dict | None, str | None], None]) -> None:
+    """A unit whose worker died runs again (once), then it is reported failed."""
+    deaths[unit.key] = deaths.get(unit.key, 0) + 1
+    if deaths[unit.key] > RETRIES_AFTER_A_DEATH:
+        finished(unit.key, None, f"its worker died {deaths[unit.key]} times (exit code {exitcode})")
+    else:
+        todo.insert(0, unit)
 
 
 # --- Ray ---------------------------------------------------------------------------------------------------
