@@ -21,7 +21,7 @@ import numpy as np
 from ..model.arena import KVArena
 from ..model.checkpoint import Checkpoint
 from ..model.config import ModelConfig
-from ..model.layout import arena_capacity, frames_in_arena, kv_bytes_per_token
+from ..model.layout import arena_capacity, frames_in_arena, kv_bytes_per_token, kv_page_bytes
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,13 @@ class MemoryContext:
     @property
     def kv_bytes_per_token(self) -> int:
         return kv_bytes_per_token(self.config)
+
+    def kv_bytes_held(self) -> int:
+        """Bytes of keys and values the arena holds now: with pages per KV head, the pages its heads hold
+        (what dms frees is what this stops counting); dense, every head's copy of every valid token."""
+        if self.arena.per_head:
+            return self.arena.pages.pages_in_use() * kv_page_bytes(self.config, self.arena.page_tokens)
+        return self.arena.used * self.kv_bytes_per_token
 
     def site(self) -> MemorySite:
         return MemorySite(self.checkpoint, self.arena.capacity, self.arena.pinned.size)

@@ -13,12 +13,14 @@ are enforced, so a token is read by every token whose forward starts while fewer
 tokens have arrived after it, and by none later unless a head keeps it. The pinned prompt is never
 judged and never evicted.
 
-Per-head memory. The arena keeps one slot per token and turns on head masks
-(``KVArena.head_valid``): a head that evicts a token stops reading it at once (attention masks it
-per KV head, in the NumPy path and in the CUDA kernel), and the slot is released when the last
-(layer, KV head) has evicted it. Per-head lengths (what each head reads) differ; the memory held is
-the union of what the heads keep. ``compression()`` reports both: tokens seen / tokens a head keeps
-(DMS's ratio: what each head reads), and tokens seen / slots held (what memory holds).
+Per-head memory. The arena runs its per-head page layout (``model/pages.py``, after the paged cache of
+NVIDIA's DMS inference code and vLLM's paged attention): every (layer, KV head) has its own block table
+and length over one pool of fixed-size pages. A head that evicts a token drops its entry at once: the
+head's last entry moves into the hole, and a page the head no longer needs goes back to the pool, so
+each head holds ceil(tokens it reads / page size) pages and attention (the NumPy path and the CUDA
+kernel alike) reads only those. A token's slot (its position) is released when the last head has
+dropped it. ``compression()`` reports tokens seen / tokens a head keeps (DMS's ratio: what each head
+reads), tokens seen / slots held, and the bytes the pages hold against a dense cache of every token seen.
 
 When the arena lacks room for the next frame, tokens are forced out whole, every head at once: the
 held token outside the window whose best keep score, over the heads still reading it, is lowest goes
@@ -58,6 +60,9 @@ class DmsCompression:
     tokens_seen: int  # tokens that entered the memory (frame and decoded tokens)
     held_per_head: np.ndarray  # [layers, kv_heads] tokens each head reads now, window included
     slots_held: int  # tokens at least one head still reads: what the arena holds
+    pages_per_head: np.ndarray  # [layers, kv_heads] pages each head holds, the pinned prompt's entries included
+    page_tokens: int  # entries per page
+    prompt_tokens: int  # the pinned prompt's entries in every head (not counted as held)
     decided: int  # tokens whose decisions were enforced (they left the window)
     kept_per_head: np.ndarray  # [layers, kv_heads] of those, how many each head decided to keep
     forced_evictions: int  # tokens forced out of every head for room
@@ -84,8 +89,24 @@ class DmsCompression:
 
     @property
     def slot_ratio(self) -> float:
-        """Tokens seen / slots held: the compression of the memory itself."""
+        """Tokens seen / slots held: distinct tokens some head still reads."""
         return self.tokens_seen / self.slots_held if self.slots_held else float("inf")
+
+    @property
+    def byte_ratio_per_layer(self) -> np.ndarray:
+        """[layers] bytes a dense cache of every token seen would take / bytes the layer's pages hold, the
+        prompt's share taken out of both (pages are whole: a head's unfilled last page counts as held)."""
+        heads = self.pages_per_head.shape[1]
+        held = self.pages_per_head.sum(axis=1) * self.page_tokens - self.prompt_tokens * heads
+        with np.errstate(divide="ignore"):
+            return self.tokens_seen * heads / held.astype(np.float64)
+
+    @property
+    def byte_ratio(self) -> float:
+        """Bytes of a dense cache of every token seen / bytes of KV the pages hold, pooled over layers and heads:
+        the memory dms actually frees, to compare with ``ratio``."""
+        held = int(self.pages_per_head.sum()) * self.page_tokens - self.prompt_tokens * self.pages_per_head.size
+        return self.tokens_seen * self.pages_per_head.size / held if held else float("inf")
 
 
 class DmsPolicy(MemoryPolicy):
@@ -177,7 +198,7 @@ class DmsPolicy(MemoryPolicy):
         candidates = np.flatnonzero(evictable).astype(np.int32)
         if candidates.size < need:
             raise RuntimeError(f"dms: {tokens} tokens do not fit beside the prompt and the {self.window}-token window")
-        reading = arena.head_valid[:, :, candidates]
+        reading = arena.holds(candidates)
         best = np.where(reading, self._slot_score[:, :, candidates], -np.inf).max(axis=(0, 1))
         victims = candidates[np.lexsort((arena.positions[candidates], best))[:need]]
         arena.release(victims)
@@ -226,8 +247,7 @@ class DmsPolicy(MemoryPolicy):
     def entries_of_frame(self, frame: int) -> np.ndarray:
         """[layers, kv_heads] how many tokens of this episode's frame number ``frame`` (0: the first)
         each head still reads."""
-        arena = self._context().arena
-        return arena.head_valid[:, :, (self._slot_frame == frame) & arena.valid].sum(axis=-1)
+        return self._context().arena.holds(self.slots_of_frame(frame)).sum(axis=-1)
 
     def slots_of_frame(self, frame: int) -> np.ndarray:
         """Slots that still hold tokens of frame number ``frame`` (slot numbers are reused after evictions)."""
@@ -237,25 +257,29 @@ class DmsPolicy(MemoryPolicy):
         frames = self._slot_frame[self._context().arena.valid]
         return int(np.unique(frames[frames >= 0]).size)
 
+    def tokens_seen(self) -> int:
+        return self.writes  # frame and decoded tokens alike
+
     def compression(self) -> DmsCompression:
         arena = self._context().arena
         prompt = arena.pinned.size
         return DmsCompression(
-            tokens_seen=self.writes, held_per_head=arena.head_valid.sum(axis=-1) - prompt,
-            slots_held=arena.used - prompt, decided=self._decided, kept_per_head=self._kept_decisions.copy(),
-            forced_evictions=self._forced, threshold=self._limits().current)
+            tokens_seen=self.writes, held_per_head=arena.pages.held_per_head() - prompt,
+            slots_held=arena.used - prompt, pages_per_head=arena.pages.pages_per_head(),
+            page_tokens=arena.page_tokens, prompt_tokens=prompt, decided=self._decided,
+            kept_per_head=self._kept_decisions.copy(), forced_evictions=self._forced, threshold=self._limits().current)
 
     def diagnostics(self) -> dict[str, Any]:
         report = self.compression()
-        return {"dms_compression": report.ratio, "dms_slot_compression": report.slot_ratio,
-                "dms_threshold": report.threshold, "dms_forced_evictions": report.forced_evictions}
+        return {"dms_compression": report.ratio, "dms_byte_compression": report.byte_ratio,
+                "dms_slot_compression": report.slot_ratio, "dms_threshold": report.threshold,
+                "dms_forced_evictions": report.forced_evictions}
 
     def snapshot(self) -> dict[str, np.ndarray]:
         state = super().snapshot()
         state.update(self._limits().snapshot())
         state.update(self._source().snapshot())
-        state.update(head_valid=self._context().arena.head_valid.astype(np.uint8), slot_scores=self._slot_score.copy(),
-                     slot_frames=self._slot_frame.copy(), pending_slots=self._pending_slots.copy(),
+        state.update(slot_scores=self._slot_score.copy(), slot_frames=self._slot_frame.copy(), pending_slots=self._pending_slots.copy(),
                      pending_keep=self._pending_keep.astype(np.uint8), kept_decisions=self._kept_decisions.copy(),
                      dms_counters=np.array([self._decided, self._forced], dtype=np.int64))
         return state
@@ -267,11 +291,9 @@ class DmsPolicy(MemoryPolicy):
         pending = _array(state, "pending_slots", np.int32, (None,))
         if pending.size > self.window:
             raise ValueError(f"memory snapshot's window ({pending.size} tokens) does not fit kv.dms.window={self.window}")
-        head_valid = _array(state, "head_valid", np.uint8, (*heads, capacity)) != 0
-        if not np.array_equal(head_valid.any(axis=(0, 1)), arena.valid) or not arena.valid[pending].all():
-            raise ValueError("memory snapshot's per-head masks and window do not match its slots")
+        if not arena.valid[pending].all() or not arena.holds(pending).all():
+            raise ValueError("memory snapshot's window is not held by every head of the restored cache")
         super().restore(state)
-        arena.head_valid[:] = head_valid
         self._slot_score = _array(state, "slot_scores", np.float32, (*heads, capacity)).copy()
         self._slot_frame = _array(state, "slot_frames", np.int64, (capacity,)).copy()
         self._pending_slots = pending.copy()

@@ -265,10 +265,10 @@ def dms_episode(engine: VlaEngine, spec: BenchSpec, episode: Episode, checkpoint
     policy: DmsPolicy = engine.policy
     entries = policy.entries_of_frame(episode.cue_index)  # [layers, kv_heads] cue tokens each head reads
     cue_slots = policy.slots_of_frame(episode.cue_index)
-    reads = engine.arena.head_valid.sum(axis=-1)  # tokens each head reads
+    reads = engine.arena.pages.held_per_head()  # tokens each head reads
     report, stats = policy.compression(), engine.memory_stats()
     return {"kept": bool(entries.sum()), "entries": float(entries.mean()) / engine.tokens_per_frame,
-            "centre": float(engine.arena.head_valid[:, :, centre].mean()) if centre in cue_slots else 0.0,
+            "centre": float(engine.arena.holds(np.array([centre])).mean()) if centre in cue_slots else 0.0,
             "attention": float(query.attention[..., cue_slots].sum(axis=-1).mean()),
             "uniform": float((entries / reads).mean()), "compression": report.ratio,
             "forced": report.forced_evictions, "writes": stats.writes,
