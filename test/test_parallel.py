@@ -143,3 +143,31 @@ def test_evaluate_on_two_workers_and_on_a_local_ray_instance_matches_serial_byte
     assert report(tmp_path / "processes", workers=2) == serial
     pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'vla_edge_ros[ray]'")
     assert report(tmp_path / "ray", workers=2, ray_address="") == serial
+
+
+def test_replay_of_a_batch_on_two_workers_writes_what_a_serial_replay_writes(tiny_model, tmp_path):
+    """Two bags x two policies as four units: the decisions, predictions and reports are the same files."""
+    import yaml
+
+    from vla_edge_ros.cli import main
+
+    bags = [tmp_path / "moving.mcap", tmp_path / "cue.mcap"]
+    assert main(["make-bag", "--scenario", "moving", "--out", str(bags[0]), "--seconds", "2", "--size", "64x48"]) == 0
+    assert main(["make-bag", "--scenario", "cue-recall", "--out", str(bags[1]), "--seconds", "2"]) == 0
+    config = tmp_path / "robot.yaml"
+    config.write_text(yaml.safe_dump({"reasoning": {"ros__parameters": {
+        "model_dir": str(tiny_model), "backend": "numpy", "kv_capacity_tokens": 128}},
+        "camera_subscriber": {"ros__parameters": {"frame_height": 48, "frame_width": 64}}}))
+    common = ["replay", *map(str, bags), "--config", str(config), "--policy", "fifo,dms",
+              "--cost", "fixed:encode=8ms,decode=1ms"]
+    assert main([*common, "--out", str(tmp_path / "serial")]) == 0
+    assert main([*common, "--out", str(tmp_path / "parallel"), "--workers", "2"]) == 0
+    for stem in ("00_moving", "01_cue"):
+        serial, parallel = tmp_path / "serial" / stem, tmp_path / "parallel" / stem
+        for name in ("decisions_fifo.txt", "decisions_dms.txt", "predictions_fifo.csv", "predictions_dms.csv"):
+            assert (serial / name).read_bytes() == (parallel / name).read_bytes(), name
+        reports = [json.loads((d / "report.json").read_text()) for d in (serial, parallel)]
+        for report in reports:
+            for policy in report["policies"].values():
+                policy.pop("replay")  # wall time and frames per second: timing, not results
+        assert reports[0] == reports[1]

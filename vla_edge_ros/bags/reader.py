@@ -129,6 +129,12 @@ class Bag:
                                    f"at {time_ns} ns does not convert to CDR ({exc})") from exc
             yield connection.topic, connection.msgtype, time_ns, bytes(raw)
 
+    def times(self, topics: Sequence[str]) -> Iterator[tuple[str, int]]:
+        """(topic, receive time ns) of every message of ``topics`` in time order; nothing is decoded or
+        converted, so a topic of a type no definition is known for still counts."""
+        for connection, time_ns, _ in self._records(topics):
+            yield connection.topic, time_ns
+
     def close(self) -> None:
         if self._reader.stack is not None:
             self._reader.close()

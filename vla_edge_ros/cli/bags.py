@@ -9,6 +9,7 @@ from pathlib import Path
 from ..bags import Bag
 from ..bags.scenarios import SCENARIOS, BagSpec, write_bag
 from ..bags.writer import COMPRESSIONS, STORAGES
+from .args import count
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -40,21 +41,28 @@ def cmd_make_bag(args: argparse.Namespace) -> int:
 
 
 def cmd_play(args: argparse.Namespace) -> int:
-    from ..nodes.bag_player import BagPlayer
+    from ..nodes.bag_player import BagPlayer, StartWhen
     from ..nodes.ros_session import ros_session
 
+    start = StartWhen(args.wait_subscribers, args.wait_timeout, args.delay)
     with Bag(args.bag) as bag, ros_session():
         player = BagPlayer(bag, args.topics, rate=args.rate, clock_hz=args.clock)
+        args.stop.running = True  # from here a signal stops playback (play sees it), even before play is called
         try:
             print(f"playing {bag.path} ({bag.duration_s:.2f} s) at x{args.rate:g}"
                   f"{', looping' if args.loop else ''}, /clock at {args.clock:g} Hz:\n{_describe(bag)}", flush=True)
+            if start.subscribers:
+                print(f"waiting up to {start.timeout_s:g} s for {start.subscribers} subscriber(s) on each of "
+                      f"{', '.join(player.topics)}", flush=True)
+            if start.delay_s:
+                print(f"starting {start.delay_s:g} s after that", flush=True)
             began = time.monotonic()
 
             def progress() -> None:
                 print(f"bag time {(player.bag_time_ns - bag.start_ns) / 1e9:7.2f} / {bag.duration_s:.2f} s, "
                       f"{player.published} messages published", flush=True)
 
-            player.play(loop=args.loop, every_second=progress, stop=args.stop)
+            player.play(loop=args.loop, every_second=progress, stop=args.stop, start=start)
             print(f"played {player.published} messages (passes completed: {player.passes}) in "
                   f"{time.monotonic() - began:.1f} s", flush=True)
         finally:
@@ -91,4 +99,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--loop", action="store_true", help="start over at the end, until Ctrl-C or SIGTERM")
     p.add_argument("--clock", type=float, default=100.0, metavar="HZ", help="/clock rate in Hz (0: no /clock)")
     p.add_argument("--topics", nargs="+", help="topics to publish (default: every camera and command topic)")
+    p.add_argument("--wait-subscribers", type=lambda text: count(text, minimum=0), default=0, metavar="N",
+                   help="publish nothing until every played topic has N matched subscribers (default 0: start now)")
+    p.add_argument("--wait-timeout", type=float, default=30.0, metavar="S",
+                   help="give up (exit 2) when the subscribers have not matched after S seconds (default 30)")
+    p.add_argument("--delay", type=float, default=0.0, metavar="S",
+                   help="then wait S seconds more before the first message, so that a node that has just matched "
+                        "finishes discovery too (default 0)")
     p.set_defaults(func=cmd_play)

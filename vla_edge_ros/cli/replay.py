@@ -1,34 +1,89 @@
-"""``vla-edge replay BAG...``: compare memory policies on recorded data, deterministically by default."""
+"""``vla-edge replay BAG...``: compare memory policies on recorded data, deterministically by default.
+
+Each bag of a batch runs on its own: a bag that cannot be used (BagError: unreadable, no camera topic,
+no frame that decodes) is reported on stderr and the next one runs; the exit status is 2 when any bag
+failed. A config or model error is no bag's fault and ends the command at once. ``--out`` is checked
+before any bag is opened. Progress goes to stderr; with ``--json`` stdout holds
+one JSON document and nothing else.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
+from ..bags import BagError
 from ..config import load_settings
 from ..memory import POLICIES
-from ..tools.replay import replay_bag
-from .args import cost_model, subset_of
+from ..tools.parallel import progress_bar, run_figures, run_line
+from ..tools.replay.runner import read_bag, replay_bags
+from .args import add_parallel_arguments, cost_model, subset_of
+
+BATCH_SCHEMA = "vla_edge_ros.replay-batch/1"
+
+
+def output_dirs(out: Path, bags: list[Path]) -> list[Path]:
+    """The report directory of each bag (``out`` itself for one bag), after making sure that ``out`` is, or can
+    be made, a directory this process writes to; ValueError saying why not. Nothing is created yet."""
+    dirs = [out] if len(bags) == 1 else [out / f"{index:02d}_{bag.stem}" for index, bag in enumerate(bags)]
+    for path in (out, *dirs):
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"--out {path} exists and is not a directory; name a directory for the report")
+    existing = next(path for path in (out, *out.parents) if path.exists())
+    if not existing.is_dir():
+        raise ValueError(f"--out {out}: cannot write a report there: {existing} is not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        raise ValueError(f"--out {out}: cannot write a report there: {existing}: {exc.strerror or exc}") from None
+    return dirs
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
-    for index, bag in enumerate(args.bags):
-        if not bag.exists():
-            raise ValueError(f"{bag}: no such file or directory")
-        out = args.out if len(args.bags) == 1 else args.out / f"{index:02d}_{bag.stem}"
-        report = replay_bag(bag, settings, args.policy, args.cost, out, image_topic=args.image_topic,
-                            command_topic=args.command_topic, realtime=args.realtime)
-        print((out / "report.md").read_text())
-        for name, policy in report["policies"].items():
-            speed = policy["replay"]
-            print(f"{name}: replayed {policy['frames']} frames at {speed['frames_per_s']:.1f} frames/s = "
-                  f"{speed['x_realtime']:.2f}x the bag's real time ({report['bag']['rate_hz']:.1f} Hz)")
-        print(f"wrote {out / 'report.json'}, report.md, decisions_*.txt and plots")
-        if args.json:
-            print(json.dumps(report["policies"], indent=2))
-    return 0
+    dirs = output_dirs(args.out, args.bags)
+    failed: dict[Path, str] = {}
+    ready, outs = [], []
+    for bag, out in zip(args.bags, dirs):
+        try:
+            ready.append(read_bag(bag, settings, args.image_topic, args.command_topic))
+            outs.append(out)
+        except BagError as exc:
+            failed[bag] = str(exc)
+    reports, failures, summary = replay_bags(
+        ready, outs, settings, args.policy, args.cost, args.out, realtime=args.realtime, workers=args.workers,
+        ray_address=args.ray, resume=args.resume, bar=progress_bar("replay"))
+    failed.update(failures)
+    for bag in args.bags:
+        if bag in failed:
+            print(f"vla-edge replay: error: {failed[bag]}", file=sys.stderr, flush=True)
+        elif not args.json:
+            _print_summary(reports[bag], dirs[args.bags.index(bag)])
+    run = run_figures([summary], args.workers, args.ray)
+    if args.json:
+        print(json.dumps({"schema": BATCH_SCHEMA, "reports": [reports[bag] for bag in args.bags if bag in reports],
+                          "failed": [{"bag": str(bag), "error": failed[bag]} for bag in args.bags if bag in failed]},
+                         indent=2))
+    else:
+        print(run_line(run, run.pop("seconds")))
+    if failed and len(args.bags) > 1:
+        print(f"vla-edge replay: {len(failed)} of {len(args.bags)} bags failed: "
+              f"{', '.join(str(bag) for bag in args.bags if bag in failed)}", file=sys.stderr)
+    return 2 if failed else 0
+
+
+def _print_summary(report: dict[str, Any], out: Path) -> None:
+    print((out / "report.md").read_text())
+    for name, policy in report["policies"].items():
+        speed = policy["replay"]
+        print(f"{name}: replayed {policy['frames']} frames at {speed['frames_per_s']:.1f} frames/s = "
+              f"{speed['x_realtime']:.2f}x the bag's real time ({report['bag']['rate_hz']:.1f} Hz)")
+    print(f"wrote {out / 'report.json'}, report.md, predictions_*.csv, decisions_*.txt and plots", flush=True)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,6 +98,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cost", type=cost_model, default=cost_model("measured"),
                    help="block costs: measured (default) or fixed:encode=4ms,decode=1ms (deterministic)")
     p.add_argument("--realtime", action="store_true", help="pace by the wall clock instead of a virtual clock")
-    p.add_argument("--out", type=Path, default=Path("replay_report"), help="report directory")
-    p.add_argument("--json", action="store_true", help="also print the per-policy report as JSON")
+    p.add_argument("--out", type=Path, default=Path("replay_report"),
+                   help="report directory (created; with several bags, one subdirectory NN_STEM per bag)")
+    p.add_argument("--json", action="store_true",
+                   help="print only a JSON document to stdout: every bag's report.json content, and the failed bags")
+    add_parallel_arguments(p)
     p.set_defaults(func=cmd_replay)

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
-import time
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from ...bags.commands import command_vector
-from ...bags.reader import Bag
+from ...bags.reader import Bag, BagError
 from ...config import Settings
+from ...model.checkpoint import load_checkpoint
 from ...runtime.block_costs import CostModel
-from .report import write_report
-from .session import RecordedFrame, replay_policy
+from ..parallel import Job, RunSummary, Unit, run_units
+from .bag_summary import topic_summary
+from .commands import RecordedCommands
+from .report import SCHEMA, write_report
+from .session import PolicyRun, RecordedFrame, replay_policy
 
 
 def recorded_frames(bag: Bag, topic: str) -> Iterator[RecordedFrame]:
@@ -26,51 +30,128 @@ def recorded_frames(bag: Bag, topic: str) -> Iterator[RecordedFrame]:
                             message.msgtype.endswith("/CompressedImage"))
 
 
-def recorded_commands(bag: Bag, topic: str | None, settings: Settings) -> list[tuple[int, np.ndarray]]:
-    """The recorded commands mapped back to the action space (time ns, vector with NaN where unmapped)."""
-    if topic is None:
-        return []
-    publisher = settings["action_publisher"]
-    return [(m.time_ns, command_vector(m.msg, m.msgtype, twist_dims=publisher["twist_dims"],
-                                       joint_names=publisher["joint_names"]))
-            for m in bag.messages([topic])]
+@dataclass(frozen=True)
+class BagInput:
+    """What the report of one bag needs besides its runs, read once here (the units read the frames)."""
+
+    path: Path
+    image_topic: str
+    bag_info: dict[str, Any]
+    commands: RecordedCommands
+
+
+def read_bag(path: Path, settings: Settings, image_topic: str | None = None,
+             command_topic: str | None = None) -> BagInput:
+    """The bag's matched topics, its summary and recorded commands; BagError when it cannot be used."""
+    with Bag(path) as bag:
+        image = bag.image_topic(image_topic)
+        command = bag.command_topic(command_topic)
+        total = bag.topics[image].count
+        if total == 0:
+            raise BagError(f"{path}: the camera topic {image} holds no messages")
+        commands = RecordedCommands.read(bag, command, settings)
+        info = {"path": str(path), "duration_s": bag.duration_s, "start_ns": bag.start_ns, "image_topic": image,
+                "frames": total, "rate_hz": (total - 1) / bag.duration_s if bag.duration_s else 0.0,
+                "command_topic": command, "command_type": commands.msgtype, "topics": topic_summary(bag, image, command)}
+    return BagInput(path, image, info, commands)
+
+
+@dataclass(frozen=True)
+class ReplayContext:
+    settings: Settings
+    costs: CostModel
+    realtime: bool
+
+
+@dataclass(frozen=True)
+class ReplayUnit:
+    """One unit: one bag under one policy (``bag``: its place in the batch, for the key)."""
+
+    bag: int
+    path: Path
+    image_topic: str
+    policy: str
+
+    @property
+    def key(self) -> str:
+        return f"bag{self.bag:03d}_{self.policy}"
+
+
+def prepare(context: ReplayContext) -> dict[str, Any]:
+    """A worker's state: the checkpoint, read once for every bag and policy it replays."""
+    return {"context": context, "checkpoint": load_checkpoint(context.settings["reasoning"]["model_dir"])}
+
+
+def run_unit(state: dict[str, Any], unit: ReplayUnit) -> dict[str, Any]:
+    """One bag under one policy, from its frames alone (a fresh engine, buffer, gate and clock)."""
+    context = state["context"]
+    with Bag(unit.path) as bag:
+        run = replay_policy(recorded_frames(bag, unit.image_topic), context.settings, unit.policy, context.costs,
+                            realtime=context.realtime, checkpoint=state["checkpoint"])
+    return run.to_json()
+
+
+def replay_bags(bags: Sequence[BagInput], outs: Sequence[Path], settings: Settings, policies: Sequence[str],
+                costs: CostModel, units_dir: Path, *, realtime: bool = False, workers: int = 1,
+                ray_address: str | None = None, resume: bool = False,
+                bar: Callable[[int, int], None] = lambda done, total: None,
+                log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
+                ) -> tuple[dict[Path, dict[str, Any]], dict[Path, str], RunSummary]:
+    """Replay every bag under every policy (one unit each: tools/parallel.py), then write each bag's report
+    into its ``out``; returns (reports by bag, failures by bag, how the run went). A bag whose runs failed,
+    or none of whose frames decoded, is a failure; the others are reported."""
+    context = ReplayContext(settings, costs, realtime)
+    identity = hashlib.sha256(json.dumps([SCHEMA, settings.values, costs.describe(), realtime,
+                                          [str(b.path) for b in bags]], sort_keys=True, default=str).encode()).hexdigest()
+    units = [ReplayUnit(i, bag.path, bag.image_topic, policy) for i, bag in enumerate(bags) for policy in policies]
+    for bag in bags:
+        log(f"{bag.path.name}: replaying {bag.bag_info['frames']} frames of {bag.image_topic} under "
+            f"{', '.join(policies)} ({costs.describe()})")
+    summary = run_units(Job(prepare, run_unit, context, identity), [Unit(u.key, u) for u in units], units_dir,
+                        workers=workers, ray_address=ray_address, resume=resume, progress=bar)
+    reports, failed = {}, {}
+    for i, (bag, out) in enumerate(zip(bags, outs)):
+        keys = [ReplayUnit(i, bag.path, bag.image_topic, policy).key for policy in policies]
+        errors = [summary.failed[key].splitlines()[-1] for key in keys if key in summary.failed]
+        if errors:
+            failed[bag.path] = f"{bag.path}: {errors[0]}"
+            continue
+        runs = [PolicyRun.from_json(summary.results[key]) for key in keys]
+        try:
+            _check_decoded(bag.path, bag.image_topic, runs[0])
+        except BagError as exc:
+            failed[bag.path] = str(exc)
+            continue
+        for run in runs:
+            log(f"{bag.path.name} {run.policy}: {run.counts['frames']} frames in {run.wall_s:.1f} s = "
+                f"{run.counts['frames'] / run.wall_s:.1f} frames/s, {bag.bag_info['duration_s'] / run.wall_s:.2f}x "
+                "the bag's real time")
+        node = settings["reasoning"]
+        config = {"source": settings.source, "model_dir": node["model_dir"], "deadline_ms": node["deadline_ms"],
+                  "kv_capacity_tokens": node["kv_capacity_tokens"], "cost_model": costs.describe(),
+                  "realtime": realtime}
+        reports[bag.path] = write_report(out, bag.bag_info, config, runs, bag.commands)
+    return reports, failed, summary
 
 
 def replay_bag(path: Path, settings: Settings, policies: Sequence[str], costs: CostModel, out: Path, *,
                image_topic: str | None = None, command_topic: str | None = None, realtime: bool = False,
                log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> dict[str, Any]:
-    """Replay one bag under each policy and write the report into ``out``; returns report.json's content."""
-    with Bag(path) as bag:
-        image = bag.image_topic(image_topic)
-        command = bag.command_topic(command_topic)
-        total = bag.topics[image].count
-        commands = recorded_commands(bag, command, settings)
-        runs = []
-        for policy in policies:
-            log(f"{path.name}: replaying {total} frames of {image} under {policy} ({costs.describe()})")
-            runs.append(replay_policy(recorded_frames(bag, image), settings, policy, costs, realtime=realtime,
-                                      progress=_progress(policy, total, log)))
-            run = runs[-1]
-            log(f"{policy}: {run.counts['frames']} frames in {run.wall_s:.1f} s = "
-                f"{run.counts['frames'] / run.wall_s:.1f} frames/s, {bag.duration_s / run.wall_s:.2f}x the bag's "
-                f"real time")
-        node = settings["reasoning"]
-        bag_info = {"path": str(path), "duration_s": bag.duration_s, "start_ns": bag.start_ns, "image_topic": image,
-                    "frames": total, "rate_hz": (total - 1) / bag.duration_s if bag.duration_s else 0.0,
-                    "command_topic": command}
-        config = {"source": settings.source, "model_dir": node["model_dir"], "deadline_ms": node["deadline_ms"],
-                  "kv_capacity_tokens": node["kv_capacity_tokens"], "cost_model": costs.describe(),
-                  "realtime": realtime}
-        return write_report(out, bag_info, config, runs, commands)
+    """Replay one bag under each policy, here, and write the report into ``out``; returns report.json's
+    content. BagError when the bag cannot be used, including when not one of its camera frames decodes."""
+    bag = read_bag(path, settings, image_topic, command_topic)
+    with tempfile.TemporaryDirectory(prefix="vla-replay-units-") as units:  # no resume here: nothing left behind
+        reports, failed, _ = replay_bags([bag], [out], settings, policies, costs, Path(units), realtime=realtime,
+                                         log=log)
+    if failed:
+        raise BagError(failed[path])
+    return reports[path]
 
 
-def _progress(policy: str, total: int, log: Callable[[str], None]) -> Callable[[int], None]:
-    """Log a progress line at most every 2 s of wall time."""
-    last = [time.monotonic()]
-
-    def report(done: int) -> None:
-        now = time.monotonic()
-        if now - last[0] >= 2.0:
-            last[0] = now
-            log(f"  {policy}: {done}/{total} frames ({100 * done / max(total, 1):.0f}%)")
-    return report
+def _check_decoded(path: Path, topic: str, run: PolicyRun) -> None:
+    """BagError when no frame decoded: decoding does not depend on the policy, so the first run tells."""
+    bad = run.decode_errors
+    if bad and sum(bad.values()) == run.counts["frames"]:
+        reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(bad.items()))
+        raise BagError(f"{path}: none of the {run.counts['frames']} frames on {topic} could be decoded ({reasons}); "
+                       "nothing was replayed")

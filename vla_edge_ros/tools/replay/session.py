@@ -2,8 +2,9 @@
 
 The same objects as live, through the runtime's ``Driver``: the frame buffer (so frames that
 arrive while the reasoner is busy overwrite each other and count as dropped), the admission gate,
-the engine and the reasoning cycle. Only the clock differs (``runtime/clock.py``). Every frame's fate is logged as one
-decision line, which is what a deterministic replay reproduces byte for byte.
+the engine and the reasoning cycle. Only the clock differs (``runtime/clock.py``). Every frame's fate
+is one ``FrameRecord``: a line of the decisions file (which a deterministic replay reproduces byte for
+byte: the gate's verdicts, the actions and what the memory kept) and a row of the predictions CSV.
 """
 
 from __future__ import annotations
@@ -16,13 +17,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...config import Settings
+from ...model.checkpoint import Checkpoint
 from ...runtime.action_output import clip
 from ...runtime.admission import Verdict
 from ...runtime.block_costs import CostModel
 from ...runtime.clock import NS_PER_MS, VirtualClock, WallClock
-from ...runtime.driver import Driver
+from ...runtime.driver import Cycle, Driver
 from ...runtime.image_codec import ImageDecodeError, frame_from_message
 from ...runtime.loader import load_engine
+from .memory_view import MemoryRecord, MemoryView
+
+CYCLE_OUTCOMES = ("admitted", "refused", "missed", "stale")  # a cycle ran on the frame
+OUTCOMES = (*CYCLE_OUTCOMES, "dropped", "bad_frame")  # dropped: overwritten unread; bad_frame: undecodable
 
 
 @dataclass(frozen=True)
@@ -35,45 +41,100 @@ class RecordedFrame:
     compressed: bool
 
 
+@dataclass(frozen=True)
+class FrameRecord:
+    """What became of one camera message under one policy."""
+
+    index: int  # in the camera topic, from 0
+    arrival_ns: int  # bag receive time
+    outcome: str  # one of OUTCOMES
+    detail: str = ""  # the gate's verdict and any refused block; a bad frame's reason
+    done_ns: int | None = None  # clock when its cycle ended
+    ready_ns: int | None = None  # when its action was ready (a missed cycle may have one, late)
+    action: np.ndarray | None = None  # clipped as the action publisher would
+    memory: MemoryRecord | None = None  # the policy's memory after its cycle (None: no cycle ran)
+
+    @property
+    def latency_ms(self) -> float | None:
+        """Camera arrival to action ready."""
+        return None if self.action is None else (self.ready_ns - self.arrival_ns) / NS_PER_MS
+
+
 @dataclass
 class PolicyRun:
-    """Everything one policy did over the bag; report.py turns it into numbers and plots."""
+    """Everything one policy did over the bag; report.py, predictions.py and plots.py turn it into files."""
 
     policy: str
-    decisions: list[str] = field(default_factory=list)  # one line per frame, in arrival order
-    latencies_ms: list[float] = field(default_factory=list)
-    actions: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (ready ns, clipped action)
-    events: list[tuple[int, str]] = field(default_factory=list)  # (bag ns, admitted|refused|missed|stale)
-    memory: list[tuple[int, int, int, int]] = field(default_factory=list)  # (bag ns, bytes, writes, evictions)
-    counts: Counter = field(default_factory=Counter)
-    decode_errors: Counter = field(default_factory=Counter)
+    frames: list[FrameRecord] = field(default_factory=list)  # in arrival order
+    action_dims: int = 0
+    write_unit: str = "frames"  # what ``MemoryRecord.writes`` and ``evictions`` count
+    figure_names: tuple[str, ...] = ()  # the policy's own figures in ``MemoryRecord.figures``
+    buffer_dropped: int = 0  # the frame buffer's own count of frames overwritten unread
     tokens_seen: int = 0
     kv_tokens: int = 0
     wall_s: float = 0.0
 
+    @property
+    def counts(self) -> Counter:
+        """Frames by outcome, and ``frames`` in all."""
+        counts = Counter(record.outcome for record in self.frames)
+        counts["frames"] = len(self.frames)
+        return counts
+
+    @property
+    def decode_errors(self) -> Counter:
+        return Counter(record.detail for record in self.frames if record.outcome == "bad_frame")
+
+    @property
+    def actions(self) -> list[FrameRecord]:
+        return [record for record in self.frames if record.action is not None]
+
+    @property
+    def cycles(self) -> list[FrameRecord]:
+        return [record for record in self.frames if record.memory is not None]
+
+    def to_json(self) -> dict:
+        """Plain JSON values (a unit's result file), from which ``from_json`` rebuilds this run exactly."""
+        frames = [{**record.__dict__, "action": None if record.action is None else record.action.tolist(),
+                   "memory": None if record.memory is None else record.memory.__dict__} for record in self.frames]
+        return {**self.__dict__, "frames": frames}
+
+    @classmethod
+    def from_json(cls, data: dict) -> PolicyRun:
+        frames = [FrameRecord(**{**f, "action": None if f["action"] is None else np.asarray(f["action"]),
+                                 "memory": None if f["memory"] is None else MemoryRecord(**{
+                                     k: tuple(v) if isinstance(v, list) else v for k, v in f["memory"].items()})})
+                  for f in data["frames"]]
+        return cls(**{**data, "frames": frames, "figure_names": tuple(data["figure_names"])})
+
 
 def replay_policy(frames: Iterable[RecordedFrame], settings: Settings, policy: str, costs: CostModel, *,
-                  realtime: bool = False, progress: Callable[[int], None] = lambda frames_done: None) -> PolicyRun:
-    """Run ``frames`` (in arrival order; read once, lazily) through a fresh engine with ``policy``."""
+                  realtime: bool = False, checkpoint: Checkpoint | None = None,
+                  progress: Callable[[int], None] = lambda frames_done: None) -> PolicyRun:
+    """Run ``frames`` (in arrival order; read once, lazily) through a fresh engine with ``policy``
+    (``checkpoint``: the model's weights, when a worker has them loaded already)."""
     settings = settings.replace("reasoning", {"kv.policy": policy, "kv_store.dir": ""})
-    engine = load_engine(settings).engine
+    engine = load_engine(settings, checkpoint=checkpoint).engine
     camera, publisher = settings["camera_subscriber"], settings["action_publisher"]
     size = (camera["frame_height"], camera["frame_width"])
     upcoming = iter(frames)
     following = next(upcoming, None)
     if following is None:
         raise ValueError("no camera frames to replay")
-    start = following.arrival_ns
-    clock = WallClock(start) if realtime else VirtualClock(start)
+    clock = WallClock(following.arrival_ns) if realtime else VirtualClock(following.arrival_ns)
     driver = Driver(engine, settings, clock, None if realtime else costs, size)
-    run = PolicyRun(policy)
+    view = MemoryView(engine.policy)
+    run = PolicyRun(policy, action_dims=engine.config.action.dof, write_unit=view.write_unit,
+                    figure_names=view.figure_names)
     arrivals: list[int] = []
-    fate: dict[int, str] = {}  # frame index -> what became of it; absent: overwritten unread (dropped)
+    records: dict[int, FrameRecord] = {}  # frame index -> what became of it; absent: overwritten unread
     pending: dict[int, int] = {}  # the buffer's unread frame: its sequence number -> frame index
     wall_start = time.perf_counter()
     while True:
         while following is not None and following.arrival_ns <= clock():
-            _deliver(following, len(arrivals), driver, size, run, fate, pending)
+            bad = _deliver(following, len(arrivals), driver, size, pending)
+            if bad is not None:
+                records[len(arrivals)] = FrameRecord(len(arrivals), following.arrival_ns, "bad_frame", bad)
             arrivals.append(following.arrival_ns)
             following = next(upcoming, None)
         cycle = driver.reason()
@@ -83,25 +144,14 @@ def replay_policy(frames: Iterable[RecordedFrame], settings: Settings, policy: s
             clock.wait_until(following.arrival_ns)
             continue
         index = pending.pop(cycle.frame.seq)
-        result = cycle.result
-        now = clock()
-        if result.action is not None:
-            run.latencies_ms.append((result.ready_ns - cycle.frame.receive_ns) / NS_PER_MS)
-            run.actions.append((result.ready_ns, clip(result.action, publisher["action_min"], publisher["action_max"])))
-        outcome = ("missed" if result.missed else "admitted" if result.action is not None
-                   else "stale" if result.verdict is Verdict.STALE else "refused")
-        detail = f" {result.refused_block.value}" if result.refused_block else ""
-        if result.ready_ns is not None:
-            detail += f" ready_ms={(result.ready_ns - start) / NS_PER_MS:.3f}"
-        fate[index] = f"{outcome} {result.verdict.value}{detail}"
-        run.counts[outcome] += 1
-        run.events.append((now, outcome))
-        stats = engine.memory_stats()
-        run.memory.append((now, stats.memory_bytes, stats.writes, stats.evictions))
+        action = cycle.result.action
+        records[index] = FrameRecord(
+            index, arrivals[index], _outcome(cycle), _detail(cycle), clock(), cycle.result.ready_ns,
+            None if action is None else clip(action, publisher["action_min"], publisher["action_max"]),
+            view.after_cycle(index))
         progress(len(arrivals))
-    run.counts["frames"] = len(arrivals)
-    run.counts["dropped"] = driver.buffer.stats().dropped
-    run.decisions = [f"{i} t_ms={(t - start) / NS_PER_MS:.3f} {fate.get(i, 'dropped')}" for i, t in enumerate(arrivals)]
+    run.frames = [records.get(i, FrameRecord(i, t, "dropped")) for i, t in enumerate(arrivals)]
+    run.buffer_dropped = driver.buffer.stats().dropped
     stats = engine.memory_stats()
     run.tokens_seen = engine.prompt_ids.size + stats.frames_seen * engine.tokens_per_frame
     run.kv_tokens = stats.kv_tokens
@@ -109,14 +159,28 @@ def replay_policy(frames: Iterable[RecordedFrame], settings: Settings, policy: s
     return run
 
 
-def _deliver(recorded: RecordedFrame, index: int, driver: Driver, size: tuple[int, int], run: PolicyRun,
-             fate: dict[int, str], pending: dict[int, int]) -> None:
-    """The camera node's part: decode (bad frames are counted and never reach the buffer), then write."""
+def _outcome(cycle: Cycle) -> str:
+    result = cycle.result
+    if result.missed:
+        return "missed"
+    if result.action is not None:
+        return "admitted"
+    return "stale" if result.verdict is Verdict.STALE else "refused"
+
+
+def _detail(cycle: Cycle) -> str:
+    result = cycle.result
+    return result.verdict.value + (f" {result.refused_block.value}" if result.refused_block else "")
+
+
+def _deliver(recorded: RecordedFrame, index: int, driver: Driver, size: tuple[int, int],
+             pending: dict[int, int]) -> str | None:
+    """The camera node's part: decode, then write to the buffer; returns why a frame could not be decoded
+    (bad frames are counted and never reach the buffer)."""
     try:
         image = frame_from_message(recorded.msg, recorded.compressed, size)
     except ImageDecodeError as exc:
-        run.decode_errors[exc.reason] += 1
-        fate[index] = f"bad_frame {exc.reason}"
-        return
+        return exc.reason
     pending.clear()  # an unread frame is overwritten by this one (the buffer counts it as dropped)
     pending[driver.camera(image, recorded.stamp_ns, recorded.arrival_ns)] = index
+    return None

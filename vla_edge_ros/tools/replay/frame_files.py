@@ -1,0 +1,113 @@
+"""The per-frame files of a replay: ``decisions_<policy>.txt`` and ``predictions_<policy>.csv``.
+
+Both have one entry per camera message, in arrival order, from the same ``FrameRecord``.
+
+The decisions file is the replay's fingerprint: under a fixed cost model it is a function of the bag
+and the config alone, so two runs writing the same bytes made the same gate decisions, produced the
+same actions (printed exactly: the shortest text that reads back to the same float32) and kept and
+evicted the same frames. A line (wrapped here)::
+
+    12 t_ms=400.000 admitted admitted ready_ms=414.000 action=0.25,-0.5 kv=70 writes=13 evictions=2
+        kept=5,8,12 evicted=4
+
+``t_ms`` and ``ready_ms`` count from the first frame's arrival; a dropped frame's line ends after its
+outcome, a bad frame's after its reason; ``kept=-`` is an empty memory.
+
+The CSV is for plotting and inspection (any spreadsheet, ``pandas.read_csv``): times are seconds from
+the bag's start, numbers plain, an empty cell is "not applicable" (no action, no command within
+``MAX_GAP_MS``, a dimension the command does not map). Columns: see ``csv_header``.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from ...runtime.clock import NS_PER_MS
+from .commands import RecordedCommands
+from .session import FrameRecord, PolicyRun
+
+
+def decision_lines(run: PolicyRun) -> list[str]:
+    start = run.frames[0].arrival_ns if run.frames else 0
+    return [_decision(record, start, run.figure_names) for record in run.frames]
+
+
+def _decision(record: FrameRecord, start_ns: int, figure_names: tuple[str, ...]) -> str:
+    parts = [str(record.index), f"t_ms={(record.arrival_ns - start_ns) / NS_PER_MS:.3f}", record.outcome]
+    if record.detail:
+        parts.append(record.detail)
+    if record.ready_ns is not None:
+        parts.append(f"ready_ms={(record.ready_ns - start_ns) / NS_PER_MS:.3f}")
+    if record.action is not None:
+        parts.append("action=" + ",".join(_float32(v) for v in record.action))
+    memory = record.memory
+    if memory is not None:
+        parts += [f"kv={memory.kv_tokens}", f"writes={memory.writes}", f"evictions={memory.evictions}",
+                  f"kept={_joined(memory.kept, ',')}", f"evicted={_joined(memory.evicted, ',')}"]
+        parts += [f"{name}={_number(value)}" for name, value in zip(figure_names, memory.figures)
+                  if not math.isnan(value)]
+    return " ".join(parts)
+
+
+def csv_header(run: PolicyRun, commands: RecordedCommands) -> list[str]:
+    """frame (index in the camera topic), arrival_s, outcome, detail (gate verdict and refused block, or a
+    bad frame's reason), ready_s, latency_ms (arrival to action ready), action_0.. (clipped as published),
+    command_s and command_0.. (the recorded command the action is compared with), kv_tokens, memory_bytes,
+    writes and evictions (cumulative, in ``write_unit``), kept_frames and evicted_frames (frame indices,
+    space-separated), then the policy's own figures (aura: surprise; dms: slots_held, heads_ratio)."""
+    return (["frame", "arrival_s", "outcome", "detail", "ready_s", "latency_ms"]
+            + [f"action_{i}" for i in range(run.action_dims)]
+            + ["command_s"] + [f"command_{i}" for i in range(commands.width)]
+            + ["kv_tokens", "memory_bytes", "writes", "evictions", "kept_frames", "evicted_frames",
+               *run.figure_names])
+
+
+def write_predictions(path: Path, run: PolicyRun, commands: RecordedCommands, bag_start_ns: int) -> None:
+    with path.open("w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(csv_header(run, commands))
+        writer.writerows(_row(record, run, commands, bag_start_ns) for record in run.frames)
+
+
+def _row(record: FrameRecord, run: PolicyRun, commands: RecordedCommands, start_ns: int) -> list[str]:
+    def seconds(t_ns: int | None) -> str:
+        return "" if t_ns is None else f"{(t_ns - start_ns) / 1e9:.6f}"
+
+    latency = record.latency_ms
+    row = [str(record.index), seconds(record.arrival_ns), record.outcome, record.detail, seconds(record.ready_ns),
+           "" if latency is None else f"{latency:.3f}"]
+    action = record.action
+    row += [_float32(v) for v in action] if action is not None else [""] * run.action_dims
+    matched = None if action is None else commands.nearest(record.ready_ns)
+    if matched is None:
+        row += [""] * (1 + commands.width)
+    else:
+        vector = commands.vectors[matched]
+        row += [seconds(int(commands.times[matched]))]
+        row += [_number(vector[i], digits=9) if i < vector.size else "" for i in range(commands.width)]
+    memory = record.memory
+    if memory is None:
+        row += [""] * (6 + len(run.figure_names))
+    else:
+        row += [str(memory.kv_tokens), str(memory.memory_bytes), str(memory.writes), str(memory.evictions),
+                _joined(memory.kept, " ", empty=""), _joined(memory.evicted, " ", empty="")]
+        row += [_number(value) for value in memory.figures]
+    return row
+
+
+def _float32(value: float) -> str:
+    """The shortest text that reads back to the same float32."""
+    return str(np.float32(value))
+
+
+def _number(value: float, digits: int = 6) -> str:
+    return "" if math.isnan(value) else f"{value:.{digits}g}"
+
+
+def _joined(frames: Iterable[int], separator: str, empty: str = "-") -> str:
+    return separator.join(map(str, frames)) or empty
