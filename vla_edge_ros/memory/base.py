@@ -119,6 +119,11 @@ class MemoryPolicy(ABC):
         """Tokens beside the prompt the policy holds that no ``make_room`` can free (aura's memory token)."""
         return int(self.needs_prefix)
 
+    def tokens_beside_frames(self) -> int:
+        """Tokens a budget of F frames adds beside the F frames' tokens: what the policy holds that is no
+        frame's (aura's memory token). A budget bounds everything else the policy holds."""
+        return self.reserved_tokens()
+
     def reset(self) -> None:
         """A new episode: the arena holds only the pinned prompt again."""
         self.frames_seen = self.evictions = self.writes = 0

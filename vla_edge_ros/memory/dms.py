@@ -144,6 +144,9 @@ class DmsPolicy(MemoryPolicy):
     def reserved_tokens(self) -> int:
         return self.window  # the window is never evicted, so it can never make room
 
+    def tokens_beside_frames(self) -> int:
+        return 0  # the window holds frame (and action) tokens: a budget of F frames includes it
+
     def configure(self, knobs: MemoryKnobs) -> None:
         live = knobs.dms
         self.knobs = replace(self.knobs, threshold=live.threshold, target_ratio=live.target_ratio)

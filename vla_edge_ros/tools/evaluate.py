@@ -124,9 +124,13 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
 
 def capacity_for(config: ModelConfig, policy: MemoryPolicy, prompt_tokens: int, budget_frames: int | None,
                  spec: TaskSpec) -> int:
-    """KV slots for ``budget_frames`` frames after the prompt (None: every frame of an episode fits)."""
-    frames = budget_frames if budget_frames is not None else math.ceil(spec.time_limit_s * spec.rate_hz) + 1
-    return arena_capacity(config, prompt_tokens, frames, policy.reserved_tokens())
+    """KV slots for ``budget_frames`` frames after the prompt (None: every frame of an episode fits). A budget
+    bounds all the policy holds but what is no frame's (dms's window counts inside it, aura's memory token
+    beside it); "every frame" adds the policy's reserved tokens, so that nothing is forced out."""
+    if budget_frames is None:
+        frames = math.ceil(spec.time_limit_s * spec.rate_hz) + 1
+        return arena_capacity(config, prompt_tokens, frames, policy.reserved_tokens())
+    return arena_capacity(config, prompt_tokens, budget_frames, policy.tokens_beside_frames())
 
 
 def run_episode(env: CueReachEnv, seed: int, driver: Driver | None,
