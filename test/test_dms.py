@@ -72,9 +72,10 @@ def test_numpy_attention_with_a_bias_per_kv_head_matches_the_paged_kernel_twin()
 # --- the policy on a hand-built arena (scores given, no model) -------------------------------------------
 
 
-def fake_engine(capacity: int, layers: int = 1, heads: int = 2, prompt: int = 1) -> MemoryContext:
-    """What dms reads of an engine, with no model: an arena with head masks and a pinned prompt, keys of zeros."""
-    arena = KVArena(capacity)
+def fake_engine(capacity: int, layers: int = 1, heads: int = 2, prompt: int = 1, page_tokens: int | None = None,
+                pool_pages: int = 0) -> MemoryContext:
+    """What dms reads of an engine, with no model: an arena with pages per head and a pinned prompt, keys of zeros."""
+    arena = KVArena(capacity, page_tokens, pool_pages)
     arena.set_layout((layers, heads), per_head=True)
     arena.pinned = arena.allocate(prompt)
     arena.commit(arena.pinned, np.arange(prompt, dtype=np.int32))
@@ -171,6 +172,34 @@ def test_room_is_forced_by_the_lowest_best_head_score_ties_to_the_older_never_fr
     assert engine.arena.valid[d] and engine.arena.valid[e]
     with pytest.raises(RuntimeError, match="do not fit beside the prompt and the 2-token window"):
         policy.make_room(4)
+
+
+@pytest.mark.parametrize("scores", [[KEEP, KEEP], [KEEP, EVICT]], ids=["both-keep", "one-keeps"])
+def test_a_pool_smaller_than_the_dense_size_forces_tokens_out_when_its_pages_run_short(scores):
+    engine = fake_engine(capacity=64, prompt=1, page_tokens=2, pool_pages=8)  # 16 entries for 2 heads and 64 slots
+    policy = dms(engine, window=3)
+    longest = 0
+    for _ in range(60):
+        offer(policy, engine, scores)
+        assert engine.arena.pages.pages_in_use() <= 8  # never more than the pool, whatever the heads keep
+        longest = max(longest, int(engine.arena.pages.lengths.max()))
+    assert policy.compression().forced_evictions > 0 and engine.arena.used < 64  # pages ran short, not slots
+    assert engine.arena.holds(engine.arena.pinned).all() and engine.arena.holds(policy.pending_slots()).all()
+    if scores[1] == EVICT:  # head 1 holds the prompt, the window and the newest token (3 pages): head 0 the rest
+        assert longest == 10 > 16 // 2
+    else:
+        assert longest <= 8
+
+
+def test_a_pool_too_small_for_the_prompt_the_window_and_a_frame_is_refused_and_so_is_fifo_on_it():
+    with pytest.raises(ValueError, match="kv_pool_pages=5 must be at least 6"):
+        dms(fake_engine(capacity=64, prompt=1, page_tokens=2, pool_pages=5), window=3)
+    site = fake_engine(capacity=64, page_tokens=2, pool_pages=8).site()
+    with pytest.raises(ValueError, match="only dms runs on a smaller pool"):
+        site.check_pool("fifo", per_kv_head=False)
+    site.check_pool("dms", per_kv_head=True)
+    with pytest.raises(ValueError, match="only dms"):
+        KVArena(64, 2, 8).set_layout((1, 2), per_head=False)
 
 
 def test_a_fixed_threshold_keeps_only_scores_above_it():

@@ -158,3 +158,19 @@ def test_the_arena_releases_a_slot_when_its_last_head_drops_it_and_hands_the_mov
     assert arena.used == 0 and not arena.per_head
     with pytest.raises(RuntimeError, match="per-head layout"):
         arena.hide(slots[:1], one_head)
+
+
+def test_a_smaller_pool_says_how_many_pages_the_next_entries_lack():
+    table = PageTable((1, 2), capacity=32, page_tokens=4, per_head=True, pool_pages=5)
+    assert table.num_pages == 5
+    table.add(np.arange(7, dtype=np.int32))  # 2 pages per head, 1 free
+    assert table.pages_short(1) == 0  # both heads still have room in their second page
+    assert table.pages_short(2) == 1  # each head wants a third page, one is free
+    drop = np.zeros((1, 2, 7), bool)
+    drop[0, 1, :3] = True  # head 1 falls to 4 entries: its second page goes back
+    table.remove(np.arange(7, dtype=np.int32), drop)
+    assert table.pages_short(2) == 0 and len(table._free) == 2
+    with pytest.raises(RuntimeError, match="pool exhausted"):
+        table.add(np.arange(7, 20, dtype=np.int32))
+    with pytest.raises(ValueError, match="only dms"):
+        PageTable((1, 2), capacity=32, page_tokens=4, per_head=False, pool_pages=5)

@@ -64,7 +64,7 @@ class VlaEngine:
     """Owns the arena, the backend, the frame encoder and the action head."""
 
     def __init__(self, checkpoint: Checkpoint, *, kv_capacity_tokens: int, backend: str = "auto",
-                 policy: MemoryPolicy | None = None, kv_page_tokens: int | None = None) -> None:
+                 policy: MemoryPolicy | None = None, kv_page_tokens: int | None = None, kv_pool_pages: int = 0) -> None:
         config = checkpoint.config
         if not checkpoint.has_vla:
             raise ValueError(f"{checkpoint.path}: no vision weights; a VLA engine needs vision.* tensors")
@@ -75,7 +75,9 @@ class VlaEngine:
         if kv_capacity_tokens < arena_capacity(config, 1, 1):
             raise ValueError(f"kv_capacity_tokens={kv_capacity_tokens} cannot hold one frame "
                              f"({self.tokens_per_frame} tokens) plus {scratch} action tokens beside a prompt")
-        self.arena = KVArena(kv_capacity_tokens, kv_page_tokens)  # None: the schema's default page size
+        self.arena = KVArena(kv_capacity_tokens, kv_page_tokens, kv_pool_pages)  # None, 0: the schema's defaults
+        self.policy = policy or FifoPolicy()
+        self._use_layout()  # before the backend sizes its pool: a pool below the dense size is refused here
         self.kv_bytes_per_token = kv_bytes_per_token(config)
         self.backend = make_backend(backend, checkpoint, self.arena)
         self.memory = MemoryContext(checkpoint, self.arena, self.backend.read_kv, self.backend.name)
@@ -86,9 +88,7 @@ class VlaEngine:
         self.head = ActionHead(config.action, config.vocab_size, weight, bias)
         self._prompt_ids = np.empty(0, dtype=np.int32)
         self.scratch_tokens = scratch
-        self.policy = policy or FifoPolicy()
         self.policy.attach(self.memory)
-        self._use_layout()
 
     @property
     def prompt_slots(self) -> np.ndarray:
@@ -155,6 +155,7 @@ class VlaEngine:
 
     def set_policy(self, policy: MemoryPolicy) -> None:
         """Install another memory policy; an episode boundary: the cache restarts from the pinned prompt."""
+        self.memory.site().check_pool(policy.name, policy.per_kv_head)
         policy.attach(self.memory)
         self.policy = policy
         self._use_layout()

@@ -41,6 +41,7 @@ def check_knobs(knobs: MemoryKnobs, site: MemorySite, policies: Iterable[str] = 
     building nothing: the running policy's knobs and those it could switch to at the next episode alike,
     and the tensors of ``knobs.policy``."""
     for name in policies:
+        site.check_pool(name, POLICY_TYPES[name].per_kv_head)
         POLICY_TYPES[name].check_knobs(getattr(knobs, name, None), site)
     POLICY_TYPES[knobs.policy].check_tensors(site)
 

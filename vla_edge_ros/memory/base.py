@@ -85,7 +85,7 @@ class MemoryPolicy(ABC):
 
     name: str
     needs_prefix = False  # True when ``frame_prefix`` may return tokens
-    per_kv_head = False  # True when the policy evicts per KV head: the arena then keeps head masks
+    per_kv_head = False  # True when the policy evicts per KV head: the arena then keeps pages per KV head
     keeps_decoded = False  # True when decoded action tokens are handed to ``add_decoded`` instead of dropped
 
     def __init__(self) -> None:

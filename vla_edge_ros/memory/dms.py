@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from ..config import DmsKnobs, MemoryKnobs
-from ..model.layout import scratch_tokens
+from ..model.layout import arena_capacity, scratch_tokens
 from ..model.memory_tensors import has_dms_gate
 from .base import DecodedTokens, FrameTokens, MemoryPolicy, _array
 from .context import MemoryContext, MemorySite
@@ -127,11 +127,17 @@ class DmsPolicy(MemoryPolicy):
     @classmethod
     def check_knobs(cls, knobs: DmsKnobs, site: MemorySite) -> None:
         limit = site.free_tokens()
+        c = site.config
         if knobs.window > limit:
-            c = site.config
             raise ValueError(f"kv.dms.window={knobs.window} must be in [1, {limit}]: the {site.capacity}-slot arena "
                              f"holds the prompt ({site.prompt_tokens}), the window, one frame "
                              f"({c.vision.tokens_per_frame}) and the action tokens ({scratch_tokens(c)})")
+        least = site.pages_per_head(arena_capacity(c, site.prompt_tokens, 1, knobs.window))
+        if site.pool_pages and site.pool_pages < least:
+            raise ValueError(f"kv_pool_pages={site.pool_pages} must be at least {least}: every (layer, KV head) holds "
+                             f"the prompt ({site.prompt_tokens}), the window ({knobs.window}), one frame "
+                             f"({c.vision.tokens_per_frame}) and the action tokens ({scratch_tokens(c)}) in pages of "
+                             f"{site.page_tokens}")
 
     @classmethod
     def check_tensors(cls, site: MemorySite) -> None:
@@ -191,23 +197,30 @@ class DmsPolicy(MemoryPolicy):
         return self.limits
 
     def make_room(self, tokens: int) -> int:
-        """Force out whole tokens (see the module doc) until ``tokens`` slots are free; returns how many."""
+        """Force out whole tokens (see the module doc) until ``tokens`` slots are free and every (layer, KV head)
+        has pages for ``tokens`` more entries (a pool smaller than the dense size runs short); returns how many."""
         arena = self._context().arena
         need = tokens - (arena.capacity - arena.used)
-        if need <= 0:
+        if need <= 0 and not arena.pages.pages_short(tokens):
             return 0
         evictable = arena.valid.copy()
         evictable[arena.pinned] = evictable[self._pending_slots] = False
         candidates = np.flatnonzero(evictable).astype(np.int32)
-        if candidates.size < need:
-            raise RuntimeError(f"dms: {tokens} tokens do not fit beside the prompt and the {self.window}-token window")
         reading = arena.holds(candidates)
         best = np.where(reading, self._slot_score[:, :, candidates], -np.inf).max(axis=(0, 1))
-        victims = candidates[np.lexsort((arena.positions[candidates], best))[:need]]
-        arena.release(victims)
-        self._forced += need
-        self.evictions += need
-        return need
+        order = candidates[np.lexsort((arena.positions[candidates], best))]
+        forced = max(need, 0)
+        if order.size < forced:
+            raise RuntimeError(f"dms: {tokens} tokens do not fit beside the prompt and the {self.window}-token window")
+        arena.release(order[:forced])
+        while arena.pages.pages_short(tokens):  # a page comes back only when a head's length crosses a page
+            if forced == order.size:
+                raise RuntimeError(f"dms: {tokens} tokens do not fit the KV pool beside the prompt and the window")
+            arena.release(order[forced:forced + 1])
+            forced += 1
+        self._forced += forced
+        self.evictions += forced
+        return forced
 
     def add_frame(self, frame: FrameTokens) -> None:
         self.frames_seen += 1

@@ -33,13 +33,16 @@ class ArenaFullError(RuntimeError):
 class KVArena:
     """Which slots hold a token, at which RoPE position, and which heads read it where."""
 
-    def __init__(self, capacity: int, page_tokens: int | None = None) -> None:
+    def __init__(self, capacity: int, page_tokens: int | None = None, pool_pages: int = 0) -> None:
         if capacity <= 0:
             raise ValueError(f"KV arena capacity must be positive, got {capacity}")
         self.capacity = capacity
         self.page_tokens = page_tokens if page_tokens is not None else default_of("reasoning", "kv_page_tokens")
         if self.page_tokens <= 0:
             raise ValueError(f"KV page size must be positive, got {self.page_tokens}")
+        if pool_pages < 0:
+            raise ValueError(f"KV pool pages must be >= 0 (0: the dense size), got {pool_pages}")
+        self.pool_pages = pool_pages  # as configured; 0: a page for every block of every head
         self.positions = np.full(capacity, -1, dtype=np.int32)
         self.valid = np.zeros(capacity, dtype=bool)
         self.pinned = np.empty(0, dtype=np.int32)  # slots of the pinned prompt: no policy evicts them
@@ -49,7 +52,7 @@ class KVArena:
     def set_layout(self, heads: tuple[int, int], per_head: bool) -> None:
         """Lay the pages out for (layers, kv_heads), per head or dense; the arena is emptied (an episode boundary)."""
         self.release(np.flatnonzero(self.valid).astype(np.int32))
-        self.pages = PageTable(heads, self.capacity, self.page_tokens, per_head)
+        self.pages = PageTable(heads, self.capacity, self.page_tokens, per_head, self.pool_pages)
 
     @property
     def per_head(self) -> bool:

@@ -8,8 +8,10 @@ needs ``dof - 1``; the arena keeps one more so a frame never fills it to the las
 ``linear`` head, which reads the action off the frame's last hidden state.
 
 Memory is pages (``model/pages.py``): a page holds the keys and values of ``page_tokens`` tokens of one
-(layer, KV head). Each head's block table has room for every slot, and the pool has a page for every
-block of every head, so no layout ever runs out of pages before it runs out of slots.
+(layer, KV head). Each head's block table has room for every slot. By default the pool has a page for
+every block of every head (the dense size), so no layout runs out of pages before it runs out of slots;
+a smaller pool serves only the per-head layout (dms), whose heads hold fewer tokens than the arena has
+slots, and its policy forces tokens out when the pages run short.
 """
 
 from __future__ import annotations
@@ -34,9 +36,15 @@ def blocks_per_head(capacity: int, page_tokens: int) -> int:
     return -(-capacity // page_tokens)
 
 
-def kv_pool_pages(layers: int, kv_heads: int, capacity: int, page_tokens: int) -> int:
-    """Pages in the arena's pool: every block of every (layer, KV head)."""
-    return layers * kv_heads * blocks_per_head(capacity, page_tokens)
+def kv_pool_pages(layers: int, kv_heads: int, capacity: int, page_tokens: int, configured: int = 0) -> int:
+    """Pages in the arena's pool: ``configured`` when > 0, else every block of every (layer, KV head), the
+    dense size (every head holding every slot), which every layout runs on."""
+    return configured if configured > 0 else layers * kv_heads * blocks_per_head(capacity, page_tokens)
+
+
+def kv_pages_for(config: ModelConfig, tokens: int, page_tokens: int) -> int:
+    """Pages every (layer, KV head) needs to hold ``tokens`` tokens: a dense cache of them, in pages."""
+    return kv_pool_pages(config.num_hidden_layers, config.num_key_value_heads, tokens, page_tokens)
 
 
 def kv_page_bytes(config: ModelConfig, page_tokens: int) -> int:
@@ -44,10 +52,6 @@ def kv_page_bytes(config: ModelConfig, page_tokens: int) -> int:
     return 2 * page_tokens * config.head_dim * ARENA_BYTES_PER_VALUE
 
 
-def kv_pool_bytes(config: ModelConfig, capacity: int, page_tokens: int) -> int:
-    """Bytes of the arena's whole pool, as a backend allocates it."""
-    pages = kv_pool_pages(config.num_hidden_layers, config.num_key_value_heads, capacity, page_tokens)
-    return pages * kv_page_bytes(config, page_tokens)
 
 
 def arena_capacity(config: ModelConfig, prompt_tokens: int, frames: int, reserved_tokens: int = 0) -> int:

@@ -20,8 +20,10 @@ Two layouts behind one interface:
   rows would buy nothing, and attention keeps summing in slot order (the numbers they produced before
   pages existed).
 
-The pool has a page for every block of every head (``layout.kv_pool_pages``), so neither layout runs
-out of pages before the arena runs out of slots.
+By default the pool has a page for every block of every head (``layout.kv_pool_pages``), so neither
+layout runs out of pages before the arena runs out of slots. A smaller pool serves only the per-head
+layout: its heads hold fewer tokens than there are slots, and ``pages_short`` tells the policy how many
+pages it must free before the next tokens enter.
 """
 
 from __future__ import annotations
@@ -36,11 +38,16 @@ NO_ROWS = np.empty(0, dtype=np.int64)
 class PageTable:
     """Block tables, lengths and the slot of every entry, for every (layer, KV head) of one arena."""
 
-    def __init__(self, heads: tuple[int, int], capacity: int, page_tokens: int, per_head: bool) -> None:
+    def __init__(self, heads: tuple[int, int], capacity: int, page_tokens: int, per_head: bool,
+                 pool_pages: int = 0) -> None:
         layers, kv_heads = heads
         self.heads, self.capacity, self.page_tokens, self.per_head = (layers, kv_heads), capacity, page_tokens, per_head
         self.width = blocks_per_head(capacity, page_tokens)
-        self.num_pages = kv_pool_pages(layers, kv_heads, capacity, page_tokens)
+        dense = kv_pool_pages(layers, kv_heads, capacity, page_tokens)
+        self.num_pages = kv_pool_pages(layers, kv_heads, capacity, page_tokens, pool_pages)
+        if not per_head and self.num_pages < dense:
+            raise ValueError(f"a pool of {self.num_pages} KV pages is smaller than the {dense} pages every head "
+                             f"holding every one of {capacity} slots takes: only dms (pages per KV head) runs on it")
         self.lengths = np.zeros(self.heads, dtype=np.int32)  # entries per head (dense: up to the last held slot)
         self.entry_slot = np.full((self.num_pages, page_tokens), -1, dtype=np.int32)  # -1: no token
         self.entry_of = np.full((*self.heads, capacity), -1, dtype=np.int32)  # slot -> entry in each head, -1: none
@@ -48,7 +55,7 @@ class PageTable:
             self.block_table = np.full((*self.heads, self.width), -1, dtype=np.int32)
             self._free = list(range(self.num_pages - 1, -1, -1))  # a stack: the page freed last goes first
         else:
-            self.block_table = np.arange(self.num_pages, dtype=np.int32).reshape(*self.heads, self.width)
+            self.block_table = np.arange(dense, dtype=np.int32).reshape(*self.heads, self.width)
             self._free = []
 
     @property
@@ -82,6 +89,14 @@ class PageTable:
 
     def pages_in_use(self) -> int:
         return int(self.pages_per_head().sum())
+
+    def pages_short(self, count: int) -> int:
+        """Pages missing for ``count`` more entries in every head (per-head layout; 0: they fit)."""
+        if not self.per_head:
+            return 0
+        lengths = self.lengths.reshape(-1)
+        wanted = int((-(-(lengths + count) // self.page_tokens) + lengths // -self.page_tokens).sum())
+        return max(0, wanted - len(self._free))
 
     def add(self, slots: np.ndarray) -> None:
         """Every head now holds ``slots``: tokens that just entered, which every head reads at first."""
@@ -207,6 +222,9 @@ class PageTable:
         if self.per_head:
             if np.unique(heads.astype(np.int64) * self.capacity + slots).size != slots.size:
                 raise ValueError("memory state holds a token twice in one head")
+            wanted = int((-(-counts // self.page_tokens)).sum())
+            if wanted > len(self._free):
+                raise ValueError(f"memory state holds {wanted} KV pages, this arena's pool has {len(self._free)}")
             self._append(heads, slots)
             return
         if (counts != counts[0]).any() or (slots.reshape(self.flat_heads, counts[0]) != slots[:counts[0]]).any():
