@@ -5,7 +5,8 @@ table, so a decode step's attention should cost the same whatever number of toke
 before. This builds, for each E in ``--evicted``, an arena in which every (layer, KV head) holds the
 same ``--held`` tokens' worth (its own random choice among the H + E tokens seen) and has evicted the
 other E, then times one decode token's forward (the whole decoder, numpy backend, BLAS on one thread),
-median of ``--repeats``.
+median of ``--repeats`` after one warm-up. Times are the process's CPU time (``time.process_time``), so
+that other work on a shared machine does not count; the machine's load is printed with the figures.
 
 Beside it, the same step's attention as it ran before pages, on slots with a mask per KV head: every
 head scans the span of slots some head still holds (the union of what the heads keep) under a mask.
@@ -58,22 +59,22 @@ def fill(engine: VlaEngine, held: int, evicted: int, rng: np.random.Generator) -
 
 
 def decode_s(engine: VlaEngine, repeats: int, rng: np.random.Generator) -> float:
-    """Median seconds of one decode token's forward; the token leaves again, so every repeat sees the same arena."""
+    """Median CPU seconds of one decode token's forward; the token leaves again, so every repeat sees the same arena."""
     arena, c = engine.arena, engine.config
     times = []
-    for _ in range(repeats):
+    for _ in range(repeats + 1):
         slot = arena.allocate(1)
         embedding = rng.standard_normal((1, c.hidden_size)).astype(np.float32)
         position = np.array([arena.next_position()], dtype=np.int32)
-        start = time.perf_counter()
+        start = time.process_time()
         engine.backend.forward(position, slot, embeddings=embedding)
-        times.append(time.perf_counter() - start)
+        times.append(time.process_time() - start)
         arena.release(slot)
-    return statistics.median(times)
+    return statistics.median(times[1:])  # the first warms up
 
 
 def masked_span_s(engine: VlaEngine, repeats: int, rng: np.random.Generator) -> tuple[float, int]:
-    """Median seconds of the attention alone, all layers, as a slot-masked read of the span would cost it, and
+    """Median CPU seconds of the attention alone, all layers, as a slot-masked read of the span would cost it, and
     that span (slots up to the last held one)."""
     arena, c = engine.arena, engine.config
     span = int(np.flatnonzero(arena.valid).max()) + 2  # the held slots and the decode token's
@@ -82,12 +83,12 @@ def masked_span_s(engine: VlaEngine, repeats: int, rng: np.random.Generator) -> 
     q = rng.standard_normal((1, c.num_attention_heads, c.head_dim)).astype(np.float32)
     bias = ops.attention_bias(rng.random((c.num_key_value_heads, 1, span)) < 0.5)
     times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+    for _ in range(repeats + 1):
+        start = time.process_time()
         for _layer in range(c.num_hidden_layers):
             ops.gqa_attention(q, k, v, bias, 1.0 / np.sqrt(c.head_dim))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), span
+        times.append(time.process_time() - start)
+    return statistics.median(times[1:]), span
 
 
 def main() -> None:
@@ -115,7 +116,7 @@ def main() -> None:
                          engine.arena.used, span, paged, masked))
     base_paged, base_masked = rows[0][6], rows[0][7]
     print(f"{'evicted':>8} {'held/head':>10} {'pages':>6} {'slots held':>10} {'span':>6} "
-          f"{'paged decode ms':>15} {'ratio':>6} {'masked attn ms':>14} {'ratio':>6}")
+          f"{'paged decode ms':>15} {'ratio':>6} {'masked attn ms':>14} {'ratio':>6}  (CPU ms)")
     for e, low, high, pages, used, span, paged, masked in rows:
         held = f"{low}" if low == high else f"{low}..{high}"
         print(f"{e:>8} {held:>10} {pages:>6} {used:>10} {span:>6} {paged * 1e3:>15.3f} {paged / base_paged:>6.2f} "
