@@ -16,10 +16,14 @@ that dies (killed, out of memory, a crash in native code) has its unit run once 
 if that dies too, the unit is reported failed. Other units are not affected. Ctrl-C / SIGTERM stops every
 worker and leaves the finished units on disk.
 
-Backends. ``workers=1``: this process, in order. ``workers=N``: N spawned processes on this machine, each
-with one BLAS thread. ``ray=ADDRESS``: one Ray actor per worker on the cluster at ADDRESS (``""``: a Ray
+Backends. ``workers=1``: this process, in order. ``workers=N``: N spawned processes on this machine.
+``ray=ADDRESS``: one Ray actor per worker on the cluster at ADDRESS (``""``: a Ray
 instance started here), each preparing once; inputs (model directory, bags) are read from paths every
 node sees, i.e. a shared filesystem; results come back to this process and are written here.
+
+Every backend runs its units with one BLAS thread. N workers share the cores anyway, and a float32 product
+split over two threads rounds differently from one on one thread (memory-bench's cue attention moved in the
+8th digit), so one thread everywhere is what keeps a report independent of the backend and of the machine.
 """
 
 from __future__ import annotations
@@ -78,8 +82,13 @@ class RunSummary:
 
 
 def run_units(job: Job, units: Sequence[Unit], out: Path, *, workers: int = 1, ray_address: str | None = None,
-              resume: bool = False, progress: Callable[[int, int], None] = lambda done, total: None) -> RunSummary:
-    """Run ``units`` (see the module doc); returns every result and failure, whatever happened to workers."""
+              resume: bool = False, progress: Callable[[int, int], None] = lambda done, total: None,
+              on_result: Callable[[str, dict], None] = lambda key, result: None) -> RunSummary:
+    """Run ``units`` (see the module doc); returns every result and failure, whatever happened to workers.
+
+    ``on_result(key, result)`` is called in this process for each result, resumed ones first, as it arrives:
+    work that needs several results (a bag's report) can start while the workers run the other units, on a
+    core this process would otherwise leave idle. Every worker has its next unit before it is called."""
     keys = [unit.key for unit in units]
     if len(set(keys)) != len(keys):
         raise ValueError("unit keys must be unique")
@@ -97,6 +106,8 @@ def run_units(job: Job, units: Sequence[Unit], out: Path, *, workers: int = 1, r
             summary.resumed += 1
     started = time.perf_counter()
     done = [len(summary.results)]
+    for key, result in list(summary.results.items()):
+        on_result(key, result)
 
     def finished(key: str, result: dict | None, error: str | None, seconds: float = 0.0) -> None:
         summary.busy_seconds += seconds
@@ -107,6 +118,8 @@ def run_units(job: Job, units: Sequence[Unit], out: Path, *, workers: int = 1, r
             summary.failed[key] = error or "failed"
         done[0] += 1
         progress(done[0], len(units))
+        if result is not None:
+            on_result(key, result)
 
     progress(done[0], len(units))
     if ray_address is not None:
@@ -114,11 +127,20 @@ def run_units(job: Job, units: Sequence[Unit], out: Path, *, workers: int = 1, r
     elif workers > 1:
         _run_processes(job, pending, workers, finished)
     else:
-        state = job.prepare(job.context) if pending else None
-        for unit in pending:
-            finished(unit.key, *_timed(job, state, unit.spec))
+        with one_blas_thread():
+            state = job.prepare(job.context) if pending else None
+            for unit in pending:
+                finished(unit.key, *_timed(job, state, unit.spec))
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+def one_blas_thread() -> Any:
+    """Limit BLAS to one thread (see the module doc); as a context manager, until its end."""
+    import numpy  # noqa: F401  (loads the BLAS: threadpoolctl limits only the libraries already loaded)
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(1, user_api="blas")
 
 
 def _timed(job: Job, state: Any, spec: Any) -> tuple[dict | None, str | None, float]:
@@ -152,10 +174,9 @@ def _read(path: Path, identity: str) -> dict | None:
 
 def _serve(job: Job, tasks: multiprocessing.Queue, results: multiprocessing.Queue, worker: int) -> None:
     """A worker process: prepare once, then run units until told to stop (None)."""
-    from threadpoolctl import threadpool_limits
-
-    threadpool_limits(1, user_api="blas")  # N workers share the cores; one BLAS thread each
     import signal
+
+    one_blas_thread()
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
     state = job.prepare(job.context)
@@ -205,6 +226,8 @@ def _run_processes(job: Job, pending: Sequence[Unit], workers: int,
             for worker in pool:
                 if worker.number == number:
                     worker.unit = None
+                    if todo:
+                        worker.give(todo.pop(0))  # before this process handles the result
             finished(key, result, error, seconds)
     finally:
         for worker in pool:
@@ -250,13 +273,18 @@ def _run_ray(job: Job, pending: Sequence[Unit], workers: int, address: str,
         actor = ray.remote(num_cpus=1, max_restarts=RETRIES_AFTER_A_DEATH)(_RayWorker)
         pool = [actor.remote(job) for _ in range(min(workers, len(pending)))]
         todo, running, deaths = list(pending), {}, {}
+        def feed(handle: Any) -> None:
+            if todo:
+                unit = todo.pop(0)
+                running[handle.run.remote(unit.spec)] = (handle, unit)
+
         while todo or running:
             for handle in pool:
-                if todo and not any(h is handle for h, _ in running.values()):
-                    unit = todo.pop(0)
-                    running[handle.run.remote(unit.spec)] = (handle, unit)
+                if not any(h is handle for h, _ in running.values()):
+                    feed(handle)
             ready, _ = ray.wait(list(running), num_returns=1)
             handle, unit = running.pop(ready[0])
+            feed(handle)  # before this process handles the result
             try:
                 result, error, seconds = ray.get(ready[0])
             except ray.exceptions.RayActorError as exc:  # the worker died; Ray restarts the actor
@@ -275,9 +303,7 @@ class _RayWorker:
     """One Ray actor: prepares once, then runs units (its results go back to the driver, which writes them)."""
 
     def __init__(self, job: Job) -> None:
-        from threadpoolctl import threadpool_limits
-
-        threadpool_limits(1, user_api="blas")
+        one_blas_thread()
         self.job = job
         self.state = job.prepare(job.context)
 
