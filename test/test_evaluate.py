@@ -11,11 +11,13 @@ from vla_edge_ros.bags import Bag
 from vla_edge_ros.cli import main
 from vla_edge_ros.cli.commands import build_parser
 from vla_edge_ros.config import parse_settings
+from vla_edge_ros.memory import make_policy
 from vla_edge_ros.model.config import load_model_config
 from vla_edge_ros.model.safetensors_io import StoredTensor, read_safetensors, write_safetensors
 from vla_edge_ros.tools.evaluate import (
     AURA_NOTE,
     EXPERT,
+    arena_for,
     evaluate,
     format_table,
     run_episode,
@@ -166,3 +168,17 @@ def test_cosine_protects_at_most_one_frame_less_than_the_budget_holds():
     assert fit_to_budget(node, "cosine", 16) == ({}, None)
     assert fit_to_budget(node, "cosine", None) == ({}, None)  # an arena for the whole episode
     assert fit_to_budget(node, "fifo", 2) == ({}, None)
+
+
+def test_a_budget_bounds_all_a_policy_holds_and_gives_dms_the_pages_of_the_same_frames(tiny_model):
+    config = load_model_config(tiny_model)
+    spec, prompt, tokens = TaskSpec(time_limit_s=1.0), 6, config.vision.tokens_per_frame
+    scratch, episode_frames = config.action.dof, 31  # bins: one slot per action dimension; 30 Hz x 1 s + 1
+    fifo_slots, fifo_pool = arena_for(config, make_policy("fifo"), prompt, 8, spec, 16)
+    assert (fifo_slots, fifo_pool) == (prompt + 8 * tokens + scratch, 0)  # 0: the dense pool of those slots
+    dms = make_policy("dms", {"kv.dms.window": 32})
+    slots, pool = arena_for(config, dms, prompt, 8, spec, 16)
+    heads = config.num_hidden_layers * config.num_key_value_heads
+    assert pool == heads * -(-fifo_slots // 16)  # fifo's bytes at 8 frames, the window inside them
+    assert slots == prompt + 32 + episode_frames * tokens + scratch  # and a slot for every frame of the episode
+    assert arena_for(config, dms, prompt, None, spec, 16) == (slots, 0)  # all: room for everything, dense pool

@@ -34,7 +34,7 @@ from ..engine import VlaEngine
 from ..memory import AuraPolicy, MemoryPolicy, make_policy
 from ..model.checkpoint import Checkpoint, load_checkpoint
 from ..model.config import ModelConfig
-from ..model.layout import arena_capacity
+from ..model.layout import arena_capacity, kv_pages_for
 from ..runtime.admission import Verdict
 from ..runtime.block_costs import CostModel
 from ..runtime.clock import VirtualClock
@@ -122,11 +122,23 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def capacity_for(config: ModelConfig, policy: MemoryPolicy, prompt_tokens: int, budget_frames: int | None,
-                 spec: TaskSpec) -> int:
-    """KV slots for ``budget_frames`` frames after the prompt (None: every frame of an episode fits)."""
-    frames = budget_frames if budget_frames is not None else math.ceil(spec.time_limit_s * spec.rate_hz) + 1
-    return arena_capacity(config, prompt_tokens, frames, policy.reserved_tokens())
+def arena_for(config: ModelConfig, policy: MemoryPolicy, prompt_tokens: int, budget_frames: int | None,
+              spec: TaskSpec, page_tokens: int) -> tuple[int, int]:
+    """KV slots and pool pages for a budget of ``budget_frames`` frames after the prompt (None: every frame of an
+    episode fits, nothing is forced out; the pool is the dense size).
+
+    A budget bounds the bytes of all that the policy holds but what is no frame's (aura's memory token comes
+    beside it; dms's window is frame tokens and counts inside it). A policy that holds pages per KV head (dms)
+    gets the slots of every frame and the pool pages of a dense F-frame arena: the same bytes as fifo at F
+    frames, filled with what its heads keep; the others get the F-frame arena itself."""
+    every = arena_capacity(config, prompt_tokens, math.ceil(spec.time_limit_s * spec.rate_hz) + 1,
+                           policy.reserved_tokens())
+    if budget_frames is None:
+        return every, 0
+    budget = arena_capacity(config, prompt_tokens, budget_frames, policy.tokens_beside_frames())
+    if policy.per_kv_head:
+        return max(every, budget), kv_pages_for(config, budget, page_tokens)
+    return budget, 0
 
 
 def run_episode(env: CueReachEnv, seed: int, driver: Driver | None,
@@ -371,8 +383,9 @@ def _cell_runtime(context: EvalContext, episode: EpisodeSpec, checkpoint: Checkp
     settings, spec = context.settings, context.spec
     fitted, _ = fit_to_budget(settings["reasoning"], episode.variant, episode.budget)
     node = dict(settings["reasoning"], **variant_knobs(episode.variant, episode.gate_rate), **fitted)
-    node["kv_capacity_tokens"] = capacity_for(checkpoint.config, make_policy(node["kv.policy"], node),
-                                              len(node["prompt_token_ids"]), episode.budget, spec)
+    node["kv_capacity_tokens"], node["kv_pool_pages"] = arena_for(
+        checkpoint.config, make_policy(node["kv.policy"], node), len(node["prompt_token_ids"]), episode.budget, spec,
+        node["kv_page_tokens"])
     cell = Settings({**settings.values, "reasoning": node}, settings.source)
     engine = load_engine(cell, policies=(node["kv.policy"],), checkpoint=checkpoint).engine  # this policy's arena
     return engine, cell
