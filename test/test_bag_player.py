@@ -175,7 +175,9 @@ def test_a_subscriber_that_joins_late_gets_a_one_frame_bag(one_frame_bag):
     with Bag(one_frame_bag) as bag:
         (recorded,) = [_ns(m.msg.header.stamp) for m in bag.messages([CAMERA])]
     with private_graph() as (context, executor):
-        process = _play(one_frame_bag, "--wait-subscribers", "1", "--wait-timeout", "300",
+        # --delay as the README says: the player sees the subscription match before the subscriber has matched
+        # the player's writer (discovery is asymmetric), and a best-effort frame sent in between is lost
+        process = _play(one_frame_bag, "--wait-subscribers", "1", "--wait-timeout", "300", "--delay", "1",
                         domain=context.get_domain_id())
         try:
             listener = Node("listener", context=context)
