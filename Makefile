@@ -1,5 +1,6 @@
 # make run   : set up .venv, run the three nodes with the shipped trained model (models/sim) driving the simulated robot (DURATION=10 s)
-# make test  : set up .venv, run the whole test suite (slow tests: make test-slow)
+# make test  : set up .venv, run the default test suite: every test but the slow and soak tiers
+# make test-slow / test-soak / test-all : the slow tier, the soak tier, every test
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -8,7 +9,7 @@ MODEL  := models/sim
 DURATION ?= 10
 TASK ?= reach
 
-.PHONY: setup run test test-slow bench clean
+.PHONY: setup run test test-slow test-soak test-all bench clean
 
 setup: $(STAMP)
 
@@ -28,10 +29,16 @@ run: $(STAMP)
 	$(VENV)/bin/vla-edge run --config config/default.yaml --sim $(TASK) --duration $(DURATION)
 
 test: $(STAMP)
-	$(PY) -m pytest -q test
+	$(PY) -m pytest -q -m "not slow and not soak" test
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow test
+
+test-soak: $(STAMP)
+	$(PY) -m pytest -q -m soak test
+
+test-all: $(STAMP)
+	$(PY) -m pytest -q -m "" test
 
 bench: $(STAMP)
 	$(PY) bench/bench_model.py

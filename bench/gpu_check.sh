@@ -19,7 +19,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 status=0
 step() { echo; echo "== $*"; "$@" || { echo "FAILED: $*"; status=1; }; }
 
-step python3 -m pytest -q -p no:cacheprovider -c "$repo/pytest.ini" "$repo/test/test_kernels.py" \
+# -m "not soak": the slow tier too (sweeps the simulator makes slow take seconds on the GPU)
+step python3 -m pytest -q -p no:cacheprovider -c "$repo/pytest.ini" -m "not soak" "$repo/test/test_kernels.py" \
   "$repo/test/test_kernels_memory.py" "$repo/test/test_parity.py" "$repo/test/test_memory_policies.py" \
   -k "kernels or cuda"
 # dms with decoded action tokens on the CUDA backend: marked slow for the simulator, seconds on a GPU

@@ -1,4 +1,4 @@
-"""Shared fixtures: small models built deterministically, never downloaded."""
+"""Shared fixtures: small models built deterministically, never downloaded; the ros marker enforced."""
 
 from __future__ import annotations
 
@@ -33,3 +33,20 @@ def _fast_simulated_threads(request: pytest.FixtureRequest):
         sys.setswitchinterval(1e-3)
     yield
     sys.setswitchinterval(previous)
+
+
+@pytest.fixture(autouse=True)
+def _ros_graphs_only_in_ros_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """A test that brings up a ROS graph in this process must be marked ``ros``: `-m "not ros"` (a machine
+    without DDS) relies on the marker, so an unmarked one fails here, saying so, instead of going unnoticed."""
+    if request.node.get_closest_marker("ros") is not None:
+        return
+    try:
+        import rclpy
+    except ImportError:
+        return
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{request.node.nodeid} starts a ROS graph: mark it @pytest.mark.ros")
+
+    monkeypatch.setattr(rclpy, "init", refuse)

@@ -32,10 +32,13 @@ def test_plan_matches_what_the_numpy_engine_allocates(tiny_model):
 
 def test_qwen_shape_kv_bytes_per_token():
     from vla_edge_ros.model.init_model import preset
+    from vla_edge_ros.model.layout import kv_bytes_per_token
 
     c = preset("qwen2.5-1.5b-shape")
-    # DESIGN.md: 28,672 B per token in bf16; our arena keeps fp32, twice that
-    assert 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 2 == 28_672
+    assert (c.num_hidden_layers, c.num_key_value_heads, c.head_dim) == (28, 2, 128)  # Qwen2.5-1.5B's shape
+    # 2 (key and value) x 28 layers x 2 KV heads x 128 head_dim x bytes per value: 28,672 B per token in
+    # bf16 (2 B); the arena keeps fp32 (4 B), twice that
+    assert kv_bytes_per_token(c) == 2 * 28 * 2 * 128 * 4 == 2 * 28_672
 
 
 def test_over_budget_is_refused_with_the_breakdown(tiny_model):

@@ -18,6 +18,14 @@ def _config(tmp_path, model_dir, **params):
     return path
 
 
+def test_the_entry_point_stays_a_function_once_its_commands_are_loaded():
+    """A submodule named like the package attribute would replace ``vla_edge_ros.cli.main`` on first use."""
+    import vla_edge_ros.cli as cli
+    import vla_edge_ros.cli.commands  # noqa: F401
+
+    assert callable(cli.main) and cli.main is main
+
+
 def test_init_model_then_run(tmp_path, capsys):
     model = tmp_path / "m"
     assert main(["init-model", "--out", str(model), "--preset", "tiny", "--layers", "1", "--seed", "3"]) == 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vla_edge_ros.config import OutputKnobs, parse_settings
+from vla_edge_ros.config import GateKnobs, OutputKnobs, parse_settings
 from vla_edge_ros.runtime.action_output import ActionOutput, Outcome
 from vla_edge_ros.runtime.action_slot import TimedAction
 from vla_edge_ros.runtime.block_costs import parse_cost
@@ -14,7 +14,51 @@ from vla_edge_ros.runtime.driver import Driver
 from vla_edge_ros.runtime.loader import load_engine
 from vla_edge_ros.worlds.synthetic import SyntheticCamera
 
-COSTS = parse_cost("fixed:encode=8ms,decode=1ms")
+COSTS = parse_cost("fixed:encode=8ms,decode=1ms")  # a cycle: 8 ms encode + prefill, 6 decode steps of 1 ms
+
+
+def _settings(tiny_model, reasoning=None, publisher=None):
+    return parse_settings({
+        "reasoning": {"ros__parameters": {"model_dir": str(tiny_model), "backend": "numpy", "kv_capacity_tokens": 128,
+                                          **(reasoning or {})}},
+        "action_publisher": {"ros__parameters": {"command_type": "float32_multi_array", **(publisher or {})}}},
+        "test.yaml")
+
+
+def _driver(settings, costs=COSTS) -> Driver:
+    return Driver(load_engine(settings).engine, settings, VirtualClock(0), costs, (48, 64))
+
+
+def _stream(driver: Driver, frames: int, frame_hz: float = 30.0, tick_hz: float = 50.0, start_ns: int = 0,
+            end_ns: int | None = None) -> tuple[list[tuple[int, object]], list[tuple[int, object]]]:
+    """The live pipeline's schedule on the driver's virtual clock. A camera frame arrives every 1/frame_hz
+    from ``start_ns`` (stamp = its index), overwriting an unread one; the reasoner takes the newest frame
+    whenever it is free; the publisher decides a command every 1/tick_hz. Returns (start time, cycle) for
+    every cycle and (tick time, command) for every tick before ``end_ns`` (default: 1 s after the last frame)."""
+    clock = driver.clock
+    camera = SyntheticCamera(height=48, width=64, seed=4)
+    arrivals = [start_ns + round(i * 1e9 / frame_hz) for i in range(frames)]
+    end_ns = arrivals[-1] + 10**9 if end_ns is None else end_ns
+    period = round(1e9 / tick_hz)
+    tick = -(-start_ns // period)  # the first tick at or after start_ns
+    cycles, commands = [], []
+    for index, arrival in enumerate(arrivals):
+        following = arrivals[index + 1] if index + 1 < frames else end_ns
+        driver.camera(camera.frame(), stamp_ns=index, arrival_ns=arrival)
+        while True:
+            clock.wait_until(arrival)  # an idle reasoner waits for the frame; a busy one is already past it
+            if clock() >= following:  # still busy when the next frame arrives: that one overwrites this
+                break
+            started = clock()
+            cycle = driver.reason()
+            if cycle is None:
+                break
+            cycles.append((started, cycle))
+        # every cycle that starts before the next arrival has run, so the ticks before it are decided
+        while tick * period < following:
+            commands.append((tick * period, driver.command(tick * period)))
+            tick += 1
+    return cycles, commands
 
 
 @pytest.fixture
@@ -75,3 +119,65 @@ def test_the_command_is_checked_like_the_publishers(driver):
     knobs = OutputKnobs.of({"command_type": "twist", "twist_dims": [0, 1, 2, 3, 4, 9]})
     out = ActionOutput(knobs).decide(TimedAction(np.zeros(7), 0, 0), 0, knobs)
     assert out.outcome is Outcome.CONFIG_ERROR and out.values == (0.0,) * 6  # never a guess on the robot
+
+
+# --- timing on the virtual clock: what the live pipeline would do, whatever the machine's load -----------
+
+
+def test_frames_become_actions_within_the_deadline(tiny_model):
+    """A 30 Hz camera and a cycle that fits (8 + 6 x 1 = 14 ms against the default 33 ms deadline): every
+    frame is answered, in order, once, with no miss, refusal or stale frame, and p99 latency is 14 ms."""
+    driver = _driver(_settings(tiny_model))
+    cycles, _ = _stream(driver, frames=60)
+    assert [cycle.frame.stamp_ns for _, cycle in cycles] == list(range(60))
+    assert all(cycle.result.action is not None and not cycle.result.missed for _, cycle in cycles)
+    stats = driver.gate.snapshot()
+    assert stats.deadline_ms == 33.0 and stats.missed == stats.refused == stats.stale == 0
+    assert stats.latency.count == 60 and stats.latency.p99_ms == stats.latency.max_ms == 14.0
+
+
+def test_a_reasoner_slower_than_the_camera_answers_the_newest_frame_never_a_backlog(tiny_model):
+    """A 50 ms cycle (44 + 6 x 1) against frames every 33 ms and a 120 ms deadline: the frames that arrive
+    while a cycle runs overwrite each other, and each cycle takes the newest one that has arrived."""
+    driver = _driver(_settings(tiny_model, {"deadline_ms": 120.0}), parse_cost("fixed:encode=44ms,decode=1ms"))
+    cycles, _ = _stream(driver, frames=60)
+    arrivals = [round(i * 1e9 / 30) for i in range(60)]
+    for started, cycle in cycles:
+        assert cycle.frame.stamp_ns == max(i for i, t in enumerate(arrivals) if t <= started)
+        assert cycle.result.action is not None and cycle.result.ready_ns == started + 50 * NS_PER_MS
+    stamps = [cycle.frame.stamp_ns for _, cycle in cycles]
+    assert stamps == sorted(set(stamps)) and len(stamps) < 60  # each frame once, in order; some never read
+    assert driver.buffer.stats().dropped == 60 - len(stamps) - driver.buffer.stats().pending
+    stats = driver.gate.snapshot()
+    assert stats.missed == 0 and stats.latency.max_ms <= 120.0
+
+
+def test_an_impossible_deadline_turns_into_refusals_not_misses(tiny_model):
+    """Costs learned at the default deadline, then 1 ms, as a live `ros2 param set deadline_ms 1` does:
+    every later cycle is refused at its start (14 ms predicted), so no action and no miss."""
+    settings = _settings(tiny_model)
+    driver = _driver(settings)
+    _stream(driver, frames=10, end_ns=round(10 * 1e9 / 30))
+    learned = driver.gate.snapshot()
+    assert learned.kinds["cycle"].completed == 10 and learned.missed == 0
+    driver.gate.configure(GateKnobs.of({**settings["reasoning"], "deadline_ms": 1.0}))  # what the node's callback does
+    cycles, _ = _stream(driver, frames=20, start_ns=driver.clock())
+    after = driver.gate.snapshot()
+    assert len(cycles) == 20 and all(cycle.result.action is None for _, cycle in cycles)
+    assert after.missed == 0 and after.kinds["cycle"].completed == 10
+    assert after.kinds["cycle"].refused == 20 and after.stale == 0  # refused at the start, nothing begun
+
+
+def test_a_camera_that_stops_is_a_safe_stop_within_one_timeout_and_one_period(tiny_model):
+    """One second of frames, then none: the publisher (50 Hz ticks, 300 ms timeout) commands the newest
+    action while it is fresh, a safe stop from the first tick after it is 300 ms old, and nothing else after."""
+    driver = _driver(_settings(tiny_model, publisher={"action_timeout_ms": 300.0, "control_rate_hz": 50.0}))
+    cycles, commands = _stream(driver, frames=30, tick_hz=50.0, end_ns=2 * 10**9)
+    last_ready = max(cycle.result.ready_ns for _, cycle in cycles)
+    first_ready = min(cycle.result.ready_ns for _, cycle in cycles)
+    fresh = [(t, c) for t, c in commands if first_ready <= t <= last_ready + 300 * NS_PER_MS]
+    assert fresh and all(c.outcome is Outcome.FRESH and any(v != 0.0 for v in c.values) for _, c in fresh)
+    stops = [(t, c) for t, c in commands if t > last_ready + 300 * NS_PER_MS]
+    assert stops and all(c.outcome is Outcome.STALE and c.values == (0.0,) * 7 for _, c in stops)
+    first_stop = stops[0][0]
+    assert last_ready + 300 * NS_PER_MS < first_stop <= last_ready + (300 + 20) * NS_PER_MS

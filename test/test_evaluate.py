@@ -9,7 +9,7 @@ import pytest
 
 from vla_edge_ros.bags import Bag
 from vla_edge_ros.cli import main
-from vla_edge_ros.cli.main import build_parser
+from vla_edge_ros.cli.commands import build_parser
 from vla_edge_ros.config import parse_settings
 from vla_edge_ros.model.config import load_model_config
 from vla_edge_ros.model.safetensors_io import StoredTensor, read_safetensors, write_safetensors

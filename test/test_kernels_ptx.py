@@ -22,18 +22,22 @@ import numpy as np
 import pytest
 
 _SKIP = 77  # exit status of the subprocess when no CUDA compiler toolchain is available
-_CCS = ((9, 0), (8, 7))
+_CCS = ((9, 0), (8, 7))  # the subprocess's default: both
 _FORBIDDEN = re.compile(r"\.f64\b|\.local\b")
 # Accurate fp32 sin/cos (libdevice __nv_sinf/__nv_cosf, as HF's fp32 RoPE needs) carry a
 # large-argument reduction path that uses fp64 and a local array; it runs only for huge angles.
 _TRIG_KERNELS = {"_rope_kernel", "_cache_shift_kernel"}  # in kernels/rotary.py
 
 
-def test_kernels_compile_to_ptx_without_fp64_or_local_memory() -> None:
+# ~50 s of compiling per target on 2 cores: the default suite compiles for the robot's GPU (Orin), the
+# slow tier for Hopper as well (the GPU checks in bench/gpu_check.sh compile and run there for real).
+@pytest.mark.parametrize("cc", [pytest.param((8, 7), id="sm_87"),
+                                pytest.param((9, 0), id="sm_90", marks=pytest.mark.slow)])
+def test_kernels_compile_to_ptx_without_fp64_or_local_memory(cc: tuple[int, int]) -> None:
     # The child imports vla_edge_ros.kernels from wherever this process found it.
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0", "PYTHONPATH": os.pathsep.join(sys.path)}
     done = subprocess.run(
-        [sys.executable, __file__],
+        [sys.executable, __file__, f"{cc[0]}.{cc[1]}"],
         env=env,
         capture_output=True,
         text=True,
@@ -43,6 +47,7 @@ def test_kernels_compile_to_ptx_without_fp64_or_local_memory() -> None:
     if done.returncode == _SKIP:
         pytest.skip(done.stdout.strip().splitlines()[-1])
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert f"for (({cc[0]}, {cc[1]}),)" in done.stdout  # compiled for the target asked for
 
 
 class _HostBuffer(np.ndarray):
@@ -59,7 +64,8 @@ def _zeros(shape: int | tuple[int, ...], dtype: type | np.dtype = np.float32) ->
     return np.zeros(shape, dtype).view(_HostBuffer)
 
 
-def _install_compile_only_launch(kernels_compiled: list[str], problems: list[str]) -> None:
+def _install_compile_only_launch(kernels_compiled: list[str], problems: list[str],
+                                 ccs: tuple[tuple[int, int], ...]) -> None:
     """Make `kernel[grid, block, stream](*args)` compile PTX for each cc instead of launching."""
     from numba import cuda, typeof
     from numba.cuda import dispatcher
@@ -67,7 +73,7 @@ def _install_compile_only_launch(kernels_compiled: list[str], problems: list[str
     def compile_instead(self, args, launch_config):
         signature = tuple(typeof(a) for a in args)
         name = f"{self.py_func.__module__}.{self.py_func.__qualname__}{signature}"
-        for cc in _CCS:
+        for cc in ccs:
             dispatcher.get_current_device = lambda cc=cc: types.SimpleNamespace(
                 compute_capability=cc
             )
@@ -140,23 +146,25 @@ def _exercise_launchers() -> None:
         K.fast_weight_read(w, b, _zeros(64, f32), _zeros(d_v, f32))
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    """Compile for the compute capabilities in ``argv`` ("8.7 9.0"; none: both of _CCS)."""
+    ccs = tuple(tuple(int(part) for part in arg.split(".")) for arg in argv) or _CCS
     try:
         from numba import cuda, float32
 
-        cuda.compile_ptx(lambda a: None, (float32[:],), cc=_CCS[0])
+        cuda.compile_ptx(lambda a: None, (float32[:],), cc=ccs[0])
     except Exception as err:  # any missing piece of the toolchain means: cannot check here
         print(f"no CUDA compiler toolchain (NVVM + NVRTC) available: {type(err).__name__}")
         return _SKIP
     compiled: list[str] = []
     problems: list[str] = []
-    _install_compile_only_launch(compiled, problems)
+    _install_compile_only_launch(compiled, problems, ccs)
     _exercise_launchers()
-    print(f"compiled {len(compiled)} kernel launches for {_CCS}")
+    print(f"compiled {len(compiled)} kernel launches for {ccs}")
     for problem in problems:
         print("PROBLEM", problem)
     return 1 if problems else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

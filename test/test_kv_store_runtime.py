@@ -139,17 +139,21 @@ def test_kv_store_command_lists_verifies_collects_and_removes(tiny_model, tmp_pa
     assert main(["kv-store", "ls", "--dir", str(tmp_path / "nowhere")]) == 2
 
 
+@pytest.mark.ros
 def test_save_memory_service_and_shutdown_save_over_ros(tiny_model, tmp_path, key_file):
     pytest.importorskip("rclpy")
     from rclpy.node import Node
     from std_srvs.srv import Trigger
 
-    from ros_graph import call, private_graph
+    from ros_graph import WAIT_S, call, private_graph
     from vla_edge_ros.nodes.reasoning import ReasoningNode
     from vla_edge_ros.runtime.action_slot import ActionSlot
     from vla_edge_ros.runtime.frame_buffer import FrameBuffer
 
     settings = _settings(tiny_model, tmp_path / "store", key_file, memory_name="arm_left")
+    # the longest deadline the schema allows: a 33 ms one would have the gate refuse cycles on a loaded
+    # machine, and frames must reach the engine for there to be a memory to save
+    settings = settings.replace("reasoning", {"deadline_ms": 1000.0})
     loaded = load_engine(settings)
     buffer = FrameBuffer(48, 64)
     camera = SyntheticCamera(height=48, width=64, seed=4)
@@ -160,11 +164,11 @@ def test_save_memory_service_and_shutdown_save_over_ros(tiny_model, tmp_path, ke
         executor.add_node(node)
         executor.add_node(user)
         node.start()
-        for _ in range(200):
+        deadline = time.monotonic() + WAIT_S
+        while node.engine.memory_stats().frames_kept < 3:
+            assert time.monotonic() < deadline, "the engine kept no 3 frames"
             buffer.write(camera.frame(), stamp_ns=0, receive_ns=time.monotonic_ns())
             time.sleep(1 / 30)
-            if node.engine.memory_stats().frames_kept >= 3:
-                break
         answer = call(executor, user.create_client(Trigger, "/reasoning/save_memory"), Trigger.Request())
         assert answer.success, answer.message
         assert "episode memory saved" in answer.message and node.memory_saves == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -302,6 +303,9 @@ def nano_model(tmp_path_factory):
     return load_checkpoint(write_random_model(tmp_path_factory.mktemp("nano") / "m", config, seed=4))
 
 
+# 30-50 s per policy on 2 cores: `make test-slow`. The default suite keeps the CUDA backend end to end in
+# test_engine.py and test_parity.py, and every memory kernel against its NumPy twin (test_kernels_memory.py).
+@pytest.mark.slow
 @pytest.mark.parametrize("name", POLICIES)
 def test_every_policy_runs_through_the_cuda_simulator_like_numpy(nano_model, name):
     results = {}
@@ -321,14 +325,16 @@ def test_every_policy_runs_through_the_cuda_simulator_like_numpy(nano_model, nam
 
 
 def stream(engine: VlaEngine, count: int, budget_bytes: int) -> tuple[float, float]:
-    """Push ``count`` frames; check positions and bytes every frame; median frame time early vs late (ms)."""
+    """Push ``count`` frames; check positions and bytes every frame; median frame cost early vs late (ms of
+    CPU time: what the frame's work costs, which other processes on a busy machine hardly change)."""
     camera = SyntheticCamera(height=16, width=16, seed=8)
     images = [camera.frame() for _ in range(64)]
     times = np.empty(count)
     top = engine.arena.capacity
     for index in range(count):
+        started = time.process_time_ns()
         prefill = engine.add_frame(images[index % 64])
-        times[index] = prefill.encode_ms + prefill.prefill_ms
+        times[index] = (time.process_time_ns() - started) / 1e6
         assert engine.arena.positions.max() < top and prefill.next_position + engine.scratch_tokens <= top
         assert engine.memory_stats().memory_bytes <= budget_bytes
     window = max(50, count // 20)
@@ -340,10 +346,18 @@ def _long_stream(micro_model, name: str, count: int) -> None:
     budget = engine.arena.capacity * engine.kv_bytes_per_token + 4224
     early, late = stream(engine, count, budget)
     assert engine.memory_stats().frames_seen == count
-    # no per-frame cost may grow with the episode; 3x leaves room for a noisy shared machine
+    # no per-frame cost may grow with the episode (CPU time, so another process's load is not counted; 3x
+    # still leaves room for what load does to caches)
     assert late < 3 * early + 0.5, f"{name}: median frame {early:.3f} ms early, {late:.3f} ms late"
 
 
+@pytest.mark.parametrize("name", POLICIES)
+def test_a_2k_frame_episode_stays_bounded(micro_model, name):
+    """The default suite's share of the soak below: every position re-base and eviction path many times over."""
+    _long_stream(micro_model, name, 2_000)
+
+
+@pytest.mark.soak
 @pytest.mark.parametrize("name", POLICIES)
 def test_a_100k_frame_episode_stays_bounded(micro_model, name):
     _long_stream(micro_model, name, 100_000)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 rclpy = pytest.importorskip("rclpy")
@@ -10,16 +12,23 @@ from rclpy.node import Node  # noqa: E402
 from rclpy.qos import qos_profile_sensor_data  # noqa: E402
 from std_msgs.msg import Float32MultiArray  # noqa: E402
 
-from ros_graph import private_graph  # noqa: E402
+from ros_graph import WAIT_S, leased_domain, private_graph  # noqa: E402
 from vla_edge_ros.config import parse_settings  # noqa: E402
 from vla_edge_ros.nodes.bringup import Pipeline  # noqa: E402
 from vla_edge_ros.nodes.diagnostics import ERROR  # noqa: E402
 
+pytestmark = pytest.mark.ros
+
 
 def test_camera_to_commands_and_safe_stop_when_the_camera_stops(tiny_model):
+    """Live, on a machine that may be busy: frames flow and become commands, and once the camera is gone the
+    robot is told to stop and stays stopped. How soon (one timeout and one control period) is checked on the
+    virtual clock: test_driver.py::test_a_camera_that_stops_is_a_safe_stop_within_one_timeout_and_one_period."""
     settings = parse_settings({
+        # the longest deadline the schema allows: the gate would (rightly) refuse a 33 ms deadline on a
+        # loaded 2-core machine, and the deadline is not what this test is about
         "reasoning": {"ros__parameters": {"model_dir": str(tiny_model), "backend": "numpy",
-                                          "kv_capacity_tokens": 256}},
+                                          "kv_capacity_tokens": 256, "deadline_ms": 1000.0}},
         "camera_subscriber": {"ros__parameters": {"frame_height": 120, "frame_width": 160}},
         "action_publisher": {"ros__parameters": {"action_timeout_ms": 300.0, "control_rate_hz": 50.0,
                                                  "command_type": "float32_multi_array"}},
@@ -32,19 +41,18 @@ def test_camera_to_commands_and_safe_stop_when_the_camera_stops(tiny_model):
                                      qos_profile_sensor_data)
         pipeline.executor.add_node(listener)
         try:
-            for _ in range(30):  # DDS discovery takes a moment; then 30 frames a second flow
-                pipeline.run(duration_s=0.5)
-                if pipeline.reasoning.actions > 10:
-                    break
-            assert pipeline.camera.written > 10 and pipeline.reasoning.actions > 10
-            assert any(len(c) == 7 and any(v != 0.0 for v in c) for c in commands)
+            moving = lambda: any(len(c) == 7 and any(v != 0.0 for v in c) for c in commands)  # noqa: E731
+            assert _run_until(pipeline, lambda: pipeline.reasoning.actions > 10 and moving())
+            assert pipeline.camera.written > 10
 
             camera = pipeline.nodes.pop()  # the synthetic camera: the stream stops
             pipeline.executor.remove_node(camera)
             camera.destroy_node()
             commands.clear()
-            pipeline.run(duration_s=1.0)
-            assert commands and commands[-1] == [0.0] * 7  # safe stop within timeout + one period
+            stop = [0.0] * 7
+            assert _run_until(pipeline, lambda: commands.count(stop) >= 3)  # a safe stop, commanded again and again
+            first_stop = commands.index(stop)
+            assert all(c == stop for c in commands[first_stop:])  # and nothing but stops once it began
             assert pipeline.publisher.report().level == ERROR
         finally:
             pipeline.executor.remove_node(listener)
@@ -52,12 +60,22 @@ def test_camera_to_commands_and_safe_stop_when_the_camera_stops(tiny_model):
             pipeline.shutdown()
 
 
+def _run_until(pipeline: Pipeline, done, timeout_s: float = WAIT_S) -> bool:
+    """Spin the pipeline until ``done()``; False if it still does not hold after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        pipeline.run(duration_s=0.1)
+    return True
+
+
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
 def test_vla_edge_run_shuts_down_cleanly_on_a_signal(tiny_model, tmp_path, signal_name):
+    import os
     import signal
     import subprocess
     import sys
-    import time
 
     import yaml
 
@@ -67,19 +85,20 @@ def test_vla_edge_run_shuts_down_cleanly_on_a_signal(tiny_model, tmp_path, signa
         "camera_subscriber": {"ros__parameters": {"frame_height": 120, "frame_width": 160}},
     }))
     summary = tmp_path / "summary.json"
-    process = subprocess.Popen([sys.executable, "-m", "vla_edge_ros", "run", "--config", str(config), "--duration",
-                                "60", "--summary-json", str(summary)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, cwd=tmp_path)
-    try:
-        deadline = time.monotonic() + 60
-        while not summary.exists() and time.monotonic() < deadline:
-            line = process.stdout.readline()
-            if not line or line.startswith("in "):  # the pipeline is up (first status line), or it died
-                break
-        process.send_signal(getattr(signal, signal_name))
-        out, err = process.communicate(timeout=20)
-    finally:
-        process.kill()
+    with leased_domain() as domain:
+        process = subprocess.Popen([sys.executable, "-m", "vla_edge_ros", "run", "--config", str(config), "--duration",
+                                    "600", "--summary-json", str(summary)], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                                   env={**os.environ, "ROS_DOMAIN_ID": str(domain)})
+        try:
+            while True:  # until the pipeline is up (its first status line) or it died (end of output)
+                line = process.stdout.readline()
+                if not line or line.startswith("in "):
+                    break
+            process.send_signal(getattr(signal, signal_name))
+            out, err = process.communicate(timeout=WAIT_S)
+        finally:
+            process.kill()
     assert process.returncode == 0, err[-2000:]
     assert "summary:" in out and summary.is_file()
     assert "Traceback" not in err and "terminate called" not in err

@@ -14,7 +14,7 @@ from rcl_interfaces.srv import SetParameters  # noqa: E402
 from rclpy.node import Node  # noqa: E402
 from std_srvs.srv import Trigger  # noqa: E402
 
-from ros_graph import call, private_graph  # noqa: E402
+from ros_graph import WAIT_S, call, private_graph  # noqa: E402
 from vla_edge_ros.config import parse_settings  # noqa: E402
 from vla_edge_ros.nodes.reasoning import ReasoningNode  # noqa: E402
 from vla_edge_ros.runtime.action_slot import ActionSlot  # noqa: E402
@@ -22,13 +22,17 @@ from vla_edge_ros.runtime.frame_buffer import FrameBuffer  # noqa: E402
 from vla_edge_ros.runtime.loader import load_engine  # noqa: E402
 from vla_edge_ros.worlds.synthetic import SyntheticCamera  # noqa: E402
 
+pytestmark = pytest.mark.ros
+
 
 @pytest.fixture
 def graph(tiny_model):
     """A reasoning node starting on cosine, a user node, and helpers to call its services and feed it frames."""
     settings = parse_settings({"reasoning": {"ros__parameters": {
         "model_dir": str(tiny_model), "backend": "numpy", "kv_capacity_tokens": 128,
-        "kv": {"policy": "cosine", "cosine": {"protect_recent_frames": 2}}}}}, "test.yaml")
+        # the longest deadline the schema allows: a 33 ms one would have the gate refuse cycles on a loaded
+        # machine, and these tests need frames to reach the engine, not the deadline
+        "deadline_ms": 1000.0, "kv": {"policy": "cosine", "cosine": {"protect_recent_frames": 2}}}}}, "test.yaml")
     engine = load_engine(settings).engine
     buffer = FrameBuffer(48, 64)
     with private_graph() as (context, executor):
@@ -50,13 +54,15 @@ def graph(tiny_model):
         def reset_episode():
             return call(executor, user.create_client(Trigger, "/reasoning/reset_episode"), Trigger.Request())
 
-        def feed_until(condition, frames: int = 150) -> bool:
-            for _ in range(frames):
+        def feed_until(condition, timeout_s: float = WAIT_S) -> bool:
+            """Frames at 30 Hz until ``condition()``; False if it still does not hold after ``timeout_s``."""
+            deadline = time.monotonic() + timeout_s
+            while not condition():
+                if time.monotonic() > deadline:
+                    return False
                 buffer.write(camera.frame(), stamp_ns=0, receive_ns=time.monotonic_ns())
                 time.sleep(1 / 30)
-                if condition():
-                    return True
-            return condition()
+            return True
 
         yield node, set_param, reset_episode, feed_until
         node.stop()

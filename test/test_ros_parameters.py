@@ -15,6 +15,8 @@ from ros_graph import call, private_graph  # noqa: E402
 from vla_edge_ros.config import defaults  # noqa: E402
 from vla_edge_ros.nodes.parameters import NodeParameters  # noqa: E402
 
+pytestmark = pytest.mark.ros
+
 
 def _value(value) -> ParameterValue:
     if isinstance(value, bool):

@@ -21,6 +21,7 @@ from vla_edge_ros.train.torch_model import DmsMask, VlaModel
 from vla_edge_ros.train.trainer import DEFAULT_PROMPT, TrainSpec, export, train
 from vla_edge_ros.worlds.sim.world import CueReachEnv, TaskSpec
 
+pytestmark = pytest.mark.train
 PROMPT = DEFAULT_PROMPT
 CONFIG = preset("sim", layers=2)
 

@@ -12,7 +12,7 @@ def main(argv: list[str] | None = None) -> int:
     exit code 2), then the command."""
     with StopSignals.installed() as stop:
         try:
-            from .main import run_command
+            from .commands import run_command
 
             return run_command(argv, stop)
         except Interrupted as exc:
