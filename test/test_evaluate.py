@@ -16,8 +16,11 @@ from vla_edge_ros.model.safetensors_io import StoredTensor, read_safetensors, wr
 from vla_edge_ros.tools.evaluate import (
     AURA_NOTE,
     EXPERT,
+    capacity_for,
+    cue_swap,
     evaluate,
     format_table,
+    picks,
     run_episode,
     run_order,
     wilson_interval,
@@ -93,7 +96,7 @@ def test_variants_parse_and_a_bad_one_names_the_choices(capsys):
     assert args.policy == ("dms:novelty", "aura:random")
     with pytest.raises(SystemExit):
         main(["evaluate", "--policy", "aura,aura:learned"])
-    assert "fifo,cosine,aura,aura:surprise,aura:random,aura:periodic,dms,dms:novelty" in capsys.readouterr().err
+    assert "fifo,cosine,aura,aura:surprise,aura:random,aura:periodic,aura:no-write,dms,dms:novelty" in capsys.readouterr().err
 
 
 def test_aura_runs_before_the_rows_matched_to_its_rate_and_is_added_when_missing():
@@ -168,3 +171,69 @@ def test_cosine_protects_at_most_one_frame_less_than_the_budget_holds():
     assert fit_to_budget(node, "cosine", 16) == ({}, None)
     assert fit_to_budget(node, "cosine", None) == ({}, None)  # an arena for the whole episode
     assert fit_to_budget(node, "fifo", 2) == ({}, None)
+
+
+def test_a_command_picks_the_target_it_points_at():
+    targets = np.array([[0.9, 0.5], [0.5, 0.9], [0.1, 0.1]])
+    robot = np.array([0.5, 0.5])
+    assert picks(np.array([1.0, 0.1]), robot, targets) == 0
+    assert picks(np.array([-0.1, 1.0]), robot, targets) == 1
+    assert picks(np.array([-1.0, -1.0]), robot, targets) == 2
+    assert picks(np.zeros(2), robot, targets) is None  # a robot that stands still picks nothing
+
+
+def test_the_cue_swap_shows_each_cue_in_turn_and_the_expert_follows_every_one():
+    """The expert knows the goal: if the probe did not really swap the cue, it could not pick each one."""
+    for seed in range(3):
+        swap = cue_swap(SPEC, seed, None)
+        assert swap.seed == seed and swap.picked == [True] * SPEC.targets
+
+
+def test_a_policy_without_memory_picks_one_target_whichever_was_cued(tiny_model, tmp_path):
+    """After the release the frames of the three swaps are the same pixels (same layout, noise, no ring): a
+    policy that holds only the current frame (aura that never writes, fifo over the last 2 frames) sends the
+    same command for all three, so it picks the cued target in exactly one of them, or none."""
+    report = evaluate(_settings(tiny_model), SPEC, ["aura:no-write", "fifo"], [2], episodes=2, seed=3, costs=FIXED,
+                      out=tmp_path)
+    cells = {c["variant"]: c for c in report["cells"]}
+    assert cells[EXPERT]["cue_swap"] == {"seeds": 2, "trials": 6, "picked": 6, "rate": 1.0,
+                                         "ci95": list(wilson_interval(6, 6))}
+    for variant in ("aura:no-write", "fifo"):
+        swap = cells[variant]["cue_swap"]
+        assert swap["trials"] == 6 and swap["picked"] in (0, 1, 2)
+    no_write = cells["aura:no-write"]
+    assert no_write["memory_writes"] == 0 and no_write["memory_frames"] > 0 and no_write["gate_rate"] is None
+    assert "swap" in format_table(report)
+
+
+def test_cells_record_bytes_and_tokens_held_against_tokens_seen(tiny_model, tmp_path):
+    settings = _settings(tiny_model)
+    per_frame = load_model_config(tiny_model).vision.tokens_per_frame
+    report = evaluate(settings, SPEC, ["fifo", "aura", "dms:novelty"], [4, None], episodes=1, seed=2,
+                      costs=FIXED, out=tmp_path)
+    cells = {(c["variant"], c["budget_frames"]): c for c in report["cells"]}
+    everything, window = cells[("fifo", None)], cells[("fifo", 4)]
+    assert everything["compression"]["tokens"] == pytest.approx(1.0)  # an arena for the episode forgets nothing
+    assert everything["tokens_held"]["mean"] == pytest.approx(everything["tokens_seen_mean"])
+    assert window["tokens_held"]["peak"] == 4 * per_frame and window["compression"]["tokens"] > 1
+    assert window["bytes_held"]["mean"] <= window["bytes_held"]["peak"] <= window["budget_bytes"]
+    aura = next(c for c in report["cells"] if c["variant"] == "aura")
+    assert aura["tokens_held"]["peak"] == 1 + per_frame  # the memory token and the current frame
+    assert aura["bytes_held"]["peak"] <= aura["budget_bytes"] and aura["writes_per_frame"] is not None
+    for budget in (4, None):  # dms's window comes out of the budget: it holds no more than fifo may
+        dms = cells[("dms:novelty", budget)]
+        assert dms["within_budget"] and dms["budget_bytes"] == cells[("fifo", budget)]["budget_bytes"]
+        assert dms["tokens_held"]["peak"] <= (4 * per_frame if budget else 10**9)
+
+
+def test_a_budget_too_small_for_what_a_policy_reserves_is_refused(tiny_model):
+    from vla_edge_ros.memory import make_policy
+    from vla_edge_ros.model.checkpoint import load_checkpoint
+
+    checkpoint = load_checkpoint(tiny_model)
+    node = dict(_settings(tiny_model)["reasoning"], **{"kv.policy": "dms"})
+    dms = make_policy("dms", node)
+    window_frames = -(-dms.reserved_tokens() // checkpoint.config.vision.tokens_per_frame)
+    with pytest.raises(ValueError, match="cannot run within"):
+        capacity_for(checkpoint, dms, 6, window_frames, SPEC)
+    assert capacity_for(checkpoint, dms, 6, window_frames + 1, SPEC) > 0

@@ -26,8 +26,8 @@ the shipped model).
 Each cell also runs the *cue swap*: per seed, the same layout and noise with each target cued in turn,
 the first action after the release read, and counted as picking the target whose direction from the
 robot is closest to the action's. A policy that remembers the cue picks the cued target every time;
-one that does not picks the same target whichever was cued (1 / K on average).
-
+one that does not picks the same target whichever was cued (1 / K on average). The expert's row runs
+it too: it knows the goal, so anything under 1.00 there is a fault of the probe, not of a policy.
 """
 
 from __future__ import annotations
@@ -258,28 +258,36 @@ def _measure(episode: Episode, engine: VlaEngine) -> None:
     episode.seen_sum += stats.frames_seen * engine.config.vision.tokens_per_frame
 
 
-def cue_swap(spec: TaskSpec, seed: int, start: Callable[[], Driver]) -> CueSwap:
+def cue_swap(spec: TaskSpec, seed: int, start: Callable[[], Driver] | None) -> CueSwap:
     """Each target of seed's layout cued in turn (same layout, same noise): does the first action after the
-    release head for the cued target? ``start`` gives a driver whose memory starts a new episode."""
+    release head for the cued target? ``start`` gives a driver whose memory starts a new episode (None: the
+    scripted expert, which knows the goal, so it picks the cued target every time: the probe's own check)."""
     env = CueReachEnv(spec, seed)
     swap = CueSwap(seed)
     period_ns = round(1e9 / spec.rate_hz)
     for goal in range(spec.targets):
         env.goal = goal
         frame = env.reset()
-        driver = start()
-        begin = driver.clock()
+        driver = start() if start is not None else None
+        begin = driver.clock() if driver else 0
         command = None
         for tick in range(math.ceil(spec.time_limit_s * spec.rate_hz)):
-            now = begin + tick * period_ns
-            driver.camera(frame, now, now)
-            if driver.clock() <= now:
-                driver.clock.wait_until(now)
-                result = driver.reason().result
-                if tick >= spec.release_frames and result.action is not None:
-                    command = velocity_command(driver.command(result.ready_ns).values or ())
-                    break
-            frame = env.step(np.zeros(2)).frame  # held until the release; nothing moves the robot before the read
+            if driver is None:
+                command = env.expert_command() if tick >= spec.release_frames else None
+            else:
+                now = begin + tick * period_ns
+                driver.camera(frame, now, now)
+                if driver.clock() <= now:
+                    driver.clock.wait_until(now)
+                    result = driver.reason().result
+                    if tick >= spec.release_frames and result.action is not None:
+                        command = velocity_command(driver.command(result.ready_ns).values or ())
+            if command is not None:
+                break
+            outcome = env.step(np.zeros(2))  # held until the release; nothing moves the robot before the read
+            if outcome.done:
+                break
+            frame = outcome.frame
         swap.picked.append(command is not None and picks(command, env.robot, env.targets) == goal)
     return swap
 
@@ -350,6 +358,8 @@ def run_unit(state: dict[str, Any], episode: EpisodeSpec) -> dict[str, Any]:
     context = state["context"]
     spec = context.spec
     if episode.variant == EXPERT:
+        if episode.swap:
+            return asdict(cue_swap(spec, episode.seed, None))
         return asdict(_expert_episode(spec, episode.seed, context.settings, context.record_dir))
     cell = (episode.variant, episode.budget, episode.gate_rate)
     if cell not in state["engines"]:
@@ -404,7 +414,7 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
             checkpoint.config, prompt_tokens, cell.budget_frames or episode_frames(spec)) * token
         return cell.summary(prompt_tokens * token, token, budget)
 
-    total = (2 * len(cells) - 1) * len(seeds)  # an episode per cell and seed, and a cue swap but for the expert
+    total = 2 * len(cells) * len(seeds)  # an episode and a cue swap per cell and seed
     summaries, done = [], [0]
     for matched_pass in (False, True):
         todo = [cell for cell in cells if (cell.variant in MATCHED) == matched_pass]
@@ -413,7 +423,7 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
             for cell in todo:
                 cell.gate_rate, cell.note = rate, "; ".join(filter(None, (note, cell.note))) or None
         specs = [EpisodeSpec(c.variant, c.budget_frames, s, c.gate_rate, swap) for c in todo
-                 for swap in ((False,) if c.variant == EXPERT else (False, True)) for s in seeds]
+                 for swap in (False, True) for s in seeds]
         units = [Unit(spec.key, spec) for spec in specs]
         base = done[0]
         summary = run_units(job, units, out, workers=workers, ray_address=ray_address, resume=resume,
@@ -426,10 +436,9 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
                               f"ones are in {out / 'units'}: --resume runs only what is missing")
         for cell in todo:
             results = {swap: [summary.results[EpisodeSpec(cell.variant, cell.budget_frames, s, cell.gate_rate,
-                                                          swap).key] for s in seeds] for swap in (False, True)
-                       if cell.variant != EXPERT or not swap}
+                                                          swap).key] for s in seeds] for swap in (False, True)}
             cell.episodes = [Episode(**result) for result in results[False]]
-            cell.swaps = [CueSwap(**result) for result in results.get(True, [])]
+            cell.swaps = [CueSwap(**result) for result in results[True]]
             if cell.variant != EXPERT:
                 progress(_cell_line(report(cell)))
     run = run_figures(summaries, workers, ray_address)
@@ -487,7 +496,9 @@ def variant_knobs(variant: str, rate: float | None) -> dict[str, Any]:
     write rate of an aura:* row); the baseline gates are installed per episode by ``_start_episode``."""
     knobs: dict[str, Any] = {"kv.policy": variant.split(":")[0], "kv_store.dir": ""}
     if variant == "aura:surprise":
-        knobs.update({"kv.aura.use_learned_gate": False, "kv.aura.target_write_rate": rate})
+        knobs["kv.aura.use_learned_gate"] = False
+        if rate is not None:  # None: before the aura row measured it (the budget check)
+            knobs["kv.aura.target_write_rate"] = rate
     elif variant == "dms:novelty":
         knobs["kv.dms.use_learned_gate"] = False
     return knobs
