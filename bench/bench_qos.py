@@ -48,7 +48,10 @@ if encoding == "raw":
 else:
     publisher = node.create_publisher(CompressedImage, "bench/image", qos)
     msg = CompressedImage(format="jpeg", data=cv2.imencode(".jpg", frame[:, :, ::-1])[1].tobytes())
-time.sleep(2.0)  # discovery
+deadline = time.monotonic() + 30.0  # discovery: until the subscriber has matched, then a second for its side
+while publisher.get_subscription_count() < 1 and time.monotonic() < deadline:
+    time.sleep(0.05)
+time.sleep(1.0)
 sent, start = 0, time.monotonic()
 while time.monotonic() - start < seconds:
     msg.header.stamp = node.get_clock().now().to_msg()

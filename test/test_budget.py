@@ -70,3 +70,16 @@ def test_load_engine_caps_blas_threads(tiny_model):
     load_engine(_settings(tiny_model, blas_threads=1))
     blas = [pool for pool in threadpool_info() if pool["user_api"] == "blas"]
     assert blas and all(pool["num_threads"] == 1 for pool in blas)
+
+
+def test_plan_counts_the_pages_of_a_pool_smaller_than_the_dense_size(tiny_model):
+    settings = _settings(tiny_model, kv_capacity_tokens=256, kv_page_tokens=8, kv_pool_pages=80, **{"kv.policy": "dms"})
+    plan, checkpoint = plan_for(settings)
+    engine = load_engine(settings, policies=("dms",)).engine
+    c = checkpoint.config
+    assert plan.kv_pages == 80 and plan.kv_arena_bytes == 80 * 2 * 8 * c.head_dim * 4 == engine.backend.state_bytes()[1]
+    assert "80 pages" in plan.table()
+    load_engine(settings)  # every policy's knobs are checked, and the pool against the configured one
+    fifo = _settings(tiny_model, kv_capacity_tokens=256, kv_page_tokens=8, kv_pool_pages=80)
+    with pytest.raises(ValueError, match="only dms runs on a smaller pool"):
+        load_engine(fifo)

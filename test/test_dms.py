@@ -19,6 +19,7 @@ from vla_edge_ros.model.checkpoint import Checkpoint, CheckpointError, load_chec
 from vla_edge_ros.model.config import ActionConfig, ModelConfig, VisionConfig
 from vla_edge_ros.model.init_model import preset, write_random_model
 from vla_edge_ros.model.memory_tensors import dms_gate_names
+from vla_edge_ros.model.pages import PageTable
 from vla_edge_ros.model.safetensors_io import StoredTensor, read_safetensors, write_safetensors
 from vla_edge_ros.numerics import ops
 from vla_edge_ros.runtime.loader import load_engine
@@ -32,30 +33,37 @@ KEEP, EVICT = 1.0, -1.0  # keep scores against the fixed threshold 0
 
 def test_a_slot_is_released_only_when_every_head_has_stopped_reading_it():
     arena = KVArena(4)
+    arena.set_layout((2, 2), per_head=True)
     arena.commit(np.array([0, 1], np.int32), np.array([0, 1], np.int32))
-    arena.set_head_masks((2, 2))
-    assert arena.head_valid[:, :, :2].all() and not arena.head_valid[:, :, 2:].any()
+    assert arena.holds(np.arange(4))[:, :, :2].all() and not arena.holds(np.arange(4))[:, :, 2:].any()
     one_head = np.zeros((2, 2, 1), bool)
     one_head[1, 0] = True
     assert arena.hide(np.array([1], np.int32), one_head).size == 0  # layer 1 head 0 stops; the others read on
-    assert arena.valid[1] and not arena.head_valid[1, 0, 1] and arena.head_valid[0, 0, 1]
+    assert arena.valid[1] and not arena.holds(np.array([1]))[1, 0, 0] and arena.holds(np.array([1]))[0, 0, 0]
+    assert arena.pages.lengths.tolist() == [[2, 2], [1, 2]]
     freed = arena.hide(np.array([1], np.int32), np.ones((2, 2, 1), bool))
     assert freed.tolist() == [1] and not arena.valid[1] and arena.positions[1] == -1 and arena.used == 1
-    arena.set_head_masks(None)
-    assert arena.head_valid is None
 
 
-def test_numpy_attention_with_a_bias_per_kv_head_matches_the_kernel_twin():
+def test_numpy_attention_with_a_bias_per_kv_head_matches_the_paged_kernel_twin():
     rng = np.random.default_rng(0)
     k, v = rng.standard_normal((2, 2, 9, 8), dtype=np.float32)  # [kv_heads, slots, head_dim]
     q = rng.standard_normal((3, 4, 8), dtype=np.float32)  # 3 tokens, 2 query heads per KV head
     slot_pos, q_pos = np.arange(9, dtype=np.int32), np.array([6, 7, 8], np.int32)
-    masks = np.ones((2, 9), np.uint8)
-    masks[0, [1, 4, 5]] = 0
-    masks[1, [0, 2]] = 0
-    visible = (masks[:, None, :] != 0) & (slot_pos[None, None, :] <= q_pos[None, :, None])  # [kv_heads, T, S]
+    masks = np.ones((2, 9), bool)
+    masks[0, [1, 4, 5]] = False
+    masks[1, [0, 2]] = False
+    table = PageTable((1, 2), capacity=9, page_tokens=2, per_head=True)  # the same heads, as pages
+    table.add(np.arange(9, dtype=np.int32))
+    table.remove(np.arange(9, dtype=np.int32), ~masks[None])
+    k_pool, v_pool = np.zeros((2, table.num_pages * 2, 8), np.float32)
+    rows = table.rows(np.arange(9))[0]
+    k_pool[rows[masks]], v_pool[rows[masks]] = k[masks], v[masks]
+    paged = (k_pool.reshape(-1, 2, 8), v_pool.reshape(-1, 2, 8), table.block_table[0], table.lengths[0],
+             table.entry_slot)
+    visible = masks[:, None, :] & (slot_pos[None, None, :] <= q_pos[None, :, None])  # [kv_heads, T, S]
     got = ops.gqa_attention(q, k, v, ops.attention_bias(visible), 0.35).reshape(3, 4, 8)
-    np.testing.assert_allclose(got, ref.attention(q, k, v, slot_pos, masks, q_pos, 0.35), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, ref.attention(q, *paged, slot_pos, q_pos, 0.35), rtol=1e-5, atol=1e-6)
     weights = ops.attention_weights(q[-1], k, ops.attention_bias(visible[:, -1]), 0.35)
     assert np.all(weights[:2, [1, 4, 5]] == 0) and np.all(weights[2:, [0, 2]] == 0)
     np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-6)
@@ -64,10 +72,11 @@ def test_numpy_attention_with_a_bias_per_kv_head_matches_the_kernel_twin():
 # --- the policy on a hand-built arena (scores given, no model) -------------------------------------------
 
 
-def fake_engine(capacity: int, layers: int = 1, heads: int = 2, prompt: int = 1) -> MemoryContext:
-    """What dms reads of an engine, with no model: an arena with head masks and a pinned prompt, keys of zeros."""
-    arena = KVArena(capacity)
-    arena.set_head_masks((layers, heads))
+def fake_engine(capacity: int, layers: int = 1, heads: int = 2, prompt: int = 1, page_tokens: int | None = None,
+                pool_pages: int = 0) -> MemoryContext:
+    """What dms reads of an engine, with no model: an arena with pages per head and a pinned prompt, keys of zeros."""
+    arena = KVArena(capacity, page_tokens, pool_pages)
+    arena.set_layout((layers, heads), per_head=True)
     arena.pinned = arena.allocate(prompt)
     arena.commit(arena.pinned, np.arange(prompt, dtype=np.int32))
     config = ModelConfig(hidden_size=4, intermediate_size=4, num_hidden_layers=layers, num_attention_heads=heads,
@@ -110,10 +119,10 @@ def test_a_token_is_read_by_every_head_inside_the_window_and_gone_from_the_evict
     policy = dms(engine, window=3)
     token = offer(policy, engine, [EVICT, KEEP])  # head 0 evicts it, head 1 keeps it
     for _ in range(3):  # the window: three newer tokens may still read it through both heads
-        assert engine.arena.head_valid[0, :, token].all()
+        assert engine.arena.holds(token)[0, :, 0].all()
         offer(policy, engine, [KEEP, KEEP])
     assert policy.pending_slots().tolist() == [2, 3, 4]  # the token left the window: its decision applied
-    assert not engine.arena.head_valid[0, 0, token] and engine.arena.head_valid[0, 1, token]
+    assert engine.arena.holds(token)[0, :, 0].tolist() == [False, True]
     assert engine.arena.valid[token] and policy.evictions == 0  # head 1 still reads it: the slot stays
 
 
@@ -146,7 +155,7 @@ def test_the_pinned_prompt_is_never_evicted_nor_forced_out():
     for _ in range(30):  # every head evicts everything, and the arena is too small to keep anything long
         offer(policy, engine, [EVICT, EVICT])
         offer(policy, engine, [KEEP, KEEP], [KEEP, KEEP], [KEEP, KEEP])
-    assert engine.arena.head_valid[:, :, :3].all() and np.array_equal(engine.arena.positions[:3], [0, 1, 2])
+    assert engine.arena.holds(np.arange(3)).all() and np.array_equal(engine.arena.positions[:3], [0, 1, 2])
     assert policy.compression().forced_evictions > 0
 
 
@@ -165,12 +174,40 @@ def test_room_is_forced_by_the_lowest_best_head_score_ties_to_the_older_never_fr
         policy.make_room(4)
 
 
+@pytest.mark.parametrize("scores", [[KEEP, KEEP], [KEEP, EVICT]], ids=["both-keep", "one-keeps"])
+def test_a_pool_smaller_than_the_dense_size_forces_tokens_out_when_its_pages_run_short(scores):
+    engine = fake_engine(capacity=64, prompt=1, page_tokens=2, pool_pages=8)  # 16 entries for 2 heads and 64 slots
+    policy = dms(engine, window=3)
+    longest = 0
+    for _ in range(60):
+        offer(policy, engine, scores)
+        assert engine.arena.pages.pages_in_use() <= 8  # never more than the pool, whatever the heads keep
+        longest = max(longest, int(engine.arena.pages.lengths.max()))
+    assert policy.compression().forced_evictions > 0 and engine.arena.used < 64  # pages ran short, not slots
+    assert engine.arena.holds(engine.arena.pinned).all() and engine.arena.holds(policy.pending_slots()).all()
+    if scores[1] == EVICT:  # head 1 holds the prompt, the window and the newest token (3 pages): head 0 the rest
+        assert longest == 10 > 16 // 2
+    else:
+        assert longest <= 8
+
+
+def test_a_pool_too_small_for_the_prompt_the_window_and_a_frame_is_refused_and_so_is_fifo_on_it():
+    with pytest.raises(ValueError, match="kv_pool_pages=5 must be at least 6"):
+        dms(fake_engine(capacity=64, prompt=1, page_tokens=2, pool_pages=5), window=3)
+    site = fake_engine(capacity=64, page_tokens=2, pool_pages=8).site()
+    with pytest.raises(ValueError, match="only dms runs on a smaller pool"):
+        site.check_pool("fifo", per_kv_head=False)
+    site.check_pool("dms", per_kv_head=True)
+    with pytest.raises(ValueError, match="only dms"):
+        KVArena(64, 2, 8).set_layout((1, 2), per_head=False)
+
+
 def test_a_fixed_threshold_keeps_only_scores_above_it():
     engine = fake_engine(capacity=16)
     policy = dms(engine, window=1, threshold=0.25)
     (token,) = offer(policy, engine, [0.25, 0.2500001])  # equal is not above
     offer(policy, engine, [KEEP, KEEP])
-    assert engine.arena.head_valid[0, :, token].tolist() == [False, True]
+    assert engine.arena.holds([token])[0, :, 0].tolist() == [False, True]
 
 
 def test_a_target_ratio_sets_the_threshold_to_the_quantile_of_recent_scores():
@@ -205,20 +242,22 @@ def test_the_policy_state_round_trips_and_decides_on_exactly_as_before():
     for row in scores[:40]:
         offer(policy, engine, row)
     state = policy.snapshot()
-    arena = (engine.arena.valid.copy(), engine.arena.positions.copy(), engine.arena.head_valid.copy())
+    counts, rows = engine.arena.pages.held()  # the arena's part, as the engine's memory state keeps it
+    slots = np.flatnonzero(engine.arena.valid).astype(np.int32)
+    arena = (slots, engine.arena.positions[slots].copy(), counts, engine.arena.pages.entry_slot.reshape(-1)[rows])
     for row in scores[40:]:
         offer(policy, engine, row)
-    expected = (engine.arena.head_valid.copy(), policy.compression())
+    expected = (engine.arena.holds(np.arange(24)), policy.compression())
 
     twin_engine = fake_engine(capacity=24)
     twin = dms(twin_engine, window=5, target_ratio=3.0)
-    twin_engine.arena.valid[:], twin_engine.arena.positions[:] = arena[0], arena[1]
+    twin_engine.arena.release(twin_engine.arena.pinned)
+    twin_engine.arena.restore_entries(*arena)
     twin.restore(state)
-    assert np.array_equal(twin_engine.arena.head_valid, arena[2])
     assert all(np.array_equal(value, twin.snapshot()[key]) for key, value in state.items())
     for row in scores[40:]:
         offer(twin, twin_engine, row)
-    np.testing.assert_array_equal(twin_engine.arena.head_valid, expected[0])
+    np.testing.assert_array_equal(twin_engine.arena.holds(np.arange(24)), expected[0])
     got, want = twin.compression(), expected[1]
     assert (got.tokens_seen, got.decided, got.forced_evictions, got.threshold) == \
            (want.tokens_seen, want.decided, want.forced_evictions, want.threshold)
@@ -317,6 +356,24 @@ def test_a_learned_gate_decides_per_head_and_attention_stops_reading_what_a_head
     assert held.tolist() == [[12, 4], [4, 12]] and engine.arena.used == 3 + 12
 
 
+def test_a_head_that_evicts_gives_its_pages_back_and_the_memory_counts_pages(micro_dir, tmp_path):
+    bias = {0: [-10.0, 10.0], 1: [10.0, -10.0]}  # as above: two heads keep every token, two keep none
+    checkpoint = with_gate(micro_dir, tmp_path, lambda layer: np.zeros((2, 64)), lambda layer: bias[layer])
+    policy = make_policy("dms", {"kv.dms.window": 4, "kv.dms.target_ratio": 0.0})
+    engine = VlaEngine(checkpoint, backend="numpy", kv_capacity_tokens=96, policy=policy, kv_page_tokens=4)
+    engine.set_prompt([5, 6, 7])
+    for image in images(6, seed=3):
+        engine.add_frame(image)
+    report = engine.policy.compression()
+    # keepers read the prompt + 24 tokens (7 pages of 4); evicters the prompt + the window's 4 (2 pages)
+    assert report.held_per_head.tolist() == [[24, 4], [4, 24]]
+    assert report.pages_per_head.tolist() == [[7, 2], [2, 7]]
+    page_bytes = 2 * 4 * checkpoint.config.head_dim * 4
+    assert engine.memory_stats().kv_bytes == 18 * page_bytes  # the pages held, not every head's copy of every token
+    assert report.byte_ratio == pytest.approx(24 * 4 / (18 * 4 - 3 * 4))
+    np.testing.assert_allclose(report.byte_ratio_per_layer, [24 * 2 / (9 * 4 - 3 * 2)] * 2)
+
+
 def test_the_learned_gate_reads_the_layer_input_after_its_rms_norm(micro_dir, tmp_path):
     rng = np.random.default_rng(1)
     weights = {layer: rng.standard_normal((2, 64)).astype(np.float32) for layer in range(2)}
@@ -388,7 +445,13 @@ def test_the_measured_compression_approaches_the_target_in_a_long_stream(micro_d
         assert report.tokens_seen == 300 * 4 and report.decision_ratio == pytest.approx(target, rel=0.15)
         # the window is read by every head on top of what they keep: tokens seen / kept is a little lower
         assert 0.85 * target <= report.ratio <= report.decision_ratio
-        assert report.slot_ratio <= report.ratio  # memory holds the union of what the heads keep
+        assert report.slot_ratio <= report.ratio  # the union of what the heads keep
+        # pages: each head holds its own tokens (and the prompt's) with less than a page to spare
+        held = report.held_per_head + report.prompt_tokens
+        assert (held <= report.pages_per_head * report.page_tokens).all()
+        assert (report.pages_per_head * report.page_tokens < held + report.page_tokens).all()
+        kept = report.held_per_head.sum()  # so the bytes freed trail the tokens by less than a page per head
+        assert report.byte_ratio > report.ratio * kept / (kept + held.size * report.page_tokens)
 
 
 @pytest.fixture(scope="module")
@@ -412,9 +475,9 @@ def test_dms_generation_with_decoded_tokens_runs_through_the_cuda_simulator_like
         results["cuda"], results["numpy"]
     np.testing.assert_array_equal(cuda_actions, np_actions)  # bins: the same tokens were decoded
     assert cuda_stats == np_stats and cuda_stats.evictions >= 1
-    heads = np_state["policy.head_valid"][0]
-    assert np.any(heads[0] != heads[1])  # the two KV heads read different tokens: the masks mattered
+    heads = np.split(np_state["entry_slots"], np.cumsum(np_state["entry_counts"].reshape(-1))[:-1])
+    assert set(heads[0]) != set(heads[1])  # the two KV heads read different tokens: the per-head pages mattered
     np.testing.assert_array_equal(cuda_report.held_per_head, np_report.held_per_head)
-    for key in ("slots", "positions", "policy.head_valid", "policy.pending_slots"):
+    for key in ("slots", "positions", "entry_counts", "entry_slots", "policy.pending_slots"):
         np.testing.assert_array_equal(cuda_state[key], np_state[key])
     np.testing.assert_allclose(cuda_state["keys"], np_state["keys"], rtol=1e-4, atol=1e-5)

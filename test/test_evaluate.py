@@ -11,12 +11,13 @@ from vla_edge_ros.bags import Bag
 from vla_edge_ros.cli import main
 from vla_edge_ros.cli.commands import build_parser
 from vla_edge_ros.config import parse_settings
+from vla_edge_ros.memory import make_policy
 from vla_edge_ros.model.config import load_model_config
 from vla_edge_ros.model.safetensors_io import StoredTensor, read_safetensors, write_safetensors
 from vla_edge_ros.tools.evaluate import (
     AURA_NOTE,
     EXPERT,
-    capacity_for,
+    arena_for,
     cue_swap,
     evaluate,
     format_table,
@@ -220,20 +221,33 @@ def test_cells_record_bytes_and_tokens_held_against_tokens_seen(tiny_model, tmp_
     aura = next(c for c in report["cells"] if c["variant"] == "aura")
     assert aura["tokens_held"]["peak"] == 1 + per_frame  # the memory token and the current frame
     assert aura["bytes_held"]["peak"] <= aura["budget_bytes"] and aura["writes_per_frame"] is not None
-    for budget in (4, None):  # dms's window comes out of the budget: it holds no more than fifo may
+    for budget in (4, None):  # dms's window is inside the budget: its pages hold no more than fifo's arena may
         dms = cells[("dms:novelty", budget)]
         assert dms["within_budget"] and dms["budget_bytes"] == cells[("fifo", budget)]["budget_bytes"]
-        assert dms["tokens_held"]["peak"] <= (4 * per_frame if budget else 10**9)
+        assert dms["bytes_held"]["peak"] <= dms["budget_bytes"]
+        assert dms["tokens_held"]["per_head_mean"] <= dms["tokens_held"]["mean"]  # heads hold their own tokens
 
 
-def test_a_budget_too_small_for_what_a_policy_reserves_is_refused(tiny_model):
-    from vla_edge_ros.memory import make_policy
-    from vla_edge_ros.model.checkpoint import load_checkpoint
+def test_a_budget_whose_pages_cannot_hold_dms_s_window_is_refused_before_anything_runs(tiny_model, tmp_path):
+    """dms's window (32 tokens) beside one frame needs more pages than a 1-frame arena has; a frame more than
+    the window's holds it."""
+    settings = _settings(tiny_model, **{"kv.dms.window": 32})
+    per_frame = load_model_config(tiny_model).vision.tokens_per_frame
+    enough = -(-32 // per_frame) + 1
+    with pytest.raises(ValueError, match="dms:novelty cannot run within a budget of 1 frames: kv_pool_pages="):
+        evaluate(settings, SPEC, ["dms:novelty"], [enough, 1], episodes=1, seed=0, costs=FIXED, out=tmp_path)
+    assert not (tmp_path / "units").exists()  # refused while checking the budgets: no episode ran
 
-    checkpoint = load_checkpoint(tiny_model)
-    node = dict(_settings(tiny_model)["reasoning"], **{"kv.policy": "dms"})
-    dms = make_policy("dms", node)
-    window_frames = -(-dms.reserved_tokens() // checkpoint.config.vision.tokens_per_frame)
-    with pytest.raises(ValueError, match="cannot run within"):
-        capacity_for(checkpoint, dms, 6, window_frames, SPEC)
-    assert capacity_for(checkpoint, dms, 6, window_frames + 1, SPEC) > 0
+
+def test_a_budget_bounds_all_a_policy_holds_and_gives_dms_the_pages_of_the_same_frames(tiny_model):
+    config = load_model_config(tiny_model)
+    spec, prompt, tokens = TaskSpec(time_limit_s=1.0), 6, config.vision.tokens_per_frame
+    scratch, episode_frames = config.action.dof, 31  # bins: one slot per action dimension; 30 Hz x 1 s + 1
+    fifo_slots, fifo_pool = arena_for(config, make_policy("fifo"), prompt, 8, spec, 16)
+    assert (fifo_slots, fifo_pool) == (prompt + 8 * tokens + scratch, 0)  # 0: the dense pool of those slots
+    dms = make_policy("dms", {"kv.dms.window": 32})
+    slots, pool = arena_for(config, dms, prompt, 8, spec, 16)
+    heads = config.num_hidden_layers * config.num_key_value_heads
+    assert pool == heads * -(-fifo_slots // 16)  # fifo's bytes at 8 frames, the window inside them
+    assert slots == prompt + 32 + episode_frames * tokens + scratch  # and a slot for every frame of the episode
+    assert arena_for(config, dms, prompt, None, spec, 16) == (slots, 0)  # all: room for everything, dense pool

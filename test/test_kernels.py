@@ -259,24 +259,33 @@ def test_rope_shift_round_trip_and_composition() -> None:
     np.testing.assert_allclose(dcache.copy_to_host(), cache, rtol=1e-5, atol=2e-5)
 
 
-# --- KV cache and attention ------------------------------------------------------------------
+# --- KV pool and paged attention ------------------------------------------------------------
 
 
-def test_kv_write_scatters_into_slots() -> None:
+def test_copy_rows_scatters_gathers_and_moves_like_its_twin() -> None:
     rng = _rng(14)
-    k, v = _randn(rng, 3, 2, 8), _randn(rng, 3, 2, 8)
-    k_cache, v_cache = _randn(rng, 2, 12, 8), _randn(rng, 2, 12, 8)
-    slots = np.array([11, 0, 5], np.int32)
-    dk, dv = _dev(k_cache), _dev(v_cache)
-    K.kv_write(_dev(k), _dev(v), dk, dv, _dev(slots))
-    k_exp, v_exp = ref.kv_write(k, v, k_cache, v_cache, slots)
-    np.testing.assert_array_equal(dk.copy_to_host(), k_exp)
-    np.testing.assert_array_equal(dv.copy_to_host(), v_exp)
+    pool_k, pool_v = _randn(rng, 12, 8), _randn(rng, 12, 8)
+    new_k, new_v = _randn(rng, 3, 8), _randn(rng, 3, 8)
+    dk, dv = _dev(pool_k), _dev(pool_v)
+    rows = _dev(np.arange(3, dtype=np.int32))
+    K.copy_rows(_dev(new_k), _dev(new_v), rows, dk, dv, _dev(np.int32([11, 0, 5])))  # new tokens into the pool
+    pool_k, pool_v = ref.copy_rows(new_k, new_v, [0, 1, 2], pool_k, pool_v, [11, 0, 5])
+    np.testing.assert_array_equal(dk.copy_to_host(), pool_k)
+    np.testing.assert_array_equal(dv.copy_to_host(), pool_v)
+    out_k, out_v = cuda.device_array((3, 8), F32), cuda.device_array((3, 8), F32)
+    K.copy_rows(dk, dv, _dev(np.int32([7, 0, 9])), out_k, out_v, rows)  # held rows out for the host
+    zeros = np.zeros((3, 8), F32)
+    np.testing.assert_array_equal(out_k.copy_to_host(), ref.copy_rows(pool_k, pool_v, [7, 0, 9], zeros, zeros,
+                                                                       [0, 1, 2])[0])
+    K.copy_rows(dk, dv, _dev(np.int32([10, 11])), dk, dv, _dev(np.int32([2, 4])))  # compaction within the pool
+    pool_k, pool_v = ref.copy_rows(pool_k, pool_v, [10, 11], pool_k, pool_v, [2, 4])
+    np.testing.assert_array_equal(dk.copy_to_host(), pool_k)
+    np.testing.assert_array_equal(dv.copy_to_host(), pool_v)
 
 
 def _arena(rng: np.random.Generator, kv_heads: int, head_dim: int, tokens: int, capacity: int = 24):
-    """An arena after evictions: pinned prompt, kept middle slots with evicted ones between them,
-    the newest tokens already written at the end; positions re-packed in cache order."""
+    """A layer's tokens after evictions, by slot: pinned prompt, kept middle slots with evicted ones between
+    them, the newest tokens already written at the end; positions re-packed in cache order."""
     k_cache = _randn(rng, kv_heads, capacity, head_dim)
     v_cache = _randn(rng, kv_heads, capacity, head_dim)
     valid = np.zeros(capacity, np.uint8)
@@ -289,20 +298,61 @@ def _arena(rng: np.random.Generator, kv_heads: int, head_dim: int, tokens: int, 
     return k_cache, v_cache, slot_pos, valid, q_pos
 
 
-def _run_attention(q, k_cache, v_cache, slot_pos, valid, q_pos, scale, **kwargs) -> np.ndarray:
+def _per_head_masks(valid: np.ndarray, tokens: int) -> np.ndarray:
+    """[2, S] what two KV heads read after evicting different tokens (dms): head 0 every other kept middle
+    slot, head 1 a prompt slot; the newest tokens stay readable by both."""
+    masks = np.stack([valid, valid])
+    middle = np.flatnonzero(valid[: valid.size - tokens])[4:]
+    masks[0, middle[::2]] = 0
+    masks[1, 1] = 0
+    return masks
+
+
+def _pages(rng: np.random.Generator, k_cache, v_cache, masks, page_tokens: int = 4, holes: int = 0):
+    """The same layer as paged KV: each KV head lists the slots its mask shows, in a shuffled order, with
+    ``holes`` entries holding no token among them, on pages scattered over a pool with spare pages; every
+    row no entry fills holds garbage that must never be read. Returns the attention arguments."""
+    kv_heads, _, head_dim = k_cache.shape
+    lists = []
+    for hk in range(kv_heads):
+        listed = np.concatenate([rng.permutation(np.flatnonzero(masks[hk])), np.full(holes, -1)])
+        lists.append(rng.permutation(listed).astype(np.int32))
+    width = max(-(-len(listed) // page_tokens) for listed in lists) + 1
+    pages = kv_heads * width + 3
+    k_pool, v_pool = _randn(rng, pages, page_tokens, head_dim) * F32(1e3), _randn(rng, pages, page_tokens, head_dim)
+    block_table = np.full((kv_heads, width), -1, np.int32)
+    entry_slot = np.full((pages, page_tokens), -1, np.int32)
+    order = rng.permutation(pages)
+    for hk, listed in enumerate(lists):
+        used = -(-len(listed) // page_tokens)
+        block_table[hk, :used] = order[hk * width:hk * width + used]
+        for e, slot in enumerate(listed):
+            page, row = block_table[hk, e // page_tokens], e % page_tokens
+            entry_slot[page, row] = slot
+            if slot >= 0:
+                k_pool[page, row], v_pool[page, row] = k_cache[hk, slot], v_cache[hk, slot]
+    lengths = np.array([len(listed) for listed in lists], np.int32)
+    return k_pool, v_pool, block_table, lengths, entry_slot
+
+
+def _run_attention(q, paged, slot_pos, q_pos, scale, **kwargs) -> np.ndarray:
     out = cuda.device_array(q.shape, F32)
-    K.attention(
-        _dev(q),
-        _dev(k_cache),
-        _dev(v_cache),
-        _dev(slot_pos),
-        _dev(valid),
-        _dev(q_pos),
-        scale,
-        out,
-        **kwargs,
-    )
+    K.attention(_dev(q), *(_dev(a) for a in paged), _dev(slot_pos), _dev(q_pos), scale, out, **kwargs)
     return out.copy_to_host()
+
+
+def _dense_masked(q, k_cache, v_cache, masks, slot_pos, q_pos, scale) -> np.ndarray:
+    """float64 softmax over the slots each KV head's mask shows, by slot: the independent oracle."""
+    group = q.shape[1] // k_cache.shape[0]
+    keys = np.repeat(k_cache, group, axis=0).astype(np.float64)  # [Hq, S, D]
+    values = np.repeat(v_cache, group, axis=0).astype(np.float64)
+    scores = np.einsum("thd,hsd->ths", q.astype(np.float64), keys) * scale
+    mask = (np.repeat(masks, group, axis=0)[None] != 0) & (slot_pos[None, None, :] <= q_pos[:, None, None])
+    scores = np.where(mask, scores, -np.inf)
+    peak = scores.max(-1, keepdims=True)
+    weights = np.exp(scores - np.where(np.isfinite(peak), peak, 0))
+    total = weights.sum(-1, keepdims=True)
+    return np.einsum("ths,hsd->thd", weights / np.where(total > 0, total, 1), values)
 
 
 @pytest.mark.parametrize("group", [1, 2, 3])
@@ -311,152 +361,120 @@ def _run_attention(q, k_cache, v_cache, slot_pos, valid, q_pos, scale, **kwargs)
     [(1, 1), (1, 3), (1, None), (4, 1), (4, 2)],
     ids=["decode", "decode-split3", "decode-auto", "prefill", "prefill-split2"],
 )
-def test_attention_gqa_with_evicted_slots(group: int, tokens: int, splits: int | None) -> None:
+def test_attention_reads_every_head_through_its_block_table(group: int, tokens: int, splits: int | None) -> None:
     rng = _rng(15 + group)
     kv_heads, head_dim = 2, 8
     k_cache, v_cache, slot_pos, valid, q_pos = _arena(rng, kv_heads, head_dim, tokens)
+    paged = _pages(rng, k_cache, v_cache, np.stack([valid, valid]), holes=3)  # the dense layout's holes
     q = _randn(rng, tokens, kv_heads * group, head_dim)
     scale = head_dim**-0.5
-    got = _run_attention(q, k_cache, v_cache, slot_pos, valid, q_pos, scale, num_splits=splits)
-    expected = ref.attention(q, k_cache, v_cache, slot_pos, valid, q_pos, scale)
-    np.testing.assert_allclose(got, expected, **TOL)
+    got = _run_attention(q, paged, slot_pos, q_pos, scale, num_splits=splits)
+    np.testing.assert_allclose(got, ref.attention(q, *paged, slot_pos, q_pos, scale), **TOL)
+    dense = _dense_masked(q, k_cache, v_cache, np.stack([valid, valid]), slot_pos, q_pos, scale)
+    np.testing.assert_allclose(got, dense, **TOL)
 
 
-@pytest.mark.parametrize("tokens, splits", [(1, 1), (3, 2)])
-def test_attention_online_softmax_across_chunks(tokens: int, splits: int) -> None:
-    """More slots than one shared-memory chunk holds: the running max/sum rescaling is used."""
+@pytest.mark.parametrize("tokens, splits, page_tokens", [(1, 1, 4), (3, 2, 5), (1, 4, 1)])
+def test_attention_online_softmax_across_chunks_and_pages(tokens: int, splits: int, page_tokens: int) -> None:
+    """More entries than one shared-memory chunk holds, on pages that do not line up with chunks."""
     rng = _rng(19)
     k_cache, v_cache, slot_pos, valid, q_pos = _arena(rng, 1, 8, tokens, capacity=75)
+    paged = _pages(rng, k_cache, v_cache, valid[None], page_tokens=page_tokens)
     q = _randn(rng, tokens, 2, 8) * F32(3)
-    got = _run_attention(q, k_cache, v_cache, slot_pos, valid, q_pos, 0.5, num_splits=splits)
-    expected = ref.attention(q, k_cache, v_cache, slot_pos, valid, q_pos, 0.5)
-    np.testing.assert_allclose(got, expected, **TOL)
+    got = _run_attention(q, paged, slot_pos, q_pos, 0.5, num_splits=splits)
+    np.testing.assert_allclose(got, ref.attention(q, *paged, slot_pos, q_pos, 0.5), **TOL)
 
 
 def test_attention_prefill_with_several_row_tiles_then_decode_reusing_scratch() -> None:
     rng = _rng(20)
     k_cache, v_cache, slot_pos, valid, q_pos = _arena(rng, 2, 8, 5)
+    paged = _pages(rng, k_cache, v_cache, np.stack([valid, valid]))
     q = _randn(rng, 5, 8, 8)  # 5 tokens x 4 heads per group = 20 rows: two row tiles
     scratch = K.AttentionScratch()
     for tokens in (5, 1):  # the decode call reuses a prefix of the prefill's buffers
-        args = (q[-tokens:], k_cache, v_cache, slot_pos, valid, q_pos[-tokens:], 0.3)
-        got = _run_attention(*args, num_splits=2, scratch=scratch)
-        np.testing.assert_allclose(got, ref.attention(*args), **TOL)
+        got = _run_attention(q[-tokens:], paged, slot_pos, q_pos[-tokens:], 0.3, num_splits=2, scratch=scratch)
+        np.testing.assert_allclose(got, ref.attention(q[-tokens:], *paged, slot_pos, q_pos[-tokens:], 0.3), **TOL)
 
 
 @pytest.mark.parametrize("splits", [1, 3])
-def test_attention_without_visible_slots_outputs_zeros(splits: int) -> None:
+def test_attention_without_visible_entries_outputs_zeros(splits: int) -> None:
     rng = _rng(21)
     k_cache, v_cache, slot_pos, valid, _ = _arena(rng, 1, 8, 2)
+    paged = _pages(rng, k_cache, v_cache, valid[None], holes=2)
     q = _randn(rng, 2, 2, 8)
-    q_pos = np.array([-1, 3], np.int32)  # the first query precedes every slot
-    got = _run_attention(q, k_cache, v_cache, slot_pos, valid, q_pos, 0.5, num_splits=splits)
+    q_pos = np.array([-1, 3], np.int32)  # the first query precedes every token
+    got = _run_attention(q, paged, slot_pos, q_pos, 0.5, num_splits=splits)
     assert np.isfinite(got).all()
     np.testing.assert_array_equal(got[0], 0.0)
-    expected = ref.attention(q, k_cache, v_cache, slot_pos, valid, q_pos, 0.5)
-    np.testing.assert_allclose(got, expected, **TOL)
-
-
-def test_attention_twin_matches_dense_masked_softmax() -> None:
-    rng = _rng(22)
-    k_cache, v_cache, slot_pos, valid, q_pos = _arena(rng, 2, 8, 4)
-    q = _randn(rng, 4, 6, 8)
-    group = 3
-    keys = np.repeat(k_cache, group, axis=0).astype(np.float64)  # [Hq, S, D]
-    values = np.repeat(v_cache, group, axis=0).astype(np.float64)
-    scores = np.einsum("thd,hsd->ths", q.astype(np.float64), keys) * 0.4
-    mask = (valid[None, :] != 0) & (slot_pos[None, :] <= q_pos[:, None])  # [T, S]
-    scores = np.where(mask[:, None, :], scores, -np.inf)
-    weights = np.exp(scores - scores.max(-1, keepdims=True))
-    dense = np.einsum("ths,hsd->thd", weights / weights.sum(-1, keepdims=True), values)
-    twin = ref.attention(q, k_cache, v_cache, slot_pos, valid, q_pos, 0.4)
-    np.testing.assert_allclose(twin, dense, rtol=1e-5, atol=1e-6)
-
-
-def _per_head_masks(valid: np.ndarray, tokens: int) -> np.ndarray:
-    """[2, S] masks of two KV heads that evicted different slots (dms): head 0 every other kept
-    middle slot, head 1 a prompt slot; the newest tokens stay readable by both."""
-    masks = np.stack([valid, valid])
-    middle = np.flatnonzero(valid[: valid.size - tokens])[4:]
-    masks[0, middle[::2]] = 0
-    masks[1, 1] = 0
-    return masks
+    np.testing.assert_allclose(got, ref.attention(q, *paged, slot_pos, q_pos, 0.5), **TOL)
 
 
 @pytest.mark.parametrize("group", [1, 3])
 @pytest.mark.parametrize(
     "tokens, splits", [(1, 1), (1, 3), (4, 2)], ids=["decode", "decode-split3", "prefill-split2"]
 )
-def test_attention_with_a_mask_per_kv_head(group: int, tokens: int, splits: int) -> None:
+def test_attention_each_kv_head_reads_only_the_tokens_it_holds(group: int, tokens: int, splits: int) -> None:
     rng = _rng(23 + group)
     k_cache, v_cache, slot_pos, valid, q_pos = _arena(rng, 2, 8, tokens)
     masks = _per_head_masks(valid, tokens)
+    paged = _pages(rng, k_cache, v_cache, masks)
+    assert paged[3][0] < paged[3][1]  # head 0 evicted more: it holds fewer entries
     q = _randn(rng, tokens, 2 * group, 8)
-    got = _run_attention(q, k_cache, v_cache, slot_pos, masks, q_pos, 0.4, num_splits=splits)
-    np.testing.assert_allclose(got, ref.attention(q, k_cache, v_cache, slot_pos, masks, q_pos, 0.4), **TOL)
-    for hk in range(2):  # each KV head's queries read exactly what its own mask shows
+    got = _run_attention(q, paged, slot_pos, q_pos, 0.4, num_splits=splits)
+    np.testing.assert_allclose(got, ref.attention(q, *paged, slot_pos, q_pos, 0.4), **TOL)
+    np.testing.assert_allclose(got, _dense_masked(q, k_cache, v_cache, masks, slot_pos, q_pos, 0.4), **TOL)
+    for hk in range(2):  # the masks really differ: the other head's tokens would give something else
         heads = slice(hk * group, (hk + 1) * group)
-        alone = ref.attention(q, k_cache, v_cache, slot_pos, masks[hk], q_pos, 0.4)
-        np.testing.assert_allclose(got[:, heads], alone[:, heads], **TOL)
-        other = ref.attention(q, k_cache, v_cache, slot_pos, masks[1 - hk], q_pos, 0.4)
-        assert not np.allclose(got[:, heads], other[:, heads], **TOL)  # the masks really differ
+        other = _dense_masked(q, k_cache, v_cache, masks[[1 - hk, 1 - hk]], slot_pos, q_pos, 0.4)
+        assert not np.allclose(got[:, heads], other[:, heads], **TOL)
 
 
-def test_attention_a_kv_head_that_reads_nothing_outputs_zeros_alone() -> None:
+def test_attention_a_kv_head_that_holds_nothing_outputs_zeros_alone() -> None:
     rng = _rng(24)
     k_cache, v_cache, slot_pos, valid, q_pos = _arena(rng, 2, 8, 1)
     masks = np.stack([np.zeros_like(valid), valid])
+    paged = _pages(rng, k_cache, v_cache, masks)
+    assert paged[3][0] == 0
     q = _randn(rng, 1, 4, 8)
-    got = _run_attention(q, k_cache, v_cache, slot_pos, masks, q_pos, 0.5, num_splits=2)
+    got = _run_attention(q, paged, slot_pos, q_pos, 0.5, num_splits=2)
     np.testing.assert_array_equal(got[:, :2], 0.0)
-    np.testing.assert_allclose(got[:, 2:], ref.attention(q, k_cache, v_cache, slot_pos, valid, q_pos, 0.5)[:, 2:],
+    np.testing.assert_allclose(got[:, 2:], _dense_masked(q, k_cache, v_cache, masks, slot_pos, q_pos, 0.5)[:, 2:],
                                **TOL)
 
 
-def test_attention_per_head_twin_matches_dense_masked_softmax() -> None:
+def test_attention_twin_matches_dense_masked_softmax() -> None:
     rng = _rng(25)
     k_cache, v_cache, slot_pos, valid, q_pos = _arena(rng, 2, 8, 3)
     masks = _per_head_masks(valid, 3)
+    paged = _pages(rng, k_cache, v_cache, masks, page_tokens=3, holes=2)
     q = _randn(rng, 3, 4, 8)
-    keys = np.repeat(k_cache, 2, axis=0).astype(np.float64)  # [Hq, S, D]
-    values = np.repeat(v_cache, 2, axis=0).astype(np.float64)
-    scores = np.einsum("thd,hsd->ths", q.astype(np.float64), keys) * 0.4
-    mask = (np.repeat(masks, 2, axis=0)[None] != 0) & (slot_pos[None, None, :] <= q_pos[:, None, None])
-    scores = np.where(mask, scores, -np.inf)
-    weights = np.exp(scores - scores.max(-1, keepdims=True))
-    dense = np.einsum("ths,hsd->thd", weights / weights.sum(-1, keepdims=True), values)
-    twin = ref.attention(q, k_cache, v_cache, slot_pos, masks, q_pos, 0.4)
-    np.testing.assert_allclose(twin, dense, rtol=1e-5, atol=1e-6)
+    twin = ref.attention(q, *paged, slot_pos, q_pos, 0.4)
+    np.testing.assert_allclose(twin, _dense_masked(q, k_cache, v_cache, masks, slot_pos, q_pos, 0.4),
+                               rtol=1e-5, atol=1e-6)
 
 
-def test_attention_rejects_a_mask_for_the_wrong_number_of_kv_heads() -> None:
-    k = _dev(np.zeros((2, 4, 8), F32))
-    with pytest.raises(ValueError, match="slot_valid"):
-        K.attention(
-            _dev(np.zeros((1, 2, 8), F32)),
-            k,
-            k,
-            _dev(np.zeros(4, np.int32)),
-            _dev(np.ones((3, 4), np.uint8)),
-            _dev(np.zeros(1, np.int32)),
-            1.0,
-            cuda.device_array((1, 2, 8), F32),
-        )
+def _shapes(kv_heads: int = 2, q_heads: int = 2):
+    pool = np.zeros((3, 4, 8), F32)
+    return (np.zeros((1, q_heads, 8), F32), pool, pool, np.zeros((kv_heads, 2), np.int32),
+            np.zeros(kv_heads, np.int32), np.zeros((3, 4), np.int32), np.zeros(5, np.int32), np.zeros(1, np.int32))
+
+
+def test_attention_rejects_block_tables_that_do_not_fit_the_pool_or_the_lengths() -> None:
+    q, k, v, table, lengths, entry_slot, slot_pos, q_pos = _shapes()
+    out = cuda.device_array((1, 2, 8), F32)
+    for bad, message in ((dict(lengths=np.zeros(3, np.int32)), "lengths"),
+                         (dict(entry_slot=np.zeros((3, 5), np.int32)), "entry_slot"),
+                         (dict(table=np.zeros((2, 2), np.int64)), "block_table")):
+        args = {**dict(table=table, lengths=lengths, entry_slot=entry_slot), **bad}
+        with pytest.raises(ValueError, match=message):
+            K.attention(_dev(q), _dev(k), _dev(v), _dev(args["table"]), _dev(args["lengths"]),
+                        _dev(args["entry_slot"]), _dev(slot_pos), _dev(q_pos), 1.0, out)
 
 
 def test_attention_rejects_bad_grouping() -> None:
-    k = _dev(np.zeros((2, 4, 8), F32))
+    q, *rest = _shapes(q_heads=3)
     with pytest.raises(ValueError, match="group"):
-        K.attention(
-            _dev(np.zeros((1, 3, 8), F32)),
-            k,
-            k,
-            _dev(np.zeros(4, np.int32)),
-            _dev(np.ones(4, np.uint8)),
-            _dev(np.zeros(1, np.int32)),
-            1.0,
-            cuda.device_array((1, 3, 8), F32),
-        )
+        K.attention(_dev(q), *(_dev(a) for a in rest[:6]), _dev(rest[6]), 1.0, cuda.device_array((1, 3, 8), F32))
 
 
 # --- argmax ----------------------------------------------------------------------------------

@@ -117,22 +117,19 @@ def _exercise_launchers() -> None:
     inv_freq = _zeros(8, f32)
     K.rope(_zeros((3, 4, 16), f32), _zeros(3, np.int32), inv_freq)
     K.rope_cache_shift(_zeros((2, 9, 16), f32), _zeros(2, np.int32), _zeros(2, np.int32), inv_freq)
-    K.kv_write(
-        _zeros((3, 2, 16), f32),
-        _zeros((3, 2, 16), f32),
-        _zeros((2, 9, 16), f32),
-        _zeros((2, 9, 16), f32),
-        _zeros(3, np.int32),
-    )
+    pool = _zeros((36, 16), f32)
+    K.copy_rows(_zeros((6, 16), f32), _zeros((6, 16), f32), _zeros(3, np.int32), pool, pool, _zeros(3, np.int32))
     for head_dim in (64, 128):
         for tokens, splits in ((1, None), (1, 1), (20, None)):
-            for valid_shape in (300, (2, 300)):  # one mask, or one per KV head (dms)
-                caches = [_zeros((2, 300, head_dim), f32) for _ in range(2)]
+            for page_tokens in (16, 5):  # pages that line up with the staged chunks, and pages that do not
+                pools = [_zeros((40, page_tokens, head_dim), f32) for _ in range(2)]
                 K.attention(
                     _zeros((tokens, 12, head_dim), f32),
-                    *caches,
+                    *pools,
+                    _zeros((2, 300 // page_tokens), np.int32),
+                    _zeros(2, np.int32),
+                    _zeros((40, page_tokens), np.int32),
                     _zeros(300, np.int32),
-                    _zeros(valid_shape, np.uint8),
                     _zeros(tokens, np.int32),
                     0.1,
                     _zeros((tokens, 12, head_dim), f32),

@@ -76,7 +76,7 @@ def test_report_schema(report):
     assert {r["signature"] for r in report["rows"] if r["policy"] == "cosine"} == {"keys", "values", "embeddings"}
     assert [o["policy"] for o in report["overhead"]] == ["fifo", "cosine", "aura", "dms"]
     assert all(o["policy_ms"] > 0 and o["add_frame_ms"] >= o["policy_ms"] for o in report["overhead"])
-    assert [c["id"] for c in report["claims"]] == ["1", "2a", "2b", "3", "4", "4b"]
+    assert [c["id"] for c in report["claims"]] == ["1", "2a", "2b", "3", "4", "4c", "4b"]
     assert all(c["verdict"] in ("holds", "fails", "not tested") for c in report["claims"])
     assert "claim 2a" in format_table(report) and "dms target 4x over 24 frames" in format_table(report)
 
@@ -93,6 +93,16 @@ def test_dms_compression_is_measured_per_target_and_judged_from_the_numbers(repo
     assert claim["evidence"] == report["dms_compression"]
     reached = all(c["compression"] >= 0.95 * c["target_ratio"] for c in report["dms_compression"])
     assert claim["verdict"] == ("holds" if reached else "fails")
+    # bytes: target 1 holds the prompt (8) and every token (24 x 16) in every head: 24.5 pages of 16, so 25
+    per_token = report["config"]["kv_bytes_per_token"]  # both heads' keys and values
+    assert keep_all["kv_bytes_dense"] == (24 * 16 + 8) * per_token and keep_all["page_tokens"] == 16
+    assert keep_all["byte_compression"] == pytest.approx(24 * 16 / (25 * 16 - 8))
+    assert keep_all["pages_per_head"] == [[25, 25]]
+    assert keep_all["kv_bytes_held"] == keep_all["kv_bytes_dense"] + 8 * per_token  # half of each last page empty
+    assert four["byte_compression"] > 1 and len(four["byte_compression_per_layer"]) == 1
+    frees = report["claims"][5]
+    assert frees["id"] == "4c" and frees["verdict"] == ("holds" if all(
+        c["byte_compression"] >= 0.85 * c["compression"] for c in report["dms_compression"]) else "fails")
     for row in (r for r in report["rows"] if r["policy"] == "dms"):
         assert 0 <= row["cue_entries_kept"] <= 1 and row["cue_kept"] >= (row["cue_entries_kept"] > 0)
         assert 0 <= row["cue_centre_kept"] <= 1 and (row["cue_centre_kept"] == 0 or row["cue_kept"] > 0)

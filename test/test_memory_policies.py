@@ -16,6 +16,7 @@ from vla_edge_ros.model.arena import KVArena
 from vla_edge_ros.model.checkpoint import Checkpoint, load_checkpoint
 from vla_edge_ros.model.config import ActionConfig, ModelConfig, VisionConfig
 from vla_edge_ros.model.init_model import preset, write_random_model
+from vla_edge_ros.model.layout import arena_capacity, kv_page_bytes, kv_pages_for
 from vla_edge_ros.model.safetensors_io import StoredTensor
 from vla_edge_ros.worlds.synthetic import SyntheticCamera
 
@@ -361,6 +362,29 @@ def test_a_2k_frame_episode_stays_bounded(micro_model, name):
 @pytest.mark.parametrize("name", POLICIES)
 def test_a_100k_frame_episode_stays_bounded(micro_model, name):
     _long_stream(micro_model, name, 100_000)
+
+
+def _paged_stream(micro_model, count: int) -> None:
+    """dms in a pool of pages smaller than every head holding every slot: the pool is the memory bound."""
+    config, page = micro_model.config, 4
+    pool = 2 * kv_pages_for(config, arena_capacity(config, 3, 1, 8), page)  # twice what prompt + window + frame take
+    policy = make_policy("dms", {"kv.dms.window": 8})
+    engine = VlaEngine(micro_model, backend="numpy", kv_capacity_tokens=128, policy=policy, kv_page_tokens=page,
+                       kv_pool_pages=pool)
+    engine.set_prompt([5, 6, 7])
+    assert engine.backend.state_bytes()[1] == pool * kv_page_bytes(config, page)
+    early, late = stream(engine, count, pool * kv_page_bytes(config, page))
+    assert engine.arena.pages.pages_in_use() <= pool and policy.compression().forced_evictions > 0
+    assert late < 3 * early + 0.5, f"median frame {early:.3f} ms early, {late:.3f} ms late"
+
+
+def test_dms_in_a_small_pool_stays_within_its_pages_over_1k_frames(micro_model):
+    _paged_stream(micro_model, 1_000)
+
+
+@pytest.mark.soak
+def test_dms_in_a_small_pool_stays_within_its_pages_over_100k_frames(micro_model):
+    _paged_stream(micro_model, 100_000)
 
 
 def test_the_attention_probe_is_a_distribution_over_what_the_frame_may_read(micro_model):

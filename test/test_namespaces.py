@@ -20,8 +20,11 @@ pytestmark = pytest.mark.ros
 
 
 def test_two_bringups_in_two_namespaces_run_side_by_side_without_crosstalk(tiny_model):
+    # The longest deadline the schema allows: on a busy machine the tiny model's cycle outgrows 33 ms and the
+    # gate (rightly) refuses every frame; what is under test is where the topics go, not the deadline.
     settings = parse_settings({
-        "reasoning": {"ros__parameters": {"model_dir": str(tiny_model), "backend": "numpy", "kv_capacity_tokens": 128}},
+        "reasoning": {"ros__parameters": {"model_dir": str(tiny_model), "backend": "numpy", "kv_capacity_tokens": 128,
+                                          "deadline_ms": 1000.0}},
         "camera_subscriber": {"ros__parameters": {"frame_height": 48, "frame_width": 64}},
         "action_publisher": {"ros__parameters": {"twist_dims": [0, 1, 2, 3, 4, 5]}}}, "robots.yaml")
     with private_graph() as (context, _):

@@ -34,6 +34,11 @@ def work(state: dict, spec: dict) -> dict:
     if spec.get("raise"):
         raise ValueError(f"unit {spec['n']} cannot be done")
     time.sleep(spec.get("sleep", 0.0))
+    if spec.get("blas"):
+        from threadpoolctl import threadpool_info
+
+        return {"n": spec["n"], "blas_threads": sorted({pool["num_threads"] for pool in threadpool_info()
+                                                         if pool["user_api"] == "blas"})}
     return {"n": spec["n"], "square": spec["n"] ** 2 * state["scale"], "pid": state["pid"]}
 
 
@@ -58,6 +63,17 @@ def test_workers_give_the_results_a_serial_run_gives_and_write_each_unit(tmp_pat
     assert [f.stem for f in files] == [f"u{n:03d}" for n in range(12)]
     assert json.loads(files[3].read_text())["result"]["square"] == 9
     assert parallel.backend == "processes" and serial.backend == "serial"
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_units_run_with_one_blas_thread_in_this_process_and_in_workers(tmp_path, workers):
+    """Threads change float32 rounding: one BLAS thread on every backend keeps reports backend-independent."""
+    from threadpoolctl import threadpool_info
+
+    before = [pool["num_threads"] for pool in threadpool_info()]
+    summary = run_units(job(), units(2, blas=True), tmp_path, workers=workers)
+    assert [result["blas_threads"] for result in summary.results.values()] == [[1], [1]]
+    assert [pool["num_threads"] for pool in threadpool_info()] == before  # this process gets its threads back
 
 
 def test_a_worker_that_dies_has_its_unit_retried_and_one_that_keeps_dying_is_reported(tmp_path):

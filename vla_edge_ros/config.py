@@ -129,6 +129,14 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               minimum=0, maximum=256),
         Param("kv_capacity_tokens", 512, "Slots in the KV arena (prompt + frames + action scratch).",
               minimum=8, maximum=1 << 20),
+        Param("kv_page_tokens", 16, "Tokens per KV page: the unit of memory the arena's pool hands to one "
+              "(layer, KV head). The pool holds layers x kv_heads x ceil(kv_capacity_tokens / kv_page_tokens) "
+              "pages; dms gives a head's pages back as it evicts, so it holds about the pages its heads read "
+              "(a head wastes less than one page).", minimum=1, maximum=1024),
+        Param("kv_pool_pages", 0, "Pages in the KV pool; 0: a page for every block of every (layer, KV head), "
+              "the dense size every policy runs on. Fewer pages serve only dms (its heads hold their own tokens): "
+              "when the pool runs short it forces whole tokens out, lowest keep score first. The memory plan and "
+              "budget_bytes count these pages.", minimum=0, maximum=1 << 30),
         Param("budget_bytes", 5_000_000_000, "Memory budget for weights + KV arena + workspace; a plan over "
               "it is refused before anything loads.", minimum=1 << 20, maximum=1 << 42),
         Param("prompt_token_ids", [151, 9, 402, 77, 1030, 12], "Instruction token ids, prefilled once and "

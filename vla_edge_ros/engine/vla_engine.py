@@ -64,7 +64,7 @@ class VlaEngine:
     """Owns the arena, the backend, the frame encoder and the action head."""
 
     def __init__(self, checkpoint: Checkpoint, *, kv_capacity_tokens: int, backend: str = "auto",
-                 policy: MemoryPolicy | None = None) -> None:
+                 policy: MemoryPolicy | None = None, kv_page_tokens: int | None = None, kv_pool_pages: int = 0) -> None:
         config = checkpoint.config
         if not checkpoint.has_vla:
             raise ValueError(f"{checkpoint.path}: no vision weights; a VLA engine needs vision.* tensors")
@@ -75,7 +75,9 @@ class VlaEngine:
         if kv_capacity_tokens < arena_capacity(config, 1, 1):
             raise ValueError(f"kv_capacity_tokens={kv_capacity_tokens} cannot hold one frame "
                              f"({self.tokens_per_frame} tokens) plus {scratch} action tokens beside a prompt")
-        self.arena = KVArena(kv_capacity_tokens)
+        self.arena = KVArena(kv_capacity_tokens, kv_page_tokens, kv_pool_pages)  # None, 0: the schema's defaults
+        self.policy = policy or FifoPolicy()
+        self._use_layout()  # before the backend sizes its pool: a pool below the dense size is refused here
         self.kv_bytes_per_token = kv_bytes_per_token(config)
         self.backend = make_backend(backend, checkpoint, self.arena)
         self.memory = MemoryContext(checkpoint, self.arena, self.backend.read_kv, self.backend.name)
@@ -86,9 +88,7 @@ class VlaEngine:
         self.head = ActionHead(config.action, config.vocab_size, weight, bias)
         self._prompt_ids = np.empty(0, dtype=np.int32)
         self.scratch_tokens = scratch
-        self.policy = policy or FifoPolicy()
         self.policy.attach(self.memory)
-        self._use_head_masks()
 
     @property
     def prompt_slots(self) -> np.ndarray:
@@ -99,10 +99,10 @@ class VlaEngine:
         """What memory knobs are checked against: this engine's model, arena size and prompt length."""
         return self.memory.site()
 
-    def _use_head_masks(self) -> None:
-        """Head masks in the arena exactly when the policy evicts per KV head."""
+    def _use_layout(self) -> None:
+        """Pages per KV head exactly when the policy evicts per KV head, else the dense layout (empties the arena)."""
         c = self.config
-        self.arena.set_head_masks((c.num_hidden_layers, c.num_key_value_heads) if self.policy.per_kv_head else None)
+        self.arena.set_layout((c.num_hidden_layers, c.num_key_value_heads), self.policy.per_kv_head)
 
     def set_prompt(self, token_ids: list[int] | np.ndarray, cached: dict[str, np.ndarray] | None = None) -> None:
         """Start an episode: clear the cache and prefill (and pin) the instruction tokens.
@@ -155,24 +155,29 @@ class VlaEngine:
 
     def set_policy(self, policy: MemoryPolicy) -> None:
         """Install another memory policy; an episode boundary: the cache restarts from the pinned prompt."""
+        self.memory.site().check_pool(policy.name, policy.per_kv_head)
         policy.attach(self.memory)
         self.policy = policy
-        self._use_head_masks()
+        self._use_layout()
         self.set_prompt(self._prompt_ids)
 
     def memory_stats(self) -> MemoryStats:
         return self.policy.stats()
 
     def memory_state(self) -> dict[str, np.ndarray]:
-        """Everything the cache holds of this episode, as named arrays: the prompt, every kept token's
-        slot, position, keys and values, and the policy's own state (``policy.*``)."""
+        """Everything the cache holds of this episode, as named arrays: the prompt, every kept token's slot and
+        position, what each (layer, KV head) holds (``entry_counts`` [layers, kv_heads], then ``entry_slots``,
+        ``keys`` and ``values`` [entries, head_dim], head by head in the order the head holds them), and the
+        policy's own state (``policy.*``)."""
         slots = np.flatnonzero(self.arena.valid).astype(np.int32)
-        keys, values = self.backend.read_kv(slots)
+        counts, rows = self.arena.pages.held()
+        keys, values = self.backend.read_rows(rows)
         state = {f"policy.{name}": value for name, value in self.policy.snapshot().items()}
         state.update({
             "policy_name": np.frombuffer(self.policy.name.encode(), dtype=np.uint8).copy(),
             "prompt_ids": self._prompt_ids.copy(), "prompt_slots": self.prompt_slots.copy(),
-            "slots": slots, "positions": self.arena.positions[slots].copy(), "keys": keys, "values": values,
+            "slots": slots, "positions": self.arena.positions[slots].copy(), "entry_counts": counts,
+            "entry_slots": self.arena.pages.entry_slot.reshape(-1)[rows].copy(), "keys": keys, "values": values,
         })
         return state
 
@@ -183,14 +188,20 @@ class VlaEngine:
             raise ValueError(f"memory state is of policy {name!r}, this engine runs {self.policy.name!r}")
         c = self.config
         slots = np.asarray(state["slots"], dtype=np.int32)
-        expected = (c.num_hidden_layers, c.num_key_value_heads, slots.size, c.head_dim)
+        entry_slots = np.asarray(state["entry_slots"], dtype=np.int32)
+        expected = (entry_slots.size, c.head_dim)
         if (state["keys"].shape != expected or state["values"].shape != expected
-                or state["positions"].shape != slots.shape or (slots.size and slots.max() >= self.arena.capacity)):
-            raise ValueError(f"memory state does not fit this engine: keys {list(state['keys'].shape)}, "
-                             f"expected {list(expected)} in a {self.arena.capacity}-slot arena")
-        self.arena.release(np.arange(self.arena.capacity))
-        self.arena.commit(slots, np.asarray(state["positions"], dtype=np.int32))
-        self.backend.write_kv(slots, state["keys"], state["values"])
+                or state["positions"].shape != slots.shape
+                or state["entry_counts"].shape != (c.num_hidden_layers, c.num_key_value_heads)
+                or (slots.size and (slots.min() < 0 or slots.max() >= self.arena.capacity))):
+            raise ValueError(f"memory state does not fit this engine: keys {list(state['keys'].shape)} of "
+                             f"{list(np.shape(state['entry_counts']))} heads, expected {list(expected)} of "
+                             f"{[c.num_hidden_layers, c.num_key_value_heads]} in a {self.arena.capacity}-slot arena")
+        self.arena.release(np.arange(self.arena.capacity, dtype=np.int32))
+        self.arena.restore_entries(slots, np.asarray(state["positions"], dtype=np.int32), state["entry_counts"],
+                                   entry_slots)
+        _, rows = self.arena.pages.held()  # in the order the state lists them
+        self.backend.write_rows(rows, state["keys"], state["values"])
         self._prompt_ids = np.asarray(state["prompt_ids"], dtype=np.int32).copy()
         self.arena.pinned = np.asarray(state["prompt_slots"], dtype=np.int32).copy()
         self.policy.restore({key[len("policy."):]: value for key, value in state.items() if key.startswith("policy.")})

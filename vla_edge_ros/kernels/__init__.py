@@ -1,5 +1,5 @@
 """Numba-CUDA kernels for the Qwen2 decoder forward pass: fp32 activations and accumulation,
-weights in fp32, fp16 or bf16 (as uint16 bits), KV cache in fp32.
+weights in fp32, fp16 or bf16 (as uint16 bits), KV cache in fp32 pages.
 
 Installed as ``vla_edge_ros.kernels`` and imported by absolute names: a checkout's root on sys.path
 also exposes this folder as a top-level ``kernels``, which transformers probes for (HF's kernel hub
@@ -20,13 +20,13 @@ from vla_edge_ros.kernels.elementwise import add_inplace, swiglu
 from vla_edge_ros.kernels.embedding import embedding_gather
 from vla_edge_ros.kernels.gqa_attention import MAX_HEAD_DIM, AttentionScratch, attention
 from vla_edge_ros.kernels.greedy import argmax_rows
-from vla_edge_ros.kernels.kv_cache import kv_write
+from vla_edge_ros.kernels.kv_cache import copy_rows
 from vla_edge_ros.kernels.matmul import linear
 from vla_edge_ros.kernels.memory import cosine_similarities, fast_weight_read, fast_weight_step
 from vla_edge_ros.kernels.norm import rmsnorm
 from vla_edge_ros.kernels.rotary import rope, rope_cache_shift
 
-KERNEL_VERSION = "qwen2-f32kv-1"
+KERNEL_VERSION = "qwen2-f32kv-paged-2"
 """Changes whenever kernel numerics or the KV layout change; part of persisted-KV fingerprints."""
 
 __all__ = [
@@ -37,11 +37,11 @@ __all__ = [
     "add_inplace",
     "argmax_rows",
     "attention",
+    "copy_rows",
     "cosine_similarities",
     "embedding_gather",
     "fast_weight_read",
     "fast_weight_step",
-    "kv_write",
     "linear",
     "rmsnorm",
     "rope",

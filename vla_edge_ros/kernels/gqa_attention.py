@@ -1,21 +1,25 @@
-"""Grouped-query attention over one layer's KV arena, with visibility decided per slot.
+"""Grouped-query attention over one layer's paged KV, read through each KV head's block table.
 
-A slot s is visible to query t iff slot_valid[s] != 0 and slot_pos[s] <= q_pos[t]. New tokens are
-written to the arena before attention, so this single rule is causal inside a prefill, and clearing
-slot_valid evicts a token from anywhere in the arena. slot_valid may also be given per KV head,
-[Hkv, S] (per-head eviction, ``dms``): KV head hk then reads slot s iff slot_valid[hk, s] != 0. The
-kernel always indexes a [1 or Hkv, S] view, so the shared mask costs one select per block.
+The keys and values of every (layer, KV head) live in pages of one pool, k_pool / v_pool
+[pages, P, D]. KV head hk reads its entries e < lengths[hk]; entry e sits on page
+block_table[hk, e // P], row e % P, and holds the token of arena slot entry_slot[page, row]
+(-1: no token, a hole of the dense layout). The entry is visible to query t iff it holds a token
+and slot_pos[token] <= q_pos[t]. New tokens are written before attention, so this single rule is
+causal inside a prefill; a head that evicted a token (``dms``) simply no longer lists it, so what a
+head reads costs what it holds, not what it has seen.
 
 One kernel serves prefill and decode. A block owns one KV head and a tile of query rows, where a
 row is a (token, query head of that KV head's group) pair: the K/V chunks it stages in shared
-memory are read from global memory once and used by every head of the group. It walks its slot
-range in chunks of _CHUNK slots with an online (running max / running sum) softmax in fp32, so the
-arena size is not bounded by shared memory.
-- Prefill (T > 1): many row tiles; the slots are split only when the grid would be too small.
-- Decode (T == 1): a single row tile (the group's heads), so the slots are split across many
+memory are read from global memory once and used by every head of the group. It walks its range
+of entries in chunks of _CHUNK with an online (running max / running sum) softmax in fp32, so the
+arena size is not bounded by shared memory. Each chunk first looks up, once per entry, the page
+row and the token's position, then stages K and V rows from those pages.
+- Prefill (T > 1): many row tiles; the entries are split only when the grid would be too small.
+- Decode (T == 1): a single row tile (the group's heads), so the entries are split across many
   blocks (flash-decoding); each block leaves an unnormalised partial (o, max, sum) and a combine
-  kernel merges them with the same rescaling rule.
-Invisible scores are -inf and never enter exp(); a row that sees no slot at all outputs zeros.
+  kernel merges them with the same rescaling rule. A block whose range starts past its head's
+  length leaves an empty partial.
+Invisible scores are -inf and never enter exp(); a row that sees no entry at all outputs zeros.
 """
 
 from __future__ import annotations
@@ -32,11 +36,11 @@ MAX_HEAD_DIM = 128
 """Largest head_dim whose tiles fit the 48 KiB of static shared memory a block may use."""
 
 _THREADS = 128
-_CHUNK = 32  # slots staged in shared memory at a time
+_CHUNK = 32  # entries staged in shared memory at a time
 _DECODE_ROWS = 8  # row tile when every row fits in one small tile (decode)
 _PREFILL_ROWS = 16
-_TARGET_BLOCKS = 256  # split the slots until the grid has about this many blocks ...
-_MIN_SPLIT_SLOTS = 2 * _CHUNK  # ... but give each block at least this many slots
+_TARGET_BLOCKS = 256  # split the entries until the grid has about this many blocks ...
+_MIN_SPLIT_ENTRIES = 2 * _CHUNK  # ... but give each block at least this many entries
 _NEG_INF = np.float32(-np.inf)
 
 
@@ -53,18 +57,36 @@ def _attention_kernel(head_dim: int, tile_rows: int) -> CudaFunction:
     kv_shape = (_CHUNK, head_dim + 1)
 
     @cuda.jit(device=True)
-    def stage_chunk(cache, kv_s, hk, c0, s_end, valid_row, slot_valid, tid):
-        # Coalesced along head_dim; evicted slots are skipped, so their bandwidth is not spent.
+    def locate_chunk(block_table, entry_slot, slot_pos, hk, c0, e_end, page_s, row_s, pos_s, tid):
+        # One thread per entry: its page and row, and its token's position (-1: no token to read).
+        if tid < _CHUNK:
+            e = c0 + tid
+            page = 0
+            row = 0
+            pos = -1
+            if e < e_end:
+                page_tokens = entry_slot.shape[1]
+                block = e // page_tokens
+                page = block_table[hk, block]
+                row = e - block * page_tokens
+                slot = entry_slot[page, row]
+                if slot >= 0:
+                    pos = slot_pos[slot]
+            page_s[tid] = page
+            row_s[tid] = row
+            pos_s[tid] = pos
+
+    @cuda.jit(device=True)
+    def stage_chunk(pool, kv_s, page_s, row_s, pos_s, tid):
+        # Coalesced along head_dim; entries without a token are not read, so their bandwidth is not spent.
         for p in range(tid, _CHUNK * head_dim, _THREADS):
             j = p // head_dim
             d = p - j * head_dim
-            s = c0 + j
-            live = s < s_end and slot_valid[valid_row, s] != 0
-            kv_s[j, d] = cache[hk, s, d] if live else float32(0)
+            kv_s[j, d] = pool[page_s[j], row_s[j], d] if pos_s[j] >= 0 else float32(0)
 
     @cuda.jit
     def attend(
-        q, k_cache, v_cache, slot_pos, slot_valid, q_pos, scale, split_len, out, part_o, part_ml
+        q, k_pool, v_pool, block_table, lengths, entry_slot, slot_pos, q_pos, scale, split_len, out, part_o, part_ml
     ):
         q_s = cuda.shared.array((tile_rows, head_dim), float32)
         o_s = cuda.shared.array((tile_rows, head_dim), float32)
@@ -73,18 +95,20 @@ def _attention_kernel(head_dim: int, tile_rows: int) -> CudaFunction:
         p_s = cuda.shared.array((tile_rows, _CHUNK), float32)  # scores, then probabilities
         stat_s = cuda.shared.array((3, tile_rows), float32)  # running max, running sum, rescale
         qpos_s = cuda.shared.array(tile_rows, int32)
+        page_s = cuda.shared.array(_CHUNK, int32)
+        row_s = cuda.shared.array(_CHUNK, int32)
+        pos_s = cuda.shared.array(_CHUNK, int32)
 
         tid = cuda.threadIdx.x
         q_heads = q.shape[1]
-        kv_heads, capacity, _ = k_cache.shape
+        kv_heads = block_table.shape[0]
         group = q_heads // kv_heads
         rows = q.shape[0] * group
         hk = cuda.blockIdx.y
-        valid_row = hk if slot_valid.shape[0] > 1 else 0  # per-head mask, or the one shared row
         split = cuda.blockIdx.z
         r0 = cuda.blockIdx.x * tile_rows
-        s_begin = split * split_len
-        s_end = min(capacity, s_begin + split_len)
+        e_begin = split * split_len
+        e_end = min(lengths[hk], e_begin + split_len)
 
         for p in range(tid, tile_rows * head_dim, _THREADS):
             r = p // head_dim
@@ -102,16 +126,17 @@ def _attention_kernel(head_dim: int, tile_rows: int) -> CudaFunction:
             stat_s[1, tid] = float32(0)
         cuda.syncthreads()
 
-        for c0 in range(s_begin, s_end, _CHUNK):
-            stage_chunk(k_cache, kv_s, hk, c0, s_end, valid_row, slot_valid, tid)
+        for c0 in range(e_begin, e_end, _CHUNK):
+            locate_chunk(block_table, entry_slot, slot_pos, hk, c0, e_end, page_s, row_s, pos_s, tid)
+            cuda.syncthreads()
+            stage_chunk(k_pool, kv_s, page_s, row_s, pos_s, tid)
             cuda.syncthreads()
 
             for p in range(tid, tile_rows * _CHUNK, _THREADS):
                 r = p // _CHUNK
                 j = p - r * _CHUNK
-                s = c0 + j
                 score = _NEG_INF
-                if r0 + r < rows and s < s_end and slot_valid[valid_row, s] != 0 and slot_pos[s] <= qpos_s[r]:
+                if r0 + r < rows and pos_s[j] >= 0 and pos_s[j] <= qpos_s[r]:
                     dot = float32(0)
                     for d in range(head_dim):
                         dot += q_s[r, d] * kv_s[j, d]
@@ -135,7 +160,7 @@ def _attention_kernel(head_dim: int, tile_rows: int) -> CudaFunction:
                 stat_s[0, tid] = m_new
                 stat_s[1, tid] = stat_s[1, tid] * rescale + total
                 stat_s[2, tid] = rescale
-            stage_chunk(v_cache, kv_s, hk, c0, s_end, valid_row, slot_valid, tid)
+            stage_chunk(v_pool, kv_s, page_s, row_s, pos_s, tid)
             cuda.syncthreads()
 
             for p in range(tid, tile_rows * head_dim, _THREADS):
@@ -212,22 +237,24 @@ class AttentionScratch:
         )
 
 
-def _split_len(capacity: int, other_blocks: int, num_splits: int | None) -> int:
-    """Slots per block: as requested, or enough splits to fill the GPU without tiny splits."""
+def _split_len(entries: int, other_blocks: int, num_splits: int | None) -> int:
+    """Entries per block: as requested, or enough splits to fill the GPU without tiny splits."""
     if num_splits is not None:
         check(num_splits >= 1, f"num_splits must be >= 1, got {num_splits}")
-        return cdiv(capacity, min(num_splits, capacity))
+        return cdiv(entries, min(num_splits, entries))
     wanted = max(1, _TARGET_BLOCKS // other_blocks)
-    per_split = max(_MIN_SPLIT_SLOTS, cdiv(capacity, wanted))
+    per_split = max(_MIN_SPLIT_ENTRIES, cdiv(entries, wanted))
     return cdiv(per_split, _CHUNK) * _CHUNK
 
 
 def attention(
     q: DeviceArray,
-    k_cache: DeviceArray,
-    v_cache: DeviceArray,
+    k_pool: DeviceArray,
+    v_pool: DeviceArray,
+    block_table: DeviceArray,
+    lengths: DeviceArray,
+    entry_slot: DeviceArray,
     slot_pos: DeviceArray,
-    slot_valid: DeviceArray,
     q_pos: DeviceArray,
     scale: float,
     out: DeviceArray,
@@ -235,38 +262,40 @@ def attention(
     scratch: AttentionScratch | None = None,
     stream: Stream = 0,
 ) -> None:
-    """out[T, Hq, D] = softmax(scale * q k^T over visible slots) v, query head h on KV head h // G.
+    """out[T, Hq, D] = softmax(scale * q k^T over each KV head's visible entries) v, query head h on KV head h // G.
 
-    slot_valid is [S] (one mask for every KV head) or [Hkv, S] (what each KV head reads).
-    num_splits overrides how many blocks share a KV head's slots (None: chosen from the shape);
-    scratch holds the split partials between calls (None: allocated for this call).
+    k_pool, v_pool [pages, P, D]; block_table [Hkv, B] and lengths [Hkv] of one layer; entry_slot
+    [pages, P] (-1: no token); slot_pos [S]. num_splits overrides how many blocks share a KV head's
+    B * P entries (None: chosen from the shape); scratch holds the split partials between calls
+    (None: allocated for this call).
     """
     tokens, q_heads, head_dim = dims(q, "q", 3)
-    kv_heads, capacity, _ = dims(k_cache, "k_cache", 3)
+    pages, page_tokens, _ = dims(k_pool, "k_pool", 3)
+    kv_heads, width = dims(block_table, "block_table", 2)
+    (slots,) = dims(slot_pos, "slot_pos", 1)
     check_array(q, "q", (tokens, q_heads, head_dim), (np.float32,))
-    check_array(k_cache, "k_cache", (kv_heads, capacity, head_dim), (np.float32,))
-    check_array(v_cache, "v_cache", (kv_heads, capacity, head_dim), (np.float32,))
-    check_array(slot_pos, "slot_pos", (capacity,), (np.int32,))
-    if len(slot_valid.shape) == 1:
-        check_array(slot_valid, "slot_valid", (capacity,), (np.uint8,))
-        slot_valid = slot_valid.reshape(1, capacity)
-    else:
-        check_array(slot_valid, "slot_valid", (kv_heads, capacity), (np.uint8,))
+    check_array(k_pool, "k_pool", (pages, page_tokens, head_dim), (np.float32,))
+    check_array(v_pool, "v_pool", (pages, page_tokens, head_dim), (np.float32,))
+    check_array(block_table, "block_table", (kv_heads, width), (np.int32,))
+    check_array(lengths, "lengths", (kv_heads,), (np.int32,))
+    check_array(entry_slot, "entry_slot", (pages, page_tokens), (np.int32,))
+    check_array(slot_pos, "slot_pos", (slots,), (np.int32,))
     check_array(q_pos, "q_pos", (tokens,), (np.int32,))
     check_array(out, "out", (tokens, q_heads, head_dim), (np.float32,))
     check(q_heads % kv_heads == 0, f"{q_heads} query heads do not group over {kv_heads} KV heads")
     check(head_dim <= MAX_HEAD_DIM, f"head_dim {head_dim} exceeds {MAX_HEAD_DIM}")
-    check(capacity > 0, "the KV arena has no slots")
+    check(width * page_tokens > 0, "the block tables have no entries")
     if tokens == 0:
         return
     rows = tokens * (q_heads // kv_heads)
     tile_rows = _DECODE_ROWS if rows <= _DECODE_ROWS else _PREFILL_ROWS
     row_tiles = cdiv(rows, tile_rows)
-    split_len = _split_len(capacity, row_tiles * kv_heads, num_splits)
-    splits = cdiv(capacity, split_len)
+    entries = width * page_tokens
+    split_len = _split_len(entries, row_tiles * kv_heads, num_splits)
+    splits = cdiv(entries, split_len)
     kernel = _attention_kernel(head_dim, tile_rows)
     grid = (row_tiles, kv_heads, splits)
-    args = (q, k_cache, v_cache, slot_pos, slot_valid, q_pos, np.float32(scale), split_len, out)
+    args = (q, k_pool, v_pool, block_table, lengths, entry_slot, slot_pos, q_pos, np.float32(scale), split_len, out)
     if splits == 1:
         kernel[grid, _THREADS, stream](*args, None, None)
         return

@@ -46,45 +46,53 @@ def rope_cache_shift(
     return shifted
 
 
-def kv_write(
-    k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slots: np.ndarray
+def copy_rows(
+    src_k: np.ndarray, src_v: np.ndarray, src_rows: np.ndarray, dst_k: np.ndarray, dst_v: np.ndarray,
+    dst_rows: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Copies of the caches with k[t], v[t] stored at slot slots[t] of every KV head."""
-    k_new, v_new = k_cache.copy(), v_cache.copy()
-    k_new[:, slots, :] = k.transpose(1, 0, 2)
-    v_new[:, slots, :] = v.transpose(1, 0, 2)
+    """Copies of dst_k, dst_v [rows, D] with row dst_rows[i] replaced by source row src_rows[i]."""
+    k_new, v_new = dst_k.copy(), dst_v.copy()
+    for src, dst in zip(src_rows, dst_rows):
+        k_new[dst], v_new[dst] = src_k[src], src_v[src]
     return k_new, v_new
 
 
 def attention(
     q: np.ndarray,
-    k_cache: np.ndarray,
-    v_cache: np.ndarray,
+    k_pool: np.ndarray,
+    v_pool: np.ndarray,
+    block_table: np.ndarray,
+    lengths: np.ndarray,
+    entry_slot: np.ndarray,
     slot_pos: np.ndarray,
-    slot_valid: np.ndarray,
     q_pos: np.ndarray,
     scale: float,
 ) -> np.ndarray:
-    """Grouped-query attention; slot s is visible to query t iff valid and slot_pos[s] <= q_pos[t].
+    """Grouped-query attention over paged KV, read through each KV head's block table.
 
-    slot_valid is [S], or [Hkv, S] when each KV head reads its own slots. A query that sees no slot
-    gets zeros.
+    KV head hk reads its entries e < lengths[hk]: page block_table[hk, e // P], row e % P, holding
+    the token of slot entry_slot[page, row] (-1: none), visible to query t iff
+    slot_pos[token] <= q_pos[t]. A query that sees no entry gets zeros.
     """
     tokens, q_heads, head_dim = q.shape
-    kv_heads = k_cache.shape[0]
+    kv_heads = block_table.shape[0]
+    page_tokens = entry_slot.shape[1]
     group = q_heads // kv_heads
-    per_head = np.broadcast_to(np.asarray(slot_valid) != 0, (kv_heads, slot_pos.shape[0]))
     out = np.zeros((tokens, q_heads, head_dim), dtype=F32)
-    for t in range(tokens):
-        for h in range(q_heads):
-            visible = per_head[h // group] & (slot_pos <= q_pos[t])
+    for hk in range(kv_heads):
+        entries = np.arange(lengths[hk])
+        pages, rows = block_table[hk, entries // page_tokens], entries % page_tokens
+        slots = entry_slot[pages, rows]
+        keys, values = k_pool[pages, rows], v_pool[pages, rows]
+        positions = np.where(slots >= 0, slot_pos[np.maximum(slots, 0)], 0)
+        for t in range(tokens):
+            visible = (slots >= 0) & (positions <= q_pos[t])
             if not visible.any():
                 continue
-            keys = k_cache[h // group, visible]
-            values = v_cache[h // group, visible]
-            scores = (keys @ q[t, h]) * F32(scale)
-            weights = np.exp(scores - scores.max())
-            out[t, h] = (weights @ values) / weights.sum()
+            for h in range(hk * group, (hk + 1) * group):
+                scores = (keys[visible] @ q[t, h]) * F32(scale)
+                weights = np.exp(scores - scores.max())
+                out[t, h] = (weights @ values[visible]) / weights.sum()
     return out
 
 

@@ -17,7 +17,8 @@ from ..model.checkpoint import Checkpoint
 
 # Bump when anything the engine writes into the arena changes meaning (RoPE convention, KV dtype,
 # the frame encoder's pixel pipeline, the policy state layout): older blocks then stop matching.
-ENGINE_FORMAT_VERSION = 1
+# 2: episode memory lists each (layer, KV head)'s entries in its own pages' order (per-head paged KV).
+ENGINE_FORMAT_VERSION = 2
 KV_DTYPE = "float32"
 
 

@@ -81,6 +81,11 @@ def _normalise(x: np.ndarray) -> np.ndarray:
     return (x / norm).astype(np.float32) if norm > 0 else x.astype(np.float32)
 
 
+def fast_weight_bytes(d_k: int, d_v: int) -> int:
+    """Bytes of the fast-weight state W [d_v, d_k] and b [d_v], fp32: constant whatever the episode's length."""
+    return (d_k * d_v + d_v) * 4
+
+
 class AuraPolicy(MemoryPolicy):
     name = "aura"
     needs_prefix = True
@@ -194,7 +199,7 @@ class AuraPolicy(MemoryPolicy):
 
     def state_bytes(self) -> int:
         memory = self._memory()
-        return (memory.d_k * memory.d_v + memory.d_v) * 4
+        return fast_weight_bytes(memory.d_k, memory.d_v)
 
     def snapshot(self) -> dict[str, np.ndarray]:
         state = super().snapshot()

@@ -10,8 +10,9 @@ the end of the step, unless the policy ``keeps_decoded`` (dms): then each one is
 order in the cache (pinned prompt first, then the rest in arrival order) by rotating cached keys,
 so positions stay below the arena capacity for an episode that never ends.
 
-A policy that decides per KV head (``per_kv_head``, dms) gets head masks in the arena
-(``KVArena.head_valid``), which attention honours per KV head; the others cost nothing per head.
+A policy that decides per KV head (``per_kv_head``, dms) gets the arena's per-head page layout
+(``model/pages.py``): each (layer, KV head) holds only the tokens it still reads, in its own pages, and
+attention reads each head's own; the others get the dense layout, where every head holds every token.
 
 Knobs come from the schema as typed groups (``config.MemoryKnobs``). ``check_knobs`` (a class
 method) says whether a group can run at a ``MemorySite`` without building anything, which is how a
@@ -64,10 +65,12 @@ class MemoryStats:
     frames_seen: int  # frames offered to the memory this episode
     frames_kept: int  # frames whose tokens are in the cache now
     kv_tokens: int  # cache slots in use, pinned prompt included
-    kv_bytes: int  # bytes of those tokens' keys and values (all layers)
+    kv_bytes: int  # bytes of keys and values held, all layers (per-head pages: the pages in use)
     state_bytes: int  # policy state outside the KV cache (aura's fast weights; 0 for the others)
     evictions: int  # frames evicted this episode (dms: tokens evicted from every head)
     writes: int  # writes into the memory this episode (frames stored; aura: fast-weight updates; dms: tokens)
+    tokens_seen: int  # tokens that entered the memory this episode, the pinned prompt not counted
+    tokens_held: float  # tokens a (layer, KV head) reads now beyond the prompt, mean over heads
 
     @property
     def memory_bytes(self) -> int:
@@ -82,7 +85,7 @@ class MemoryPolicy(ABC):
 
     name: str
     needs_prefix = False  # True when ``frame_prefix`` may return tokens
-    per_kv_head = False  # True when the policy evicts per KV head: the arena then keeps head masks
+    per_kv_head = False  # True when the policy evicts per KV head: the arena then keeps pages per KV head
     keeps_decoded = False  # True when decoded action tokens are handed to ``add_decoded`` instead of dropped
 
     def __init__(self) -> None:
@@ -116,6 +119,11 @@ class MemoryPolicy(ABC):
         """Tokens beside the prompt the policy holds that no ``make_room`` can free (aura's memory token)."""
         return int(self.needs_prefix)
 
+    def tokens_beside_frames(self) -> int:
+        """Tokens a budget of F frames adds beside the F frames' tokens: what the policy holds that is no
+        frame's (aura's memory token). A budget bounds everything else the policy holds."""
+        return self.reserved_tokens()
+
     def reset(self) -> None:
         """A new episode: the arena holds only the pinned prompt again."""
         self.frames_seen = self.evictions = self.writes = 0
@@ -143,15 +151,20 @@ class MemoryPolicy(ABC):
     def state_bytes(self) -> int:
         return 0
 
+    def tokens_seen(self) -> int:
+        """Tokens that entered the memory this episode: each frame's, and the prefix token when there is one."""
+        return self.frames_seen * (self._context().config.vision.tokens_per_frame + int(self.needs_prefix))
+
     def diagnostics(self) -> dict[str, Any]:
         """Policy-specific figures for the reasoning node's diagnostics (dms: its compression)."""
         return {}
 
     def stats(self) -> MemoryStats:
         context = self._context()
-        used = context.arena.used
-        return MemoryStats(self.name, self.frames_seen, self.frames_kept(), used, used * context.kv_bytes_per_token,
-                           self.state_bytes(), self.evictions, self.writes)
+        arena = context.arena
+        held = float(arena.pages.held_per_head().mean()) - arena.pinned.size
+        return MemoryStats(self.name, self.frames_seen, self.frames_kept(), arena.used, context.kv_bytes_held(),
+                           self.state_bytes(), self.evictions, self.writes, self.tokens_seen(), held)
 
     def snapshot(self) -> dict[str, np.ndarray]:
         """The policy's own state as named arrays (the KV contents are the engine's to save)."""

@@ -5,8 +5,8 @@ checkpoint (for the tensors the policy owns: ``aura.*``, the dms gates), the are
 bookkeeping, with the pinned prompt's slots), a reader of cached keys and values, and the device
 its own math runs on. The engine calls the policy; the policy never calls the engine.
 
-``MemorySite`` is the static part: the model, the checkpoint, the arena's size and the pinned
-prompt's length. It is all a knob check needs, so a live parameter change is checked against the
+``MemorySite`` is the static part: the model, the checkpoint, the arena's size (slots, page size and
+pool), and the pinned prompt's length. It is all a knob check needs, so a live parameter change is checked against the
 running engine's site without building a policy, and a configuration is checked before any engine
 exists.
 """
@@ -14,14 +14,15 @@ exists.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..config import default_of
 from ..model.arena import KVArena
 from ..model.checkpoint import Checkpoint
 from ..model.config import ModelConfig
-from ..model.layout import arena_capacity, frames_in_arena, kv_bytes_per_token
+from ..model.layout import arena_capacity, frames_in_arena, kv_bytes_per_token, kv_page_bytes, kv_pages_for
 
 
 @dataclass(frozen=True)
@@ -31,10 +32,24 @@ class MemorySite:
     checkpoint: Checkpoint
     capacity: int  # slots in the arena
     prompt_tokens: int  # slots the pinned prompt takes
+    page_tokens: int = field(default_factory=lambda: default_of("reasoning", "kv_page_tokens"))
+    pool_pages: int = 0  # pages in the KV pool as configured (0: the dense size)
 
     @property
     def config(self) -> ModelConfig:
         return self.checkpoint.config
+
+    def pages_per_head(self, tokens: int) -> int:
+        """Pages the pool must have to give every (layer, KV head) ``tokens`` entries."""
+        return kv_pages_for(self.config, tokens, self.page_tokens)
+
+    def check_pool(self, name: str, per_kv_head: bool) -> None:
+        """ValueError when policy ``name`` cannot run on this pool: only one that holds pages per KV head (dms)
+        runs on a pool smaller than every head holding every slot."""
+        dense = self.pages_per_head(self.capacity)
+        if self.pool_pages and self.pool_pages < dense and not per_kv_head:
+            raise ValueError(f"kv_pool_pages={self.pool_pages} is below the {dense} pages that {name} (every KV head "
+                             f"holding every one of {self.capacity} slots) needs; only dms runs on a smaller pool")
 
     def frames(self, reserved_tokens: int = 0) -> int:
         """Whole frames that fit beside the prompt, ``reserved_tokens`` and the action scratch."""
@@ -66,5 +81,13 @@ class MemoryContext:
     def kv_bytes_per_token(self) -> int:
         return kv_bytes_per_token(self.config)
 
+    def kv_bytes_held(self) -> int:
+        """Bytes of keys and values the arena holds now: with pages per KV head, the pages its heads hold
+        (what dms frees is what this stops counting); dense, every head's copy of every valid token."""
+        if self.arena.per_head:
+            return self.arena.pages.pages_in_use() * kv_page_bytes(self.config, self.arena.page_tokens)
+        return self.arena.used * self.kv_bytes_per_token
+
     def site(self) -> MemorySite:
-        return MemorySite(self.checkpoint, self.arena.capacity, self.arena.pinned.size)
+        return MemorySite(self.checkpoint, self.arena.capacity, self.arena.pinned.size, self.arena.page_tokens,
+                          self.arena.pool_pages)

@@ -13,12 +13,14 @@ are enforced, so a token is read by every token whose forward starts while fewer
 tokens have arrived after it, and by none later unless a head keeps it. The pinned prompt is never
 judged and never evicted.
 
-Per-head memory. The arena keeps one slot per token and turns on head masks
-(``KVArena.head_valid``): a head that evicts a token stops reading it at once (attention masks it
-per KV head, in the NumPy path and in the CUDA kernel), and the slot is released when the last
-(layer, KV head) has evicted it. Per-head lengths (what each head reads) differ; the memory held is
-the union of what the heads keep. ``compression()`` reports both: tokens seen / tokens a head keeps
-(DMS's ratio: what each head reads), and tokens seen / slots held (what memory holds).
+Per-head memory. The arena runs its per-head page layout (``model/pages.py``, after the paged cache of
+NVIDIA's DMS inference code and vLLM's paged attention): every (layer, KV head) has its own block table
+and length over one pool of fixed-size pages. A head that evicts a token drops its entry at once: the
+head's last entry moves into the hole, and a page the head no longer needs goes back to the pool, so
+each head holds ceil(tokens it reads / page size) pages and attention (the NumPy path and the CUDA
+kernel alike) reads only those. A token's slot (its position) is released when the last head has
+dropped it. ``compression()`` reports tokens seen / tokens a head keeps (DMS's ratio: what each head
+reads), tokens seen / slots held, and the bytes the pages hold against a dense cache of every token seen.
 
 When the arena lacks room for the next frame, tokens are forced out whole, every head at once: the
 held token outside the window whose best keep score, over the heads still reading it, is lowest goes
@@ -43,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from ..config import DmsKnobs, MemoryKnobs
-from ..model.layout import scratch_tokens
+from ..model.layout import arena_capacity, scratch_tokens
 from ..model.memory_tensors import has_dms_gate
 from .base import DecodedTokens, FrameTokens, MemoryPolicy, _array
 from .context import MemoryContext, MemorySite
@@ -58,6 +60,9 @@ class DmsCompression:
     tokens_seen: int  # tokens that entered the memory (frame and decoded tokens)
     held_per_head: np.ndarray  # [layers, kv_heads] tokens each head reads now, window included
     slots_held: int  # tokens at least one head still reads: what the arena holds
+    pages_per_head: np.ndarray  # [layers, kv_heads] pages each head holds, the pinned prompt's entries included
+    page_tokens: int  # entries per page
+    prompt_tokens: int  # the pinned prompt's entries in every head (not counted as held)
     decided: int  # tokens whose decisions were enforced (they left the window)
     kept_per_head: np.ndarray  # [layers, kv_heads] of those, how many each head decided to keep
     forced_evictions: int  # tokens forced out of every head for room
@@ -84,8 +89,24 @@ class DmsCompression:
 
     @property
     def slot_ratio(self) -> float:
-        """Tokens seen / slots held: the compression of the memory itself."""
+        """Tokens seen / slots held: distinct tokens some head still reads."""
         return self.tokens_seen / self.slots_held if self.slots_held else float("inf")
+
+    @property
+    def byte_ratio_per_layer(self) -> np.ndarray:
+        """[layers] bytes a dense cache of every token seen would take / bytes the layer's pages hold, the
+        prompt's share taken out of both (pages are whole: a head's unfilled last page counts as held)."""
+        heads = self.pages_per_head.shape[1]
+        held = self.pages_per_head.sum(axis=1) * self.page_tokens - self.prompt_tokens * heads
+        with np.errstate(divide="ignore"):
+            return self.tokens_seen * heads / held.astype(np.float64)
+
+    @property
+    def byte_ratio(self) -> float:
+        """Bytes of a dense cache of every token seen / bytes of KV the pages hold, pooled over layers and heads:
+        the memory dms actually frees, to compare with ``ratio``."""
+        held = int(self.pages_per_head.sum()) * self.page_tokens - self.prompt_tokens * self.pages_per_head.size
+        return self.tokens_seen * self.pages_per_head.size / held if held else float("inf")
 
 
 class DmsPolicy(MemoryPolicy):
@@ -106,11 +127,17 @@ class DmsPolicy(MemoryPolicy):
     @classmethod
     def check_knobs(cls, knobs: DmsKnobs, site: MemorySite) -> None:
         limit = site.free_tokens()
+        c = site.config
         if knobs.window > limit:
-            c = site.config
             raise ValueError(f"kv.dms.window={knobs.window} must be in [1, {limit}]: the {site.capacity}-slot arena "
                              f"holds the prompt ({site.prompt_tokens}), the window, one frame "
                              f"({c.vision.tokens_per_frame}) and the action tokens ({scratch_tokens(c)})")
+        least = site.pages_per_head(arena_capacity(c, site.prompt_tokens, 1, knobs.window))
+        if site.pool_pages and site.pool_pages < least:
+            raise ValueError(f"kv_pool_pages={site.pool_pages} must be at least {least}: every (layer, KV head) holds "
+                             f"the prompt ({site.prompt_tokens}), the window ({knobs.window}), one frame "
+                             f"({c.vision.tokens_per_frame}) and the action tokens ({scratch_tokens(c)}) in pages of "
+                             f"{site.page_tokens}")
 
     @classmethod
     def check_tensors(cls, site: MemorySite) -> None:
@@ -122,6 +149,9 @@ class DmsPolicy(MemoryPolicy):
 
     def reserved_tokens(self) -> int:
         return self.window  # the window is never evicted, so it can never make room
+
+    def tokens_beside_frames(self) -> int:
+        return 0  # the window holds frame (and action) tokens: a budget of F frames includes it
 
     def configure(self, knobs: MemoryKnobs) -> None:
         live = knobs.dms
@@ -167,23 +197,30 @@ class DmsPolicy(MemoryPolicy):
         return self.limits
 
     def make_room(self, tokens: int) -> int:
-        """Force out whole tokens (see the module doc) until ``tokens`` slots are free; returns how many."""
+        """Force out whole tokens (see the module doc) until ``tokens`` slots are free and every (layer, KV head)
+        has pages for ``tokens`` more entries (a pool smaller than the dense size runs short); returns how many."""
         arena = self._context().arena
         need = tokens - (arena.capacity - arena.used)
-        if need <= 0:
+        if need <= 0 and not arena.pages.pages_short(tokens):
             return 0
         evictable = arena.valid.copy()
         evictable[arena.pinned] = evictable[self._pending_slots] = False
         candidates = np.flatnonzero(evictable).astype(np.int32)
-        if candidates.size < need:
-            raise RuntimeError(f"dms: {tokens} tokens do not fit beside the prompt and the {self.window}-token window")
-        reading = arena.head_valid[:, :, candidates]
+        reading = arena.holds(candidates)
         best = np.where(reading, self._slot_score[:, :, candidates], -np.inf).max(axis=(0, 1))
-        victims = candidates[np.lexsort((arena.positions[candidates], best))[:need]]
-        arena.release(victims)
-        self._forced += need
-        self.evictions += need
-        return need
+        order = candidates[np.lexsort((arena.positions[candidates], best))]
+        forced = max(need, 0)
+        if order.size < forced:
+            raise RuntimeError(f"dms: {tokens} tokens do not fit beside the prompt and the {self.window}-token window")
+        arena.release(order[:forced])
+        while arena.pages.pages_short(tokens):  # a page comes back only when a head's length crosses a page
+            if forced == order.size:
+                raise RuntimeError(f"dms: {tokens} tokens do not fit the KV pool beside the prompt and the window")
+            arena.release(order[forced:forced + 1])
+            forced += 1
+        self._forced += forced
+        self.evictions += forced
+        return forced
 
     def add_frame(self, frame: FrameTokens) -> None:
         self.frames_seen += 1
@@ -226,8 +263,7 @@ class DmsPolicy(MemoryPolicy):
     def entries_of_frame(self, frame: int) -> np.ndarray:
         """[layers, kv_heads] how many tokens of this episode's frame number ``frame`` (0: the first)
         each head still reads."""
-        arena = self._context().arena
-        return arena.head_valid[:, :, (self._slot_frame == frame) & arena.valid].sum(axis=-1)
+        return self._context().arena.holds(self.slots_of_frame(frame)).sum(axis=-1)
 
     def slots_of_frame(self, frame: int) -> np.ndarray:
         """Slots that still hold tokens of frame number ``frame`` (slot numbers are reused after evictions)."""
@@ -237,25 +273,29 @@ class DmsPolicy(MemoryPolicy):
         frames = self._slot_frame[self._context().arena.valid]
         return int(np.unique(frames[frames >= 0]).size)
 
+    def tokens_seen(self) -> int:
+        return self.writes  # frame and decoded tokens alike
+
     def compression(self) -> DmsCompression:
         arena = self._context().arena
         prompt = arena.pinned.size
         return DmsCompression(
-            tokens_seen=self.writes, held_per_head=arena.head_valid.sum(axis=-1) - prompt,
-            slots_held=arena.used - prompt, decided=self._decided, kept_per_head=self._kept_decisions.copy(),
-            forced_evictions=self._forced, threshold=self._limits().current)
+            tokens_seen=self.writes, held_per_head=arena.pages.held_per_head() - prompt,
+            slots_held=arena.used - prompt, pages_per_head=arena.pages.pages_per_head(),
+            page_tokens=arena.page_tokens, prompt_tokens=prompt, decided=self._decided,
+            kept_per_head=self._kept_decisions.copy(), forced_evictions=self._forced, threshold=self._limits().current)
 
     def diagnostics(self) -> dict[str, Any]:
         report = self.compression()
-        return {"dms_compression": report.ratio, "dms_slot_compression": report.slot_ratio,
-                "dms_threshold": report.threshold, "dms_forced_evictions": report.forced_evictions}
+        return {"dms_compression": report.ratio, "dms_byte_compression": report.byte_ratio,
+                "dms_slot_compression": report.slot_ratio, "dms_threshold": report.threshold,
+                "dms_forced_evictions": report.forced_evictions}
 
     def snapshot(self) -> dict[str, np.ndarray]:
         state = super().snapshot()
         state.update(self._limits().snapshot())
         state.update(self._source().snapshot())
-        state.update(head_valid=self._context().arena.head_valid.astype(np.uint8), slot_scores=self._slot_score.copy(),
-                     slot_frames=self._slot_frame.copy(), pending_slots=self._pending_slots.copy(),
+        state.update(slot_scores=self._slot_score.copy(), slot_frames=self._slot_frame.copy(), pending_slots=self._pending_slots.copy(),
                      pending_keep=self._pending_keep.astype(np.uint8), kept_decisions=self._kept_decisions.copy(),
                      dms_counters=np.array([self._decided, self._forced], dtype=np.int64))
         return state
@@ -267,11 +307,9 @@ class DmsPolicy(MemoryPolicy):
         pending = _array(state, "pending_slots", np.int32, (None,))
         if pending.size > self.window:
             raise ValueError(f"memory snapshot's window ({pending.size} tokens) does not fit kv.dms.window={self.window}")
-        head_valid = _array(state, "head_valid", np.uint8, (*heads, capacity)) != 0
-        if not np.array_equal(head_valid.any(axis=(0, 1)), arena.valid) or not arena.valid[pending].all():
-            raise ValueError("memory snapshot's per-head masks and window do not match its slots")
+        if not arena.valid[pending].all() or not arena.holds(pending).all():
+            raise ValueError("memory snapshot's window is not held by every head of the restored cache")
         super().restore(state)
-        arena.head_valid[:] = head_valid
         self._slot_score = _array(state, "slot_scores", np.float32, (*heads, capacity)).copy()
         self._slot_frame = _array(state, "slot_frames", np.int64, (capacity,)).copy()
         self._pending_slots = pending.copy()

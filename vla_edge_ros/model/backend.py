@@ -21,13 +21,17 @@ class ForwardResult:
 
 
 class Backend(ABC):
-    """A Qwen2 decoder that reads and writes a slot-based KV arena."""
+    """A Qwen2 decoder that reads and writes a slot-based KV arena, storing its pages' rows."""
 
     name: str
 
     def __init__(self, checkpoint: Checkpoint, arena: KVArena) -> None:
         self.config = checkpoint.config
         self.arena = arena
+        heads = (self.config.num_hidden_layers, self.config.num_key_value_heads)
+        if arena.pages.heads != heads:
+            arena.set_layout(heads, arena.per_head)  # the model's heads, in the layout the arena has
+        arena.move_rows = self.move_rows
 
     @abstractmethod
     def forward(self, positions: np.ndarray, slots: np.ndarray, *, token_ids: np.ndarray | None = None,
@@ -54,12 +58,34 @@ class Backend(ABC):
         """Rotate the cached keys of ``slots`` in every layer by ``shifts`` positions (RoPE composes)."""
 
     @abstractmethod
-    def read_kv(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Host copies of the cached keys and values of ``slots``, each [layers, kv_heads, n, head_dim]."""
+    def read_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Host copies [n, head_dim] of the keys and values in pool rows ``rows``."""
 
     @abstractmethod
+    def write_rows(self, rows: np.ndarray, keys: np.ndarray, values: np.ndarray) -> None:
+        """Store keys and values [n, head_dim] into pool rows ``rows``."""
+
+    @abstractmethod
+    def move_rows(self, sources: np.ndarray, destinations: np.ndarray) -> None:
+        """Copy pool rows ``sources`` onto ``destinations`` (disjoint): the arena's compaction."""
+
+    def read_kv(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Host copies of the cached keys and values of ``slots``, each [layers, kv_heads, n, head_dim];
+        every head must hold every slot (the prompt, tokens inside the dms window)."""
+        rows = self._held_rows(slots)
+        keys, values = self.read_rows(rows.reshape(-1))
+        return keys.reshape(*rows.shape, -1), values.reshape(*rows.shape, -1)
+
     def write_kv(self, slots: np.ndarray, keys: np.ndarray, values: np.ndarray) -> None:
         """Store keys and values [layers, kv_heads, n, head_dim] (as ``read_kv`` returns them) into ``slots``."""
+        rows = self._held_rows(slots).reshape(-1)
+        self.write_rows(rows, keys.reshape(rows.size, -1), values.reshape(rows.size, -1))
+
+    def _held_rows(self, slots: np.ndarray) -> np.ndarray:
+        rows = self.arena.pages.rows(slots)
+        if (rows < 0).any():
+            raise ValueError("read_kv/write_kv: a head does not hold one of these slots")
+        return rows
 
     @abstractmethod
     def state_bytes(self) -> tuple[int, int]:

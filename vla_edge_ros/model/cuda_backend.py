@@ -1,8 +1,10 @@
 """The GPU backend: the same decoder as ``numpy_backend``, as a sequence of Numba-CUDA kernels.
 
 Weights stay on the device in the checkpoint's precision (fp16, or bf16 kept as its uint16 bits) and
-are widened inside the kernels; activations, accumulation and the KV arena are fp32. No cuBLAS, no
-torch. Activation buffers are allocated once for the largest forward seen and reused, so a decode
+are widened inside the kernels; activations, accumulation and the KV arena are fp32. Keys and values
+live in one pool of pages on the device (``model/pages.py``); the attention kernel reads each KV
+head's entries through its block table, uploaded with the lengths and entry slots every forward. No
+cuBLAS, no torch. Activation buffers are allocated once for the largest forward seen and reused, so a decode
 step allocates nothing. Under ``NUMBA_ENABLE_CUDASIM=1`` the same code runs on the CPU (slowly),
 which is how the tests prove it without a GPU.
 """
@@ -96,9 +98,12 @@ class CudaBackend(Backend):
         self.lm_head = self.embed if c.tie_word_embeddings else _matrix(checkpoint, "lm_head.weight")
         self.final_norm = _vector(checkpoint, "model.norm.weight")
         self.layers = [_layer(checkpoint, f"model.layers.{i}.") for i in range(c.num_hidden_layers)]
-        shape = (c.num_key_value_heads, arena.capacity, c.head_dim)
-        self.k_cache = [cuda.to_device(np.zeros(shape, np.float32)) for _ in range(c.num_hidden_layers)]
-        self.v_cache = [cuda.to_device(np.zeros(shape, np.float32)) for _ in range(c.num_hidden_layers)]
+        shape = (arena.pages.num_pages, arena.page_tokens, c.head_dim)
+        self.k_pool = cuda.to_device(np.zeros(shape, np.float32))
+        self.v_pool = cuda.to_device(np.zeros(shape, np.float32))
+        self.k_rows = self.k_pool.reshape(shape[0] * shape[1], c.head_dim)  # the same memory, row by row
+        self.v_rows = self.v_pool.reshape(shape[0] * shape[1], c.head_dim)
+        self._iota = cuda.to_device(np.arange(1, dtype=np.int32))
         self.inv_freq = cuda.to_device(ops.rope_inv_freq(c.head_dim, c.rope_theta))
         self.scale = float(1.0 / np.sqrt(c.head_dim))
         self.scratch = kernels.AttentionScratch()
@@ -125,18 +130,20 @@ class CudaBackend(Backend):
         attn, gate_up, act = ws.attn[:tokens], ws.gate_up[:tokens], ws.act[:tokens]
         q_heads = q.reshape(tokens, c.num_attention_heads, c.head_dim)
         k_heads = k.reshape(tokens, c.num_key_value_heads, c.head_dim)
-        v_heads = v.reshape(tokens, c.num_key_value_heads, c.head_dim)
         attn_heads = attn.reshape(tokens, c.num_attention_heads, c.head_dim)
 
         if token_ids is not None:
             kernels.embedding_gather(self.embed, cuda.to_device(token_ids), x)
         else:
             x.copy_to_device(np.ascontiguousarray(embeddings))
-        positions_dev, slots_dev = cuda.to_device(positions), cuda.to_device(slots)
+        positions_dev = cuda.to_device(positions)
         self.arena.commit(slots, positions)
-        slot_pos = cuda.to_device(self.arena.positions)
-        head_valid = self.arena.head_valid  # [layers, kv_heads, S] when KV heads evict on their own (dms)
-        slot_valid = cuda.to_device((self.arena.valid if head_valid is None else head_valid).view(np.uint8))
+        table = self.arena.pages
+        new_rows = cuda.to_device(np.ascontiguousarray(table.rows(slots).transpose(0, 2, 1), dtype=np.int32))
+        block_table, lengths = cuda.to_device(table.block_table), cuda.to_device(table.lengths)
+        entry_slot, slot_pos = cuda.to_device(table.entry_slot), cuda.to_device(self.arena.positions)
+        new_kv = tokens * c.num_key_value_heads
+        k_new, v_new = k.reshape(new_kv, c.head_dim), v.reshape(new_kv, c.head_dim)
         layer_hidden = [x.copy_to_host()] if collect_layers else None
         for index, layer in enumerate(self.layers):
             kernels.rmsnorm(x, layer.input_norm, c.rms_norm_eps, h)
@@ -145,10 +152,10 @@ class CudaBackend(Backend):
             kernels.linear(h, layer.v_weight, layer.v_bias, v)
             kernels.rope(q_heads, positions_dev, self.inv_freq)
             kernels.rope(k_heads, positions_dev, self.inv_freq)
-            kernels.kv_write(k_heads, v_heads, self.k_cache[index], self.v_cache[index], slots_dev)
-            kernels.attention(q_heads, self.k_cache[index], self.v_cache[index], slot_pos,
-                              slot_valid if head_valid is None else slot_valid[index],
-                              positions_dev, self.scale, attn_heads, scratch=self.scratch)
+            kernels.copy_rows(k_new, v_new, self._indices(new_kv), self.k_rows, self.v_rows,
+                              new_rows[index].reshape(new_kv))
+            kernels.attention(q_heads, self.k_pool, self.v_pool, block_table[index], lengths[index], entry_slot,
+                              slot_pos, positions_dev, self.scale, attn_heads, scratch=self.scratch)
             kernels.linear(attn, layer.o_weight, None, tmp)
             kernels.add_inplace(x, tmp)
             kernels.rmsnorm(x, layer.post_norm, c.rms_norm_eps, h)
@@ -174,36 +181,40 @@ class CudaBackend(Backend):
     def greedy(self, hidden: np.ndarray, rows: slice = slice(None)) -> int:
         return kernels.argmax_rows(self._logits_device(hidden, rows)[0])
 
+    def _indices(self, count: int):
+        """Device 0..count-1 (int32): the rows of a packed source or destination."""
+        if self._iota.size < count:
+            self._iota = cuda.to_device(np.arange(count, dtype=np.int32))
+        return self._iota[:count]
+
     def rotate_keys(self, slots: np.ndarray, shifts: np.ndarray) -> None:
-        slots_dev = cuda.to_device(np.ascontiguousarray(slots, dtype=np.int32))
-        shifts_dev = cuda.to_device(np.ascontiguousarray(shifts, dtype=np.int32))
-        for layer_cache in self.k_cache:
-            kernels.rope_cache_shift(layer_cache, slots_dev, shifts_dev, self.inv_freq)
+        rows = self.arena.pages.rows(slots)  # [layers, kv_heads, n]
+        held = rows >= 0
+        shifts = np.broadcast_to(np.asarray(shifts, dtype=np.int32), rows.shape)[held]
+        if shifts.size:
+            kernels.rope_cache_shift(self.k_rows.reshape(1, *self.k_rows.shape),
+                                     cuda.to_device(rows[held].astype(np.int32)),
+                                     cuda.to_device(np.ascontiguousarray(shifts)), self.inv_freq)
 
-    def read_kv(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        # copy the span of the slots asked for, not the whole arena (cosine reads one frame per step);
-        # per head, so that every copy is of a contiguous block
-        c = self.config
-        slots = np.asarray(slots, dtype=np.int64)
-        shape = (c.num_hidden_layers, c.num_key_value_heads, slots.size, c.head_dim)
-        keys, values = np.empty(shape, np.float32), np.empty(shape, np.float32)
-        if slots.size:
-            lo, hi = int(slots.min()), int(slots.max()) + 1
-            for layer in range(c.num_hidden_layers):
-                for head in range(c.num_key_value_heads):
-                    keys[layer, head] = self.k_cache[layer][head, lo:hi].copy_to_host()[slots - lo]
-                    values[layer, head] = self.v_cache[layer][head, lo:hi].copy_to_host()[slots - lo]
-        return keys, values
+    def read_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        count, dim = len(rows), self.config.head_dim
+        keys, values = cuda.device_array((count, dim), np.float32), cuda.device_array((count, dim), np.float32)
+        if count:
+            kernels.copy_rows(self.k_rows, self.v_rows, cuda.to_device(np.asarray(rows, dtype=np.int32)), keys, values,
+                              self._indices(count))
+        return keys.copy_to_host(), values.copy_to_host()
 
-    def write_kv(self, slots: np.ndarray, keys: np.ndarray, values: np.ndarray) -> None:
-        slots_dev = cuda.to_device(np.ascontiguousarray(slots, dtype=np.int32))
-        for layer, (k_cache, v_cache) in enumerate(zip(self.k_cache, self.v_cache)):
-            k = cuda.to_device(np.ascontiguousarray(keys[layer].transpose(1, 0, 2), dtype=np.float32))
-            v = cuda.to_device(np.ascontiguousarray(values[layer].transpose(1, 0, 2), dtype=np.float32))
-            kernels.kv_write(k, v, k_cache, v_cache, slots_dev)
+    def write_rows(self, rows: np.ndarray, keys: np.ndarray, values: np.ndarray) -> None:
+        if len(rows):
+            kernels.copy_rows(cuda.to_device(np.ascontiguousarray(keys, dtype=np.float32)),
+                              cuda.to_device(np.ascontiguousarray(values, dtype=np.float32)), self._indices(len(rows)),
+                              self.k_rows, self.v_rows, cuda.to_device(np.asarray(rows, dtype=np.int32)))
+
+    def move_rows(self, sources: np.ndarray, destinations: np.ndarray) -> None:
+        kernels.copy_rows(self.k_rows, self.v_rows, cuda.to_device(np.asarray(sources, dtype=np.int32)),
+                          self.k_rows, self.v_rows, cuda.to_device(np.asarray(destinations, dtype=np.int32)))
 
     def state_bytes(self) -> tuple[int, int]:
         arrays = [self.embed, self.final_norm] + ([] if self.lm_head is self.embed else [self.lm_head])
         arrays += [a for layer in self.layers for a in vars(layer).values()]
-        kv = sum(a.nbytes for a in self.k_cache + self.v_cache)
-        return sum(a.nbytes for a in arrays), kv
+        return sum(a.nbytes for a in arrays), self.k_pool.nbytes + self.v_pool.nbytes

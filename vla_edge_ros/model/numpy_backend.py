@@ -1,7 +1,10 @@
 """The reference backend: the whole decoder in NumPy fp32, runnable anywhere.
 
 Weights are widened to fp32 once at load; q/k/v and gate/up are fused into one matrix each so a
-layer costs four BLAS calls. Attention scans only the valid part of the arena.
+layer costs four BLAS calls. Keys and values live in a pool of pages (``model/pages.py``); attention
+reads each KV head's entries through its block table: the dense layout as one view of the pool (a
+head's pages are one run of rows, so nothing is copied), the per-head layout gathered row by row
+(only what each head holds).
 """
 
 from __future__ import annotations
@@ -57,9 +60,8 @@ class NumpyBackend(Backend):
                 gate_up_t=_transposed(f32(p + "mlp.gate_proj.weight"), f32(p + "mlp.up_proj.weight")),
                 down_t=_transposed(f32(p + "mlp.down_proj.weight")),
             ))
-        shape = (c.num_hidden_layers, c.num_key_value_heads, arena.capacity, c.head_dim)
-        self.k_cache = np.zeros(shape, dtype=np.float32)
-        self.v_cache = np.zeros(shape, dtype=np.float32)
+        self.k_rows = np.zeros((arena.pages.num_pages * arena.page_tokens, c.head_dim), dtype=np.float32)
+        self.v_rows = np.zeros_like(self.k_rows)
         self.inv_freq = ops.rope_inv_freq(c.head_dim, c.rope_theta)
         self.scale = 1.0 / np.sqrt(c.head_dim)
 
@@ -74,27 +76,30 @@ class NumpyBackend(Backend):
         tokens = x.shape[0]
         cos, sin = ops.rope_cos_sin(positions, self.inv_freq)
         self.arena.commit(slots, positions)
-        span = self.arena.span()
-        visible = self.arena.visible(positions, span)
-        per_head = self.arena.head_valid is not None
-        bias = None if per_head else ops.attention_bias(visible)
+        new_rows = self.arena.pages.rows(slots)  # [layers, kv_heads, T]
         q_end, k_end = c.q_dim, c.q_dim + c.kv_dim
         layer_hidden = [x.copy()] if collect_layers else None
         attention = np.zeros((len(self.layers), c.num_attention_heads, self.arena.capacity), np.float32) \
             if collect_attention else None
         for index, layer in enumerate(self.layers):
-            if per_head:  # each KV head reads the slots it still keeps
-                bias = ops.attention_bias(self.arena.visible_per_head(index, visible, span))
             h = ops.rms_norm(x, layer.input_norm, c.rms_norm_eps)
             qkv = h @ layer.qkv_t + layer.qkv_bias
             q = ops.apply_rope(qkv[:, :q_end].reshape(tokens, c.num_attention_heads, c.head_dim), cos, sin)
             k = ops.apply_rope(qkv[:, q_end:k_end].reshape(tokens, c.num_key_value_heads, c.head_dim), cos, sin)
-            self.k_cache[index][:, slots] = k.transpose(1, 0, 2)
-            self.v_cache[index][:, slots] = qkv[:, k_end:].reshape(tokens, c.num_key_value_heads, c.head_dim).transpose(1, 0, 2)
-            attn = ops.gqa_attention(q, self.k_cache[index][:, span], self.v_cache[index][:, span], bias, self.scale)
+            self.k_rows[new_rows[index]] = k.transpose(1, 0, 2)
+            self.v_rows[new_rows[index]] = qkv[:, k_end:].reshape(tokens, c.num_key_value_heads, c.head_dim).transpose(1, 0, 2)
+            keys, values, entry_slots = self._layer_kv(index)
+            taken = entry_slots >= 0
+            entry_positions = np.where(taken, self.arena.positions[entry_slots], 0)
+            visible = taken[:, None, :] & (entry_positions[:, None, :] <= positions[None, :, None])  # [kv_heads, T, n]
+            bias = ops.attention_bias(visible)
+            attn = ops.gqa_attention(q, keys, values, bias, self.scale)
             if attention is not None:
-                attention[index, :, span] = ops.attention_weights(q[-1], self.k_cache[index][:, span], bias[..., -1, :],
-                                                                  self.scale)
+                weights = ops.attention_weights(q[-1], keys, bias[:, -1, :], self.scale)  # [q_heads, n]
+                group = c.num_attention_heads // c.num_key_value_heads
+                read = np.repeat(taken, group, axis=0)
+                heads = np.broadcast_to(np.arange(c.num_attention_heads)[:, None], read.shape)
+                attention[index, heads[read], np.repeat(entry_slots, group, axis=0)[read]] = weights[read]
             x += attn @ layer.o_t
             h = ops.rms_norm(x, layer.post_norm, c.rms_norm_eps)
             gate_up = h @ layer.gate_up_t
@@ -103,6 +108,22 @@ class NumpyBackend(Backend):
                 layer_hidden.append(x.copy())
         return ForwardResult(ops.rms_norm(x, self.final_norm, c.rms_norm_eps), layer_hidden, attention)
 
+    def _layer_kv(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Keys and values [kv_heads, n, D] of one layer's entries, read through the block tables, and the slot
+        each entry holds [kv_heads, n] (-1: none)."""
+        table = self.arena.pages
+        if not table.per_head:  # head h's entries are one run of rows: a view, no copy
+            kv_heads, n = table.heads[1], int(table.lengths[layer].max())
+            run = table.width * table.page_tokens
+            first = layer * kv_heads * run
+            shape = (kv_heads, run, -1)
+            return (self.k_rows[first:first + kv_heads * run].reshape(shape)[:, :n],
+                    self.v_rows[first:first + kv_heads * run].reshape(shape)[:, :n],
+                    table.entry_slot.reshape(-1)[first:first + kv_heads * run].reshape(kv_heads, run)[:, :n])
+        rows = table.layer_rows(layer)
+        inside = np.maximum(rows, 0)
+        return self.k_rows[inside], self.v_rows[inside], np.where(rows >= 0, table.entry_slot.reshape(-1)[inside], -1)
+
     def logits(self, hidden: np.ndarray, rows: slice = slice(None)) -> np.ndarray:
         return hidden @ self.lm_head[rows].T
 
@@ -110,18 +131,23 @@ class NumpyBackend(Backend):
         return int(np.argmax(self.lm_head[rows] @ hidden))
 
     def rotate_keys(self, slots: np.ndarray, shifts: np.ndarray) -> None:
-        cos, sin = ops.rope_cos_sin(np.asarray(shifts, dtype=np.int32), self.inv_freq)
-        for layer_cache in self.k_cache:
-            layer_cache[:, slots] = ops.apply_rope(layer_cache[:, slots].transpose(1, 0, 2), cos, sin).transpose(1, 0, 2)
+        rows = self.arena.pages.rows(slots)  # [layers, kv_heads, n]
+        held = rows >= 0
+        cos, sin = ops.rope_cos_sin(np.broadcast_to(np.asarray(shifts, dtype=np.int32), rows.shape)[held], self.inv_freq)
+        self.k_rows[rows[held]] = ops.apply_rope(self.k_rows[rows[held]][:, None, :], cos, sin)[:, 0]
 
-    def read_kv(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return self.k_cache[:, :, slots].copy(), self.v_cache[:, :, slots].copy()
+    def read_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.k_rows[rows], self.v_rows[rows]
 
-    def write_kv(self, slots: np.ndarray, keys: np.ndarray, values: np.ndarray) -> None:
-        self.k_cache[:, :, slots] = keys
-        self.v_cache[:, :, slots] = values
+    def write_rows(self, rows: np.ndarray, keys: np.ndarray, values: np.ndarray) -> None:
+        self.k_rows[rows] = keys
+        self.v_rows[rows] = values
+
+    def move_rows(self, sources: np.ndarray, destinations: np.ndarray) -> None:
+        self.k_rows[destinations] = self.k_rows[sources]
+        self.v_rows[destinations] = self.v_rows[sources]
 
     def state_bytes(self) -> tuple[int, int]:
         arrays = [self.embed, self.final_norm] + ([] if self.lm_head is self.embed else [self.lm_head])
         arrays += [a for layer in self.layers for a in vars(layer).values()]
-        return sum(a.nbytes for a in arrays), self.k_cache.nbytes + self.v_cache.nbytes
+        return sum(a.nbytes for a in arrays), self.k_rows.nbytes + self.v_rows.nbytes

@@ -35,7 +35,7 @@ def plan_for(settings: Settings, checkpoint: Checkpoint | None = None) -> tuple[
     checkpoint = checkpoint or load_checkpoint(Path(node["model_dir"]))
     largest = max(checkpoint.config.vision.tokens_per_frame, len(node["prompt_token_ids"]))
     plan = plan_memory(checkpoint, resolve_backend(node["backend"]), node["kv_capacity_tokens"],
-                       node["budget_bytes"], largest)
+                       node["budget_bytes"], largest, node["kv_page_tokens"], node["kv_pool_pages"])
     return plan, checkpoint
 
 
@@ -80,9 +80,12 @@ def load_engine(settings: Settings, policies: Iterable[str] = POLICIES, checkpoi
         raise ValueError(f"{settings.source}: action_publisher: {exc} (the model's action has "
                          f"{checkpoint.config.action.dof} dimensions)") from exc
     try:
-        check_knobs(knobs, MemorySite(checkpoint, node["kv_capacity_tokens"], len(prompt)), policies)
+        site = MemorySite(checkpoint, node["kv_capacity_tokens"], len(prompt), node["kv_page_tokens"],
+                          node["kv_pool_pages"])
+        check_knobs(knobs, site, policies)
         engine = VlaEngine(checkpoint, backend=plan.backend, kv_capacity_tokens=node["kv_capacity_tokens"],
-                           policy=build_policy(knobs))
+                           policy=build_policy(knobs), kv_page_tokens=node["kv_page_tokens"],
+                           kv_pool_pages=node["kv_pool_pages"])
         store = open_kv_store(node, checkpoint)
     except ValueError as exc:
         raise ValueError(f"{settings.source}: reasoning: {exc}") from exc

@@ -16,12 +16,14 @@ one, and with chance, at the same write budget. ``aura:no-write`` blocks every w
 empty and reads zero (the same memory token as zeroing the read, since ``aura.out_proj`` has no bias),
 the ablation that says whether the policy uses its memory at all.
 
-A budget of F frames bounds everything a policy holds: its arena has room for the prompt and F frames
-(and the action scratch), nothing on top, so a policy's own reserved tokens (dms's window) come out of
-the F frames, and ``budget_bytes`` is what fifo holds at F frames. Aura's KV holds the prompt, one memory
-token and the current frame whatever the budget, plus its constant fast-weight state, so each aura row
-runs once, at the smallest budget whose bytes hold all of that (``aura_budget_frames``: 2 frames for
-the shipped model).
+A budget of F frames bounds the bytes of everything a policy holds (``arena_for``): fifo and cosine
+get the arena of the prompt, F frames and the action scratch; dms gets the pool pages of that arena
+(its window inside them, each KV head filling them with what it keeps) and a slot for every frame of an
+episode, so it holds the same bytes as fifo at F frames; a budget whose pages cannot hold dms's
+window beside one frame is refused before anything runs. ``budget_bytes`` is those pages' bytes. Aura's
+KV holds the prompt, one memory token and the current frame whatever the budget, plus its constant
+fast-weight state, so each aura row runs once, at the smallest budget whose bytes hold all of that
+(``aura_budget_frames``: 2 frames for the shipped model).
 
 Each cell also runs the *cue swap*: per seed, the same layout and noise with each target cued in turn,
 the first action after the release read, and counted as picking the target whose direction from the
@@ -44,9 +46,11 @@ import numpy as np
 
 from ..config import MemoryKnobs, Settings
 from ..engine import VlaEngine
-from ..memory import AuraPolicy, DmsPolicy, MemoryPolicy, make_policy
+from ..memory import AuraPolicy, DmsPolicy, MemoryPolicy, MemorySite, check_knobs, make_policy
+from ..memory.aura import fast_weight_bytes
 from ..model.checkpoint import Checkpoint, load_checkpoint
-from ..model.layout import arena_capacity, kv_bytes_per_token
+from ..model.config import ModelConfig
+from ..model.layout import arena_capacity, kv_bytes_per_token, kv_page_bytes, kv_pages_for
 from ..runtime.admission import Verdict
 from ..runtime.block_costs import CostModel
 from ..runtime.clock import VirtualClock
@@ -180,17 +184,31 @@ def episode_frames(spec: TaskSpec) -> int:
     return math.ceil(spec.time_limit_s * spec.rate_hz) + 1
 
 
-def capacity_for(checkpoint: Checkpoint, policy: MemoryPolicy, prompt_tokens: int, budget_frames: int | None,
-                 spec: TaskSpec) -> int:
-    """KV slots for the prompt and ``budget_frames`` frames (None: a whole episode), which must hold what the
-    policy reserves too (dms's window) beside the frame being prefilled: a budget bounds all it holds."""
-    config = checkpoint.config
+def arena_for(config: ModelConfig, policy: MemoryPolicy, prompt_tokens: int, budget_frames: int | None,
+              spec: TaskSpec, page_tokens: int) -> tuple[int, int]:
+    """KV slots and pool pages for a budget of ``budget_frames`` frames after the prompt (None: every frame of an
+    episode fits, nothing is forced out; the pool is the dense size).
+
+    A budget bounds the bytes of all that the policy holds but what is no frame's (aura's memory token comes
+    beside it; dms's window is frame tokens and counts inside it). A policy that holds pages per KV head (dms)
+    gets the slots of every frame and the pool pages of a dense F-frame arena: the same bytes as fifo at F
+    frames, filled with what its heads keep; the others get the F-frame arena itself."""
+    every = arena_capacity(config, prompt_tokens, episode_frames(spec), policy.reserved_tokens())
+    if budget_frames is None:
+        return every, 0
+    budget = arena_capacity(config, prompt_tokens, budget_frames, policy.tokens_beside_frames())
+    if policy.per_kv_head:
+        return max(every, budget), kv_pages_for(config, budget, page_tokens)
+    return budget, 0
+
+
+def budget_bytes(config: ModelConfig, prompt_tokens: int, budget_frames: int | None, spec: TaskSpec,
+                 page_tokens: int) -> int:
+    """Bytes of a budget: the pages of fifo's arena at ``budget_frames`` frames (None: a whole episode), which
+    is also the pool ``arena_for`` gives dms at that budget."""
     frames = budget_frames if budget_frames is not None else episode_frames(spec)
-    reserved, per_frame = policy.reserved_tokens(), config.vision.tokens_per_frame
-    if reserved + per_frame > frames * per_frame:
-        raise ValueError(f"{policy.name} cannot run within {frames} frames ({frames * per_frame} tokens): it holds "
-                         f"{reserved} tokens beside the frame being prefilled ({per_frame})")
-    return arena_capacity(config, prompt_tokens, frames)
+    return kv_pages_for(config, arena_capacity(config, prompt_tokens, frames), page_tokens) * kv_page_bytes(
+        config, page_tokens)
 
 
 def aura_budget_frames(checkpoint: Checkpoint) -> int:
@@ -198,7 +216,7 @@ def aura_budget_frames(checkpoint: Checkpoint) -> int:
     config = checkpoint.config
     d_k, d_v = checkpoint.tensors["aura.k_proj.weight"].shape[0], checkpoint.tensors["aura.v_proj.weight"].shape[0]
     token = kv_bytes_per_token(config)
-    held = (1 + config.vision.tokens_per_frame) * token + (d_k * d_v + d_v) * 4  # AuraPolicy.state_bytes
+    held = (1 + config.vision.tokens_per_frame) * token + fast_weight_bytes(d_k, d_v)
     return math.ceil(held / (config.vision.tokens_per_frame * token))
 
 
@@ -403,15 +421,21 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
     cells = [Cell(EXPERT, None)] + [Cell(v, b) for v in order for b in ([aura_budget] if v.startswith("aura") else budgets)]
     for cell in cells[1:]:
         _, cell.note = fit_to_budget(settings["reasoning"], cell.variant, cell.budget_frames)
-        node = dict(settings["reasoning"], **variant_knobs(cell.variant, None))
-        capacity_for(checkpoint, make_policy(node["kv.policy"], node), len(node["prompt_token_ids"]),
-                     cell.budget_frames, spec)  # every budget is checked before any episode runs
+        node = cell_node(settings["reasoning"], cell.variant, cell.budget_frames, None, checkpoint, spec)
+        site = MemorySite(checkpoint, node["kv_capacity_tokens"], len(node["prompt_token_ids"]),
+                          node["kv_page_tokens"], node["kv_pool_pages"])
+        try:  # every budget is checked before any episode runs, by the policy's own check of its arena
+            check_knobs(MemoryKnobs.of(node), site, (node["kv.policy"],))
+        except ValueError as exc:
+            budget = "all" if cell.budget_frames is None else f"{cell.budget_frames} frames"
+            raise ValueError(f"{cell.variant} cannot run within a budget of {budget}: {exc}") from exc
     prompt_tokens = len(settings["reasoning"]["prompt_token_ids"])
+    page_tokens = settings["reasoning"]["kv_page_tokens"]
     token = kv_bytes_per_token(checkpoint.config)
 
     def report(cell: Cell) -> dict[str, Any]:
-        budget = None if cell.variant == EXPERT else arena_capacity(
-            checkpoint.config, prompt_tokens, cell.budget_frames or episode_frames(spec)) * token
+        budget = None if cell.variant == EXPERT else budget_bytes(checkpoint.config, prompt_tokens,
+                                                                 cell.budget_frames, spec, page_tokens)
         return cell.summary(prompt_tokens * token, token, budget)
 
     total = 2 * len(cells) * len(seeds)  # an episode and a cue swap per cell and seed
@@ -524,13 +548,23 @@ def fit_to_budget(node: dict[str, Any], variant: str, budget: int | None) -> tup
     return {}, None
 
 
+def cell_node(reasoning: dict[str, Any], variant: str, budget: int | None, gate_rate: float | None,
+              checkpoint: Checkpoint, spec: TaskSpec) -> dict[str, Any]:
+    """The reasoning settings of one cell: its variant's knobs, ``fit_to_budget``'s, and its arena
+    (``arena_for``: slots and pool pages for its budget)."""
+    fitted, _ = fit_to_budget(reasoning, variant, budget)
+    node = dict(reasoning, **variant_knobs(variant, gate_rate), **fitted)
+    node["kv_capacity_tokens"], node["kv_pool_pages"] = arena_for(
+        checkpoint.config, make_policy(node["kv.policy"], node), len(node["prompt_token_ids"]), budget, spec,
+        node["kv_page_tokens"])
+    return node
+
+
 def _cell_runtime(context: EvalContext, episode: EpisodeSpec, checkpoint: Checkpoint) -> tuple[VlaEngine, Settings]:
-    """The engine of one cell: sized for its budget under its variant (and ``fit_to_budget``'s knobs)."""
-    settings, spec = context.settings, context.spec
-    fitted, _ = fit_to_budget(settings["reasoning"], episode.variant, episode.budget)
-    node = dict(settings["reasoning"], **variant_knobs(episode.variant, episode.gate_rate), **fitted)
-    node["kv_capacity_tokens"] = capacity_for(checkpoint, make_policy(node["kv.policy"], node),
-                                              len(node["prompt_token_ids"]), episode.budget, spec)
+    """The engine of one cell: sized for its budget under its variant (``cell_node``)."""
+    settings = context.settings
+    node = cell_node(settings["reasoning"], episode.variant, episode.budget, episode.gate_rate, checkpoint,
+                     context.spec)
     cell = Settings({**settings.values, "reasoning": node}, settings.source)
     engine = load_engine(cell, policies=(node["kv.policy"],), checkpoint=checkpoint).engine  # this policy's arena
     return engine, cell

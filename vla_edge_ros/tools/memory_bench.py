@@ -61,9 +61,12 @@ Output ``memory_bench.json`` (schema ``vla_edge_ros.memory_bench/2``)::
     dms_compression  one per target ratio: target_ratio, window, frames, tokens_seen,
                 compression (tokens seen / tokens kept, pooled over every layer and KV head),
                 decision_compression (tokens decided / keep decisions: without the window's share),
-                slot_compression (tokens seen / slots held: what memory holds), forced_evictions,
+                slot_compression (tokens seen / slots held), forced_evictions,
                 held_per_head [layers][kv_heads], compression_per_head [layers][kv_heads]
-                (null for a head that keeps nothing)
+                (null for a head that keeps nothing), page_tokens, pages_per_head [layers][kv_heads],
+                kv_bytes_held (the pages in use, prompt included), kv_bytes_dense (every token seen and the
+                prompt, every head), byte_compression (dense bytes / bytes the pages hold, the prompt's
+                share out of both: what memory holds), byte_compression_per_layer [layers]
     aura_readout_ceiling  the aura readout applied to v_cue - v_query (what a memory returning the
                 cue's value exactly would give; null without aura). When it is not above chance
                 (two binomial standard errors), the aura recall claims are "not tested".
@@ -111,6 +114,7 @@ NOT_DMS = {"target_ratio": None, "cue_entries_kept": None, "cue_centre_kept": No
            "forced_evictions": None}
 SEVERAL = 3.0  # "several times fewer writes" means at least this factor
 REACHES = 0.95  # "dms reaches r x compression" means a measured ratio of at least this times r
+FREES = 0.85  # "dms frees the memory it compresses": bytes held shrink at least this share of the token ratio
 
 
 @dataclass(frozen=True)
@@ -265,10 +269,10 @@ def dms_episode(engine: VlaEngine, spec: BenchSpec, episode: Episode, checkpoint
     policy: DmsPolicy = engine.policy
     entries = policy.entries_of_frame(episode.cue_index)  # [layers, kv_heads] cue tokens each head reads
     cue_slots = policy.slots_of_frame(episode.cue_index)
-    reads = engine.arena.head_valid.sum(axis=-1)  # tokens each head reads
+    reads = engine.arena.pages.held_per_head()  # tokens each head reads
     report, stats = policy.compression(), engine.memory_stats()
     return {"kept": bool(entries.sum()), "entries": float(entries.mean()) / engine.tokens_per_frame,
-            "centre": float(engine.arena.head_valid[:, :, centre].mean()) if centre in cue_slots else 0.0,
+            "centre": float(engine.arena.holds(np.array([centre])).mean()) if centre in cue_slots else 0.0,
             "attention": float(query.attention[..., cue_slots].sum(axis=-1).mean()),
             "uniform": float((entries / reads).mean()), "compression": report.ratio,
             "forced": report.forced_evictions, "writes": stats.writes,
@@ -304,7 +308,16 @@ def measure_compression(checkpoint: Checkpoint, spec: BenchSpec, target: float) 
             "decision_compression": report.decision_ratio, "slot_compression": report.slot_ratio,
             "forced_evictions": report.forced_evictions, "held_per_head": report.held_per_head.tolist(),
             "compression_per_head": [[float(r) if math.isfinite(r) else None for r in layer]
-                                     for layer in report.ratio_per_head]}
+                                     for layer in report.ratio_per_head],
+            "page_tokens": report.page_tokens, "pages_per_head": report.pages_per_head.tolist(),
+            "kv_bytes_held": engine.memory_stats().kv_bytes,
+            "kv_bytes_dense": (report.tokens_seen + report.prompt_tokens) * kv_bytes_per_token(checkpoint.config),
+            "byte_compression": _finite(report.byte_ratio),
+            "byte_compression_per_layer": [_finite(r) for r in report.byte_ratio_per_layer]}
+
+
+def _finite(ratio: float) -> float | None:
+    return float(ratio) if math.isfinite(ratio) else None
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -481,6 +494,15 @@ def evaluate_claims(rows: list[dict[str, Any]], episodes: int, chance: float, ce
                        c["forced_evictions"] == 0 and c["compression"] >= REACHES * c["target_ratio"]
                        for c in compression]),
                    "evidence": compression})
+    claims.append({"id": "4c", "claim": f"dms frees the memory it compresses: bytes of a dense cache of every token "
+                                         f"seen / bytes of KV its pages hold, pooled over layers and KV heads, at "
+                                         f"least {FREES:g} x the token compression, at {targets}",
+                   "verdict": verdict(bool(compression), [
+                       c["byte_compression"] is not None and c["byte_compression"] >= FREES * c["compression"]
+                       for c in compression]),
+                   "evidence": [{key: c[key] for key in ("target_ratio", "compression", "byte_compression",
+                                                         "byte_compression_per_layer", "kv_bytes_held",
+                                                         "kv_bytes_dense")} for c in compression]})
     dms_target = max((r["target_ratio"] for r in find("dms")), default=None)
     dms_cells = [{"distractors": f["distractors"], "budget_frames": f["budget_frames"], "target_ratio": dms_target,
                   "keep_share": 1 / dms_target, "fifo_cue_kept": f["cue_kept"], "dms_cue_kept": d["cue_kept"],
@@ -745,6 +767,10 @@ def format_table(report: dict[str, Any]) -> str:
                      f"{', ' + str(heads.count(None)) + ' keep nothing' if None in heads else ''}), "
                      f"{c['decision_compression']:.2f}x of the decisions, {c['slot_compression']:.2f}x of the "
                      f"slots held; {c['forced_evictions']} forced")
+        layers = ", ".join(_cell(r, ".2f") for r in c["byte_compression_per_layer"])
+        lines.append(f"    bytes: {c['kv_bytes_held']:,} B of KV in pages of {c['page_tokens']} against "
+                     f"{c['kv_bytes_dense']:,} B dense: {_cell(c['byte_compression'], '.2f')}x pooled "
+                     f"(per layer {layers})")
     lines.append("")
     for o in report["overhead"]:
         lines.append(f"overhead {o['policy']:<6} at {o['arena_frames']} frames: policy {o['policy_ms']:.3f} ms/frame "

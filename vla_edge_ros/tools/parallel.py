@@ -16,10 +16,14 @@ that dies (killed, out of memory, a crash in native code) has its unit run once 
 if that dies too, the unit is reported failed. Other units are not affected. Ctrl-C / SIGTERM stops every
 worker and leaves the finished units on disk.
 
-Backends. ``workers=1``: this process, in order. ``workers=N``: N spawned processes on this machine, each
-with one BLAS thread. ``ray=ADDRESS``: one Ray actor per worker on the cluster at ADDRESS (``""``: a Ray
+Backends. ``workers=1``: this process, in order. ``workers=N``: N spawned processes on this machine.
+``ray=ADDRESS``: one Ray actor per worker on the cluster at ADDRESS (``""``: a Ray
 instance started here), each preparing once; inputs (model directory, bags) are read from paths every
 node sees, i.e. a shared filesystem; results come back to this process and are written here.
+
+Every backend runs its units with one BLAS thread. N workers share the cores anyway, and a float32 product
+split over two threads rounds differently from one on one thread (memory-bench's cue attention moved in the
+8th digit), so one thread everywhere is what keeps a report independent of the backend and of the machine.
 """
 
 from __future__ import annotations
@@ -27,12 +31,13 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import queue
+import pickle
 import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +83,13 @@ class RunSummary:
 
 
 def run_units(job: Job, units: Sequence[Unit], out: Path, *, workers: int = 1, ray_address: str | None = None,
-              resume: bool = False, progress: Callable[[int, int], None] = lambda done, total: None) -> RunSummary:
-    """Run ``units`` (see the module doc); returns every result and failure, whatever happened to workers."""
+              resume: bool = False, progress: Callable[[int, int], None] = lambda done, total: None,
+              on_result: Callable[[str, dict], None] = lambda key, result: None) -> RunSummary:
+    """Run ``units`` (see the module doc); returns every result and failure, whatever happened to workers.
+
+    ``on_result(key, result)`` is called in this process for each result, resumed ones first, as it arrives:
+    work that needs several results (a bag's report) can start while the workers run the other units, on a
+    core this process would otherwise leave idle. Every worker has its next unit before it is called."""
     keys = [unit.key for unit in units]
     if len(set(keys)) != len(keys):
         raise ValueError("unit keys must be unique")
@@ -97,6 +107,8 @@ def run_units(job: Job, units: Sequence[Unit], out: Path, *, workers: int = 1, r
             summary.resumed += 1
     started = time.perf_counter()
     done = [len(summary.results)]
+    for key, result in list(summary.results.items()):
+        on_result(key, result)
 
     def finished(key: str, result: dict | None, error: str | None, seconds: float = 0.0) -> None:
         summary.busy_seconds += seconds
@@ -107,6 +119,8 @@ def run_units(job: Job, units: Sequence[Unit], out: Path, *, workers: int = 1, r
             summary.failed[key] = error or "failed"
         done[0] += 1
         progress(done[0], len(units))
+        if result is not None:
+            on_result(key, result)
 
     progress(done[0], len(units))
     if ray_address is not None:
@@ -114,11 +128,20 @@ def run_units(job: Job, units: Sequence[Unit], out: Path, *, workers: int = 1, r
     elif workers > 1:
         _run_processes(job, pending, workers, finished)
     else:
-        state = job.prepare(job.context) if pending else None
-        for unit in pending:
-            finished(unit.key, *_timed(job, state, unit.spec))
+        with one_blas_thread():
+            state = job.prepare(job.context) if pending else None
+            for unit in pending:
+                finished(unit.key, *_timed(job, state, unit.spec))
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+def one_blas_thread() -> Any:
+    """Limit BLAS to one thread (see the module doc); as a context manager, until its end."""
+    import numpy  # noqa: F401  (loads the BLAS: threadpoolctl limits only the libraries already loaded)
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(1, user_api="blas")
 
 
 def _timed(job: Job, state: Any, spec: Any) -> tuple[dict | None, str | None, float]:
@@ -150,89 +173,95 @@ def _read(path: Path, identity: str) -> dict | None:
 # --- local processes ---------------------------------------------------------------------------------------
 
 
-def _serve(job: Job, tasks: multiprocessing.Queue, results: multiprocessing.Queue, worker: int) -> None:
+def _serve(job: Job, tasks: Connection, results: Connection) -> None:
     """A worker process: prepare once, then run units until told to stop (None)."""
-    from threadpoolctl import threadpool_limits
-
-    threadpool_limits(1, user_api="blas")  # N workers share the cores; one BLAS thread each
     import signal
 
+    one_blas_thread()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
     state = job.prepare(job.context)
-    while True:
-        unit = tasks.get()
-        if unit is None:
-            return
-        results.put((worker, unit.key, *_timed(job, state, unit.spec)))
+    while (unit := tasks.recv()) is not None:
+        results.send((unit.key, *_timed(job, state, unit.spec)))
 
 
 class _Worker:
-    def __init__(self, context: Any, job: Job, results: multiprocessing.Queue, number: int) -> None:
-        self.number = number
-        self.tasks = context.Queue()
-        self.process = context.Process(target=_serve, args=(job, self.tasks, results, number), daemon=True)
+    """A spawned process with a pipe of its own each way. Nothing is shared between workers (a shared queue
+    has a lock, and a worker killed while holding it would block every other worker's results for good),
+    and the send happens on the worker's main thread, so a worker killed mid-send can only leave a broken
+    message in its own pipe, which reads here as its death."""
+
+    def __init__(self, context: Any, job: Job) -> None:
+        task_reader, self.tasks = context.Pipe(duplex=False)
+        self.results, result_writer = context.Pipe(duplex=False)
+        self.process = context.Process(target=_serve, args=(job, task_reader, result_writer), daemon=True)
         self.process.start()
+        task_reader.close(), result_writer.close()  # the worker's ends: once it is gone, reads here see EOF
         self.unit: Unit | None = None
 
     def give(self, unit: Unit) -> None:
         self.unit = unit
-        self.tasks.put(unit)
+        self.tasks.send(unit)
+
+    def receive(self) -> tuple[str, dict | None, str | None, float] | None:
+        """The worker's result, or None when it died before sending one whole."""
+        try:
+            return self.results.recv()
+        except (EOFError, OSError, pickle.UnpicklingError):
+            return None
 
     def stop(self) -> None:
+        try:
+            self.tasks.send(None)
+        except OSError:
+            pass
+        self.process.join(timeout=5)
         if self.process.is_alive():
             self.process.terminate()
-        self.process.join(timeout=5)
+            self.process.join(timeout=5)
 
 
 def _run_processes(job: Job, pending: Sequence[Unit], workers: int,
                    finished: Callable[[str, dict | None, str | None], None]) -> None:
     context = multiprocessing.get_context("spawn")  # no forked BLAS or numba threads, the same on every OS
-    results = context.Queue()
     todo = list(pending)
     deaths: dict[str, int] = {}
-    numbers = iter(range(1 << 30))
-    pool = [_Worker(context, job, results, next(numbers)) for _ in range(min(workers, len(todo)))]
+    pool = [_Worker(context, job) for _ in range(min(workers, len(todo)))]
     try:
         while todo or any(worker.unit is not None for worker in pool):
             for worker in pool:
                 if worker.unit is None and todo:
                     worker.give(todo.pop(0))
-            try:
-                number, key, result, error, seconds = results.get(timeout=0.2)
-            except queue.Empty:
-                pool = _replace_dead(pool, todo, deaths, finished, lambda: _Worker(context, job, results, next(numbers)))
-                continue
-            for worker in pool:
-                if worker.number == number:
-                    worker.unit = None
-            finished(key, result, error, seconds)
+            busy = [worker for worker in pool if worker.unit is not None]
+            wait([conn for worker in busy for conn in (worker.results, worker.process.sentinel)], timeout=1.0)
+            for worker in busy:
+                if not worker.results.poll() and worker.process.is_alive():
+                    continue
+                unit = worker.unit
+                received = worker.receive()
+                if received is None:  # it died on this unit
+                    pool.remove(worker)
+                    worker.stop()
+                    _after_a_death(unit, worker.process.exitcode, todo, deaths, finished)
+                    if todo:
+                        pool.append(_Worker(context, job))
+                    continue
+                worker.unit = None
+                if todo:
+                    worker.give(todo.pop(0))  # before this process handles the result
+                finished(*received)
     finally:
-        for worker in pool:
-            worker.tasks.put(None)
         for worker in pool:
             worker.stop()
 
 
-def _replace_dead(pool: list[_Worker], todo: list[Unit], deaths: dict[str, int],
-                  finished: Callable[[str, dict | None, str | None], None], spawn: Callable[[], _Worker]) -> list[_Worker]:
-    """Workers that died: their unit runs again (once), and a fresh worker takes the dead one's place."""
-    alive = []
-    for worker in pool:
-        if worker.process.is_alive():
-            alive.append(worker)
-            continue
-        unit = worker.unit
-        worker.stop()
-        if unit is not None:
-            deaths[unit.key] = deaths.get(unit.key, 0) + 1
-            if deaths[unit.key] > RETRIES_AFTER_A_DEATH:
-                finished(unit.key, None, f"its worker died {deaths[unit.key]} times "
-                                         f"(exit code {worker.process.exitcode})")
-            else:
-                todo.insert(0, unit)
-        if todo:
-            alive.append(spawn())
-    return alive
+def _after_a_death(unit: Unit, exitcode: int | None, todo: list[Unit], deaths: dict[str, int],
+                   finished: Callable[[str, dict | None, str | None], None]) -> None:
+    """A unit whose worker died runs again (once), then it is reported failed."""
+    deaths[unit.key] = deaths.get(unit.key, 0) + 1
+    if deaths[unit.key] > RETRIES_AFTER_A_DEATH:
+        finished(unit.key, None, f"its worker died {deaths[unit.key]} times (exit code {exitcode})")
+    else:
+        todo.insert(0, unit)
 
 
 # --- Ray ---------------------------------------------------------------------------------------------------
@@ -250,13 +279,18 @@ def _run_ray(job: Job, pending: Sequence[Unit], workers: int, address: str,
         actor = ray.remote(num_cpus=1, max_restarts=RETRIES_AFTER_A_DEATH)(_RayWorker)
         pool = [actor.remote(job) for _ in range(min(workers, len(pending)))]
         todo, running, deaths = list(pending), {}, {}
+        def feed(handle: Any) -> None:
+            if todo:
+                unit = todo.pop(0)
+                running[handle.run.remote(unit.spec)] = (handle, unit)
+
         while todo or running:
             for handle in pool:
-                if todo and not any(h is handle for h, _ in running.values()):
-                    unit = todo.pop(0)
-                    running[handle.run.remote(unit.spec)] = (handle, unit)
+                if not any(h is handle for h, _ in running.values()):
+                    feed(handle)
             ready, _ = ray.wait(list(running), num_returns=1)
             handle, unit = running.pop(ready[0])
+            feed(handle)  # before this process handles the result
             try:
                 result, error, seconds = ray.get(ready[0])
             except ray.exceptions.RayActorError as exc:  # the worker died; Ray restarts the actor
@@ -275,9 +309,7 @@ class _RayWorker:
     """One Ray actor: prepares once, then runs units (its results go back to the driver, which writes them)."""
 
     def __init__(self, job: Job) -> None:
-        from threadpoolctl import threadpool_limits
-
-        threadpool_limits(1, user_api="blas")
+        one_blas_thread()
         self.job = job
         self.state = job.prepare(job.context)
 

@@ -97,41 +97,49 @@ def replay_bags(bags: Sequence[BagInput], outs: Sequence[Path], settings: Settin
                 bar: Callable[[int, int], None] = lambda done, total: None,
                 log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
                 ) -> tuple[dict[Path, dict[str, Any]], dict[Path, str], RunSummary]:
-    """Replay every bag under every policy (one unit each: tools/parallel.py), then write each bag's report
-    into its ``out``; returns (reports by bag, failures by bag, how the run went). A bag whose runs failed,
-    or none of whose frames decoded, is a failure; the others are reported."""
+    """Replay every bag under every policy (one unit each: tools/parallel.py) and write each bag's report into
+    its ``out`` as soon as its units are in (here, while the workers replay the other bags); returns (reports
+    by bag, failures by bag, how the run went), in the order of ``bags``. A bag whose runs failed, or none of
+    whose frames decoded, is a failure; the others are reported."""
     context = ReplayContext(settings, costs, realtime)
     identity = hashlib.sha256(json.dumps([SCHEMA, settings.values, costs.describe(), realtime,
                                           [str(b.path) for b in bags]], sort_keys=True, default=str).encode()).hexdigest()
     units = [ReplayUnit(i, bag.path, bag.image_topic, policy) for i, bag in enumerate(bags) for policy in policies]
+    keys = [[ReplayUnit(i, bag.path, bag.image_topic, policy).key for policy in policies] for i, bag in enumerate(bags)]
     for bag in bags:
         log(f"{bag.path.name}: replaying {bag.bag_info['frames']} frames of {bag.image_topic} under "
             f"{', '.join(policies)} ({costs.describe()})")
-    summary = run_units(Job(prepare, run_unit, context, identity), [Unit(u.key, u) for u in units], units_dir,
-                        workers=workers, ray_address=ray_address, resume=resume, progress=bar)
+    node = settings["reasoning"]
+    config = {"source": settings.source, "model_dir": node["model_dir"], "deadline_ms": node["deadline_ms"],
+              "kv_capacity_tokens": node["kv_capacity_tokens"], "cost_model": costs.describe(), "realtime": realtime}
+    results: dict[str, dict[str, Any]] = {}
     reports, failed = {}, {}
-    for i, (bag, out) in enumerate(zip(bags, outs)):
-        keys = [ReplayUnit(i, bag.path, bag.image_topic, policy).key for policy in policies]
-        errors = [summary.failed[key].splitlines()[-1] for key in keys if key in summary.failed]
+
+    def report_when_complete(key: str, result: dict[str, Any]) -> None:
+        results[key] = result
+        i = next(i for i, bag_keys in enumerate(keys) if key in bag_keys)
+        if all(k in results for k in keys[i]):
+            bag, runs = bags[i], [PolicyRun.from_json(results[k]) for k in keys[i]]
+            try:
+                _check_decoded(bag.path, bag.image_topic, runs[0])
+            except BagError as exc:
+                failed[bag.path] = str(exc)
+                return
+            for run in runs:
+                log(f"{bag.path.name} {run.policy}: {run.counts['frames']} frames in {run.wall_s:.1f} s = "
+                    f"{run.counts['frames'] / run.wall_s:.1f} frames/s, {bag.bag_info['duration_s'] / run.wall_s:.2f}x "
+                    "the bag's real time")
+            reports[bag.path] = write_report(outs[i], bag.bag_info, config, runs, bag.commands)
+
+    summary = run_units(Job(prepare, run_unit, context, identity), [Unit(u.key, u) for u in units], units_dir,
+                        workers=workers, ray_address=ray_address, resume=resume, progress=bar,
+                        on_result=report_when_complete)
+    for bag, bag_keys in zip(bags, keys):
+        errors = [summary.failed[key].splitlines()[-1] for key in bag_keys if key in summary.failed]
         if errors:
             failed[bag.path] = f"{bag.path}: {errors[0]}"
-            continue
-        runs = [PolicyRun.from_json(summary.results[key]) for key in keys]
-        try:
-            _check_decoded(bag.path, bag.image_topic, runs[0])
-        except BagError as exc:
-            failed[bag.path] = str(exc)
-            continue
-        for run in runs:
-            log(f"{bag.path.name} {run.policy}: {run.counts['frames']} frames in {run.wall_s:.1f} s = "
-                f"{run.counts['frames'] / run.wall_s:.1f} frames/s, {bag.bag_info['duration_s'] / run.wall_s:.2f}x "
-                "the bag's real time")
-        node = settings["reasoning"]
-        config = {"source": settings.source, "model_dir": node["model_dir"], "deadline_ms": node["deadline_ms"],
-                  "kv_capacity_tokens": node["kv_capacity_tokens"], "cost_model": costs.describe(),
-                  "realtime": realtime}
-        reports[bag.path] = write_report(out, bag.bag_info, config, runs, bag.commands)
-    return reports, failed, summary
+    return ({bag.path: reports[bag.path] for bag in bags if bag.path in reports},
+            {bag.path: failed[bag.path] for bag in bags if bag.path in failed}, summary)
 
 
 def replay_bag(path: Path, settings: Settings, policies: Sequence[str], costs: CostModel, out: Path, *,
