@@ -11,6 +11,8 @@
 2. ``train_aura``: only the aura projections and write gate learn. Each frame is seen as the engine's
    aura policy shows it: prompt, one memory token (what the fast weights return before this frame's
    write), the frame. Loss: the action error plus a one-sided penalty on the write rate above rho.
+   ``AuraRecipe.train_decoder`` trains the decoder with the memory instead (an option; measured, it did
+   not make the policy use its memory).
 3. ``train_dms``: only the per-layer dms gates learn. The student reads the whole episode with
    per-KV-head evictions enforced once a token has left the window; the teacher is the same frozen
    model reading everything. Loss: the student's action error against the teacher's plus a one-sided
@@ -35,6 +37,7 @@ Progress = Callable[[int, dict[str, float]], None]
 T = TypeVar("T")
 VIEWS_PER_LAYOUT = 8
 WHERE_WEIGHT = 1.0
+AURA_OPEN_FRACTION = 1 / 3  # frozen decoder: the first steps write every frame, so the read-out learns before the gate may close
 
 
 @dataclass(frozen=True)
@@ -200,25 +203,58 @@ def aura_actions(model: VlaModel, prompt_ids: torch.Tensor, frames: torch.Tensor
 
 @dataclass(frozen=True)
 class AuraRecipe:
-    """How the aura stage trains: delta-rule step, write-rate target and penalty, frames scored per episode."""
+    """How the aura stage trains: delta-rule step, write-rate target and penalty, frames scored per episode,
+    and whether the decoder learns too (with its own lr and frame-history sequences beside the episodes)."""
 
     beta: float
     rho: float
     penalty: float
     scored_frames: int
-    bc_batch: int      # frame-history sequences per step beside the aura episodes (0: none)
-    decoder_lr: float  # the decoder's, encoder's and heads' learning rate (aura.* learn at the stage's lr)
+    train_decoder: bool = False  # False: aura.* alone on the frozen decoder (the recipe models/sim was trained with)
+    bc_batch: int = 4            # train_decoder: frame-history sequences per step beside the aura episodes (0: none)
+    decoder_lr: float = 1e-3     # train_decoder: the decoder's, encoder's and heads' learning rate
+
+
+def _scored(batch: Batch, rng: np.random.Generator, count: int) -> torch.Tensor:
+    """``count`` random valid frame indices [B, count] of each episode of ``batch``."""
+    return torch.from_numpy(np.stack([rng.integers(0, n, size=count) for n in batch.valid.sum(1).numpy()]))
 
 
 def train_aura(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: StageSpec, rng: np.random.Generator,
                max_frames: int, recipe: AuraRecipe, progress: Progress) -> None:
-    """The aura memory and the decoder together. Each step: ``spec.batch`` whole episodes, the memory run
-    over all their frames and the action and position errors taken on ``recipe.scored_frames`` random
-    valid frames of each, seen as the aura policy shows them; plus ``recipe.bc_batch`` frame-history
-    sequences as behaviour cloning draws them, so that the decoder keeps serving the KV policies.
-    With the decoder frozen (the first recipe), the memory token was ignored: a decoder trained on
-    frame histories had no use for one token it never saw, the action error did not move with writes,
-    and the gate learned nothing about when to write."""
+    """The aura memory on the frozen decoder (``recipe.train_decoder``: with the decoder, see
+    ``_train_aura_and_decoder``). Each step: ``spec.batch`` whole episodes, the memory run over all their
+    frames and the action error taken on ``recipe.scored_frames`` random valid frames of each, seen as the
+    aura policy shows them (the decoder pass per frame is what costs). The first ``AURA_OPEN_FRACTION``
+    of the steps write every frame: with a random read-out every write is noise and the gate learned never
+    to write, where the sigmoid is flat and it cannot recover."""
+    if recipe.train_decoder:
+        _train_aura_and_decoder(model, demos, prompt_ids, spec, rng, max_frames, recipe, progress)
+        return
+    params = list(model.aura.parameters())
+    _freeze(model, params)
+
+    def loss_of(step_batch: tuple[int, Batch]) -> tuple[torch.Tensor, dict[str, float]]:
+        step, batch = step_batch
+        scored = _scored(batch, rng, recipe.scored_frames)
+        forced = torch.ones(batch.valid.shape) if step < spec.steps * AURA_OPEN_FRACTION else None
+        actions, writes = aura_actions(model, prompt_ids, batch.frames, recipe.beta, scored, forced)
+        rate = writes[batch.valid].mean()
+        labels = batch.labels[torch.arange(len(scored))[:, None], scored]
+        action = ((actions - labels) ** 2).sum(-1).mean()
+        return (action + recipe.penalty * F.relu(rate - recipe.rho),
+                {"action": float(action.detach()), "write_rate": float(rate.detach())})
+
+    _fit(params, spec, enumerate(batches(demos, spec, rng, max_frames, partial=False)), loss_of, progress)
+
+
+def _train_aura_and_decoder(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: StageSpec,
+                            rng: np.random.Generator, max_frames: int, recipe: AuraRecipe, progress: Progress) -> None:
+    """The aura memory and the decoder together (an option, not the default). Each step: the aura episodes
+    as ``train_aura`` takes them, with the position error too, plus ``recipe.bc_batch`` frame-history
+    sequences as behaviour cloning draws them, so that the decoder keeps serving the KV policies; no
+    open-gate phase. Measured from models/sim (README, Training): it did not make aura use its memory
+    (cue swap at chance, no-write ablation equal) and it lowered fifo's success on both tasks."""
     decoder = model.decoder_parameters() + list(model.where_head.parameters())
     memory = list(model.aura.parameters())
     _freeze(model, decoder + memory)
@@ -229,10 +265,9 @@ def train_aura(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spe
 
     def loss_of(pair: tuple[Batch, Batch | None]) -> tuple[torch.Tensor, dict[str, float]]:
         batch, history = pair
-        lengths = batch.valid.sum(1).numpy()
-        scored = torch.from_numpy(np.stack([rng.integers(0, n, size=recipe.scored_frames) for n in lengths]))
+        scored = _scored(batch, rng, recipe.scored_frames)
         hidden, writes = aura_hidden(model, prompt_ids, batch.frames, recipe.beta, scored)
-        rows = torch.arange(len(lengths))[:, None]
+        rows = torch.arange(len(scored))[:, None]
         valid = torch.ones(scored.shape, dtype=torch.bool)
         action = masked_mse(model.actions(hidden), batch.labels[rows, scored], valid)
         where = masked_mse(model.where_head(hidden), batch.where[rows, scored], valid)
