@@ -423,6 +423,32 @@ def test_baseline_gates_write_at_their_rate_whatever_the_frames_say(micro_model,
     assert again == written
 
 
+@pytest.mark.parametrize("rate", [0.657, 0.15, 1 / 3])
+def test_a_periodic_gate_writes_at_its_rate_when_the_period_is_not_whole(micro_model, rate):
+    """A whole period (round(1 / 0.657) = 2) wrote at 0.5; the gate must write at the rate it is given."""
+    policy = aura_policy(gate="periodic", gate_rate=rate, seed=5, threshold=0.0)
+    engine = micro_engine(micro_model, policy)
+    still = frames(1)[0]
+    written = []
+    for _ in range(300):
+        before = policy.writes
+        engine.add_frame(still)
+        written.append(policy.writes - before)
+    assert abs(sum(written) - rate * 300) <= 1
+    gaps = np.diff(np.flatnonzero(written))
+    assert gaps.max() - gaps.min() <= 1  # spread as evenly as whole frames allow
+
+
+def test_the_never_gate_keeps_the_memory_empty_and_reads_zero(micro_model):
+    policy = aura_policy(gate="never", threshold=0.0)
+    engine = micro_engine(micro_model, policy)
+    for frame in frames(6):
+        engine.add_frame(frame)
+    weights, bias = policy.memory.get()
+    assert policy.writes == 0 and not weights.any() and not bias.any()
+    assert not policy.frame_prefix(np.ones((16, engine.config.hidden_size), np.float32)).any()
+
+
 def test_aura_feature_layout_follows_the_projections_width():
     from vla_edge_ros.memory.aura import frame_feature
     from vla_edge_ros.model.checkpoint import CheckpointError

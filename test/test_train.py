@@ -16,7 +16,14 @@ from vla_edge_ros.model.checkpoint import load_checkpoint
 from vla_edge_ros.model.init_model import preset
 from vla_edge_ros.model.vision import resize_frame
 from vla_edge_ros.train.demos import perception_samples, record_demo, sample_frames
-from vla_edge_ros.train.stages import StageSpec, aura_actions, behaviour_cloning, sequence_actions
+from vla_edge_ros.train.stages import (
+    AuraRecipe,
+    StageSpec,
+    aura_actions,
+    behaviour_cloning,
+    sequence_actions,
+    train_aura,
+)
 from vla_edge_ros.train.torch_model import DmsMask, VlaModel
 from vla_edge_ros.train.trainer import DEFAULT_PROMPT, TrainSpec, export, train
 from vla_edge_ros.worlds.sim.world import CueReachEnv, TaskSpec
@@ -151,6 +158,21 @@ def test_where_head_is_trained_but_not_exported(tmp_path):
     names = set(load_checkpoint(tmp_path).tensors)
     assert not any(name.startswith("where_head") for name in names)
     assert names == set(model.exported_state())
+
+
+def test_the_aura_stage_trains_the_decoder_only_when_asked(demo):
+    """The default aura stage (the recipe models/sim was trained with) trains aura.* alone; the decoder
+    learns with it only under ``AuraRecipe.train_decoder``."""
+    demos = [demo, record_demo(TaskSpec(name="cue-reach", hold_s=0.3), seed=4, image_size=CONFIG.vision.image_size)]
+    for train_decoder in (False, True):
+        model = random_model(1)
+        before = {name: param.detach().clone() for name, param in model.named_parameters()}
+        train_aura(model, demos, torch.tensor(PROMPT), StageSpec(2, 2, 1e-2), np.random.default_rng(0), 12,
+                   AuraRecipe(0.5, 0.15, 1.0, 3, train_decoder, bc_batch=2), lambda *_: None)
+        moved = {name for name, param in model.named_parameters() if not torch.equal(param, before[name])}
+        aura = {name for name in before if name.startswith("aura.")}
+        assert moved & aura
+        assert bool(moved - aura) == train_decoder, sorted(moved - aura)[:5]
 
 
 def test_train_writes_a_checkpoint_every_policy_runs_on_and_repeats_itself(tmp_path):

@@ -33,10 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", type=subset_of(VARIANTS), default=list(POLICIES),
                    help=f"comma-separated policy variants ({','.join(VARIANTS)}): aura and dms use the checkpoint's "
                         "learned gate if it has one, aura:surprise and dms:novelty their scores, aura:random and "
-                        "aura:periodic no score; the aura:* rows write at the rate the aura row measured (aura is "
-                        "added if missing)")
+                        "aura:periodic no score; these three aura:* rows write at the rate the aura row measured (aura "
+                        "is added if missing); aura:no-write never writes (the memory ablated)")
     p.add_argument("--budgets", type=frame_budgets, default=[4, 16, None],
-                   help="comma-separated memory budgets in frames, 'all' for an arena that holds a whole episode")
+                   help="comma-separated memory budgets in frames, 'all' for an arena that holds a whole episode; a "
+                        "budget bounds all a policy holds (dms's window comes out of it)")
     p.add_argument("--episodes", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--time-limit-s", type=float, default=TaskSpec().time_limit_s)

@@ -26,7 +26,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    spec = replace(TrainSpec(), seed=args.seed)
+    spec = replace(TrainSpec(), seed=args.seed, aura_train_decoder=args.aura_train_decoder)
     if args.scale < 1:
         spec = spec.scaled(args.scale)
     bars: dict[str, tqdm] = {}
@@ -55,4 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="fraction of the default steps and demonstrations (a quick smoke run: 0.02)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--aura-train-decoder", action="store_true",
+                   help="train the decoder with the aura memory (measured: it did not make aura use its memory and "
+                        "lowered fifo's success; models/sim was trained without it)")
     p.set_defaults(func=cmd_train)

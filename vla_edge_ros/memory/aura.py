@@ -42,10 +42,14 @@ Checkpoint tensors (``vla-edge init-model`` writes random ones; training writes 
 [d_v, feature] with feature = tokens_per_frame * hidden, ``aura.out_proj.weight`` [hidden, d_v];
 optional learned gate ``aura.gate.weight`` [1, d_k + d_v] and ``aura.gate.bias`` [1].
 
-The ``random`` and ``periodic`` gates exist for the memory benchmark's baselines (same write budget,
-no notion of surprise, and they ignore the learned gate too; the periodic gate's phase is drawn from
-the seed, so it is not lined up with the episode's first frame); a robot runs ``surprise``, i.e. the
-learned gate or the threshold as above.
+The ``random`` and ``periodic`` gates exist for the baselines of the memory benchmark and of
+``vla-edge evaluate`` (same write budget, no notion of surprise, and they ignore the learned gate too):
+``random`` writes each frame with probability ``gate_rate``; ``periodic`` writes at frame n (from 1)
+iff floor(phase + n * gate_rate) > floor(phase + (n - 1) * gate_rate), phase in [0, 1) drawn from the
+seed, so it writes exactly ``gate_rate`` of the frames (within one write), spread as evenly as whole
+frames allow, and is not lined up with the episode's first frame. (A whole period, round(1 / rate),
+wrote at 0.5 when asked for 0.66.) ``never`` writes nothing: the memory stays empty and reads zero,
+the ablation of the memory. A robot runs ``surprise``, i.e. the learned gate or the threshold as above.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ from .base import FrameTokens, MemoryPolicy, _array
 from .context import MemoryContext, MemorySite
 from .memory_math import FastWeights, MemoryMath
 
-GATES = ("surprise", "random", "periodic")
+GATES = ("surprise", "random", "periodic", "never")
 RATE_WINDOW_FRAMES = 50
 RATE_STEP = 0.5
 
@@ -75,6 +79,11 @@ def frame_feature(embeddings: np.ndarray, layout: str) -> np.ndarray:
 def _normalise(x: np.ndarray) -> np.ndarray:
     norm = float(np.linalg.norm(x))
     return (x / norm).astype(np.float32) if norm > 0 else x.astype(np.float32)
+
+
+def fast_weight_bytes(d_k: int, d_v: int) -> int:
+    """Bytes of the fast-weight state W [d_v, d_k] and b [d_v], fp32: constant whatever the episode's length."""
+    return (d_k * d_v + d_v) * 4
 
 
 class AuraPolicy(MemoryPolicy):
@@ -130,8 +139,7 @@ class AuraPolicy(MemoryPolicy):
     def _restart_gates(self) -> None:
         """The baseline gates' randomness restarts with each episode, from the seed."""
         self._rng = np.random.default_rng(self.seed)
-        self._period = max(1, round(1 / self.gate_rate))
-        self._phase = int(self._rng.integers(self._period))  # so a periodic gate is not lined up with frame 0
+        self._phase = float(self._rng.random())  # so a periodic gate is not lined up with frame 0
 
     def _memory(self) -> FastWeights:
         if self.memory is None:
@@ -175,7 +183,10 @@ class AuraPolicy(MemoryPolicy):
         if self.gate == "random":
             return math.inf, bool(self._rng.random() < self.gate_rate)
         if self.gate == "periodic":
-            return math.inf, (self.frames_seen - 1 + self._phase) % self._period == 0
+            due = math.floor(self._phase + self.frames_seen * self.gate_rate)
+            return math.inf, due > math.floor(self._phase + (self.frames_seen - 1) * self.gate_rate)
+        if self.gate == "never":
+            return math.inf, False
         learned = self.learned_gate if self.knobs.use_learned_gate else None
         if learned is not None:
             weight, bias = learned
@@ -188,7 +199,7 @@ class AuraPolicy(MemoryPolicy):
 
     def state_bytes(self) -> int:
         memory = self._memory()
-        return (memory.d_k * memory.d_v + memory.d_v) * 4
+        return fast_weight_bytes(memory.d_k, memory.d_v)
 
     def snapshot(self) -> dict[str, np.ndarray]:
         state = super().snapshot()

@@ -12,9 +12,24 @@ Rows are policy *variants*: ``aura`` and ``dms`` decide with the checkpoint's le
 one (as configured), ``aura:surprise`` and ``dms:novelty`` with their documented scores instead, and
 ``aura:random`` / ``aura:periodic`` are gates with no notion of surprise. The three ``aura:*`` rows are
 matched to the write rate the ``aura`` row measured, so a learned gate is compared with an untrained
-one, and with chance, at the same write budget. Aura's KV holds the prompt, one memory token and the
-current frame whatever the budget (its memory is the constant fast-weight state), so each aura row
-runs once and is reported at ``AURA_BUDGET`` frames.
+one, and with chance, at the same write budget. ``aura:no-write`` blocks every write: the memory stays
+empty and reads zero (the same memory token as zeroing the read, since ``aura.out_proj`` has no bias),
+the ablation that says whether the policy uses its memory at all.
+
+A budget of F frames bounds the bytes of everything a policy holds (``arena_for``): fifo and cosine
+get the arena of the prompt, F frames and the action scratch; dms gets the pool pages of that arena
+(its window inside them, each KV head filling them with what it keeps) and a slot for every frame of an
+episode, so it holds the same bytes as fifo at F frames; a budget whose pages cannot hold dms's
+window beside one frame is refused before anything runs. ``budget_bytes`` is those pages' bytes. Aura's
+KV holds the prompt, one memory token and the current frame whatever the budget, plus its constant
+fast-weight state, so each aura row runs once, at the smallest budget whose bytes hold all of that
+(``aura_budget_frames``: 2 frames for the shipped model).
+
+Each cell also runs the *cue swap*: per seed, the same layout and noise with each target cued in turn,
+the first action after the release read, and counted as picking the target whose direction from the
+robot is closest to the action's. A policy that remembers the cue picks the cued target every time;
+one that does not picks the same target whichever was cued (1 / K on average). The expert's row runs
+it too: it knows the goal, so anything under 1.00 there is a fault of the probe, not of a policy.
 """
 
 from __future__ import annotations
@@ -31,10 +46,11 @@ import numpy as np
 
 from ..config import MemoryKnobs, Settings
 from ..engine import VlaEngine
-from ..memory import AuraPolicy, MemoryPolicy, make_policy
+from ..memory import AuraPolicy, DmsPolicy, MemoryPolicy, MemorySite, check_knobs, make_policy
+from ..memory.aura import fast_weight_bytes
 from ..model.checkpoint import Checkpoint, load_checkpoint
 from ..model.config import ModelConfig
-from ..model.layout import arena_capacity, kv_pages_for
+from ..model.layout import arena_capacity, kv_bytes_per_token, kv_page_bytes, kv_pages_for
 from ..runtime.admission import Verdict
 from ..runtime.block_costs import CostModel
 from ..runtime.clock import VirtualClock
@@ -45,13 +61,13 @@ from .parallel import Job, Unit, UnitsFailed, run_figures, run_units
 
 EXPERT = "expert"
 BAG_START_NS = 1_735_689_600 * 10**9  # recorded episodes start at 2025-01-01, as make-bag's bags do
-SCHEMA = "vla_edge_ros.evaluate/2"
-VARIANTS = ("fifo", "cosine", "aura", "aura:surprise", "aura:random", "aura:periodic", "dms", "dms:novelty")
+SCHEMA = "vla_edge_ros.evaluate/3"
+VARIANTS = ("fifo", "cosine", "aura", "aura:surprise", "aura:random", "aura:periodic", "aura:no-write", "dms",
+            "dms:novelty")
 MATCHED = ("aura:surprise", "aura:random", "aura:periodic")  # write at the rate the ``aura`` row measured
-BASELINE_GATES = {"aura:random": "random", "aura:periodic": "periodic"}
-AURA_BUDGET = 1  # the frames aura's KV holds whatever the budget: its rows run once, reported at this budget
-AURA_NOTE = (f"aura rows run once, reported at budget_frames {AURA_BUDGET}: their KV holds the prompt, one memory "
-             "token and the current frame whatever the budget; their memory is the constant fast-weight state")
+BASELINE_GATES = {"aura:random": "random", "aura:periodic": "periodic", "aura:no-write": "never"}
+AURA_NOTE = ("aura rows run once, at the smallest budget whose bytes hold the prompt, one memory token, the "
+             "current frame and the fast-weight state, which they hold whatever the budget")
 
 
 @dataclass
@@ -66,9 +82,23 @@ class Episode:
     refused: int = 0
     missed: int = 0
     safe_stops: int = 0
-    memory_peak_bytes: int = 0
+    memory_peak_bytes: int = 0  # KV (prompt included) + policy state, the most over the episode's cycles
     memory_writes: int = 0
     memory_frames: int = 0  # frames the memory processed (a refused cycle's frame never reaches it)
+    cycles: int = 0  # cycles after which the memory was measured (the sums below are over them)
+    bytes_sum: int = 0  # memory bytes as above
+    held_sum: int = 0  # tokens the policy holds beside the prompt (slots: memory token, frames, window)
+    held_peak: int = 0
+    head_held_sum: float = 0.0  # tokens each (layer, KV head) reads beside the prompt, mean over heads (dms)
+    seen_sum: int = 0  # frame tokens offered to the memory so far: what an unbounded cache would hold
+
+
+@dataclass
+class CueSwap:
+    """One seed's cue swap: per cued target, whether the first action after the release heads for it."""
+
+    seed: int
+    picked: list[bool] = field(default_factory=list)
 
 
 @dataclass
@@ -80,24 +110,47 @@ class Cell:
     gate_rate: float | None = None  # an aura:* row's matched write rate (gate rate, or target_write_rate)
     note: str | None = None
     episodes: list[Episode] = field(default_factory=list)
+    swaps: list[CueSwap] = field(default_factory=list)
 
     @property
     def policy(self) -> str:
         return self.variant.split(":")[0]
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, prompt_bytes: int, token_bytes: int, budget_bytes: int | None) -> dict[str, Any]:
+        """The cell's figures; ``prompt_bytes`` (the pinned prompt's KV) is left out of both sides of the
+        compression, which compares what the policy holds with what an unbounded cache would hold."""
         n = len(self.episodes)
         wins = [e for e in self.episodes if e.success]
         low, high = wilson_interval(len(wins), n)
+        total = {key: sum(getattr(e, key) for e in self.episodes)
+                 for key in ("actions", "refused", "missed", "safe_stops", "memory_writes", "memory_frames", "cycles",
+                             "bytes_sum", "held_sum", "head_held_sum", "seen_sum")}
+        cycles = max(total["cycles"], 1)
+        held_bytes = total["bytes_sum"] - total["cycles"] * prompt_bytes  # KV beside the prompt + policy state
+        peak = max((e.memory_peak_bytes for e in self.episodes), default=0)
+        picked = [p for swap in self.swaps for p in swap.picked]
         return {
             "policy": self.policy, "variant": self.variant, "budget_frames": self.budget_frames,
+            "budget_bytes": budget_bytes, "within_budget": None if budget_bytes is None else peak <= budget_bytes,
             "gate_rate": self.gate_rate, "note": self.note, "episodes": n,
             "success_rate": len(wins) / n if n else 0.0, "success_ci95": [low, high],
             "time_to_reach_s": float(np.mean([e.time_s for e in wins])) if wins else None,
             "path_length": float(np.mean([e.path_length for e in wins])) if wins else None,
-            **{key: int(sum(getattr(e, key) for e in self.episodes))
-               for key in ("actions", "refused", "missed", "safe_stops", "memory_writes", "memory_frames")},
-            "memory_peak_bytes": max((e.memory_peak_bytes for e in self.episodes), default=0),
+            **{key: int(total[key]) for key in ("actions", "refused", "missed", "safe_stops", "memory_writes",
+                                                 "memory_frames")},
+            "writes_per_frame": total["memory_writes"] / total["memory_frames"] if total["memory_frames"] else None,
+            "memory_peak_bytes": peak,
+            "bytes_held": {"peak": peak, "mean": total["bytes_sum"] / cycles},
+            "tokens_held": {"peak": max((e.held_peak for e in self.episodes), default=0),
+                            "mean": total["held_sum"] / cycles, "per_head_mean": total["head_held_sum"] / cycles},
+            "tokens_seen_mean": total["seen_sum"] / cycles,
+            "compression": {"tokens": _ratio(total["seen_sum"], total["held_sum"]),
+                            "per_head_tokens": _ratio(total["seen_sum"], total["head_held_sum"]),
+                            "bytes": _ratio(total["seen_sum"] * token_bytes, held_bytes)},
+            "cue_swap": None if not self.swaps else {
+                "seeds": len(self.swaps), "trials": len(picked), "picked": sum(picked),
+                "rate": sum(picked) / len(picked) if picked else 0.0,
+                "ci95": list(wilson_interval(sum(picked), len(picked)))},
         }
 
     def matched_rate(self) -> tuple[float, str | None]:
@@ -122,6 +175,15 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def _ratio(seen: float, held: float) -> float | None:
+    return seen / held if held > 0 else None
+
+
+def episode_frames(spec: TaskSpec) -> int:
+    """Frames an arena needs to hold a whole episode (the ``all`` budget)."""
+    return math.ceil(spec.time_limit_s * spec.rate_hz) + 1
+
+
 def arena_for(config: ModelConfig, policy: MemoryPolicy, prompt_tokens: int, budget_frames: int | None,
               spec: TaskSpec, page_tokens: int) -> tuple[int, int]:
     """KV slots and pool pages for a budget of ``budget_frames`` frames after the prompt (None: every frame of an
@@ -131,14 +193,31 @@ def arena_for(config: ModelConfig, policy: MemoryPolicy, prompt_tokens: int, bud
     beside it; dms's window is frame tokens and counts inside it). A policy that holds pages per KV head (dms)
     gets the slots of every frame and the pool pages of a dense F-frame arena: the same bytes as fifo at F
     frames, filled with what its heads keep; the others get the F-frame arena itself."""
-    every = arena_capacity(config, prompt_tokens, math.ceil(spec.time_limit_s * spec.rate_hz) + 1,
-                           policy.reserved_tokens())
+    every = arena_capacity(config, prompt_tokens, episode_frames(spec), policy.reserved_tokens())
     if budget_frames is None:
         return every, 0
     budget = arena_capacity(config, prompt_tokens, budget_frames, policy.tokens_beside_frames())
     if policy.per_kv_head:
         return max(every, budget), kv_pages_for(config, budget, page_tokens)
     return budget, 0
+
+
+def budget_bytes(config: ModelConfig, prompt_tokens: int, budget_frames: int | None, spec: TaskSpec,
+                 page_tokens: int) -> int:
+    """Bytes of a budget: the pages of fifo's arena at ``budget_frames`` frames (None: a whole episode), which
+    is also the pool ``arena_for`` gives dms at that budget."""
+    frames = budget_frames if budget_frames is not None else episode_frames(spec)
+    return kv_pages_for(config, arena_capacity(config, prompt_tokens, frames), page_tokens) * kv_page_bytes(
+        config, page_tokens)
+
+
+def aura_budget_frames(checkpoint: Checkpoint) -> int:
+    """The fewest frames whose bytes (as fifo holds them) hold aura's memory token, current frame and state."""
+    config = checkpoint.config
+    d_k, d_v = checkpoint.tensors["aura.k_proj.weight"].shape[0], checkpoint.tensors["aura.v_proj.weight"].shape[0]
+    token = kv_bytes_per_token(config)
+    held = (1 + config.vision.tokens_per_frame) * token + fast_weight_bytes(d_k, d_v)
+    return math.ceil(held / (config.vision.tokens_per_frame * token))
 
 
 def run_episode(env: CueReachEnv, seed: int, driver: Driver | None,
@@ -168,9 +247,7 @@ def run_episode(env: CueReachEnv, seed: int, driver: Driver | None,
                     episode.refused += result.verdict is not Verdict.STALE
                 else:
                     episode.actions += 1
-                stats = driver.engine.memory_stats()
-                episode.memory_peak_bytes = max(episode.memory_peak_bytes, stats.memory_bytes)
-                episode.memory_writes, episode.memory_frames = stats.writes, stats.frames_seen
+                _measure(episode, driver.engine)
             published = driver.command(now)  # what the action publisher sends at this tick
             command = velocity_command(published.values or ())
             episode.safe_stops += published.safe_stop
@@ -181,6 +258,66 @@ def run_episode(env: CueReachEnv, seed: int, driver: Driver | None,
             episode.success = outcome.success
             break
     return episode
+
+
+def _measure(episode: Episode, engine: VlaEngine) -> None:
+    """Add what the memory holds after a cycle to the episode's figures."""
+    stats = engine.memory_stats()
+    prompt = engine.prompt_slots.size
+    held = stats.kv_tokens - prompt
+    policy = engine.policy
+    episode.memory_peak_bytes = max(episode.memory_peak_bytes, stats.memory_bytes)
+    episode.memory_writes, episode.memory_frames = stats.writes, stats.frames_seen
+    episode.cycles += 1
+    episode.bytes_sum += stats.memory_bytes
+    episode.held_sum += held
+    episode.held_peak = max(episode.held_peak, held)
+    episode.head_held_sum += float(policy.compression().held_per_head.mean()) if isinstance(policy, DmsPolicy) else held
+    episode.seen_sum += stats.frames_seen * engine.config.vision.tokens_per_frame
+
+
+def cue_swap(spec: TaskSpec, seed: int, start: Callable[[], Driver] | None) -> CueSwap:
+    """Each target of seed's layout cued in turn (same layout, same noise): does the first action after the
+    release head for the cued target? ``start`` gives a driver whose memory starts a new episode (None: the
+    scripted expert, which knows the goal, so it picks the cued target every time: the probe's own check)."""
+    env = CueReachEnv(spec, seed)
+    swap = CueSwap(seed)
+    period_ns = round(1e9 / spec.rate_hz)
+    for goal in range(spec.targets):
+        env.goal = goal
+        frame = env.reset()
+        driver = start() if start is not None else None
+        begin = driver.clock() if driver else 0
+        command = None
+        for tick in range(math.ceil(spec.time_limit_s * spec.rate_hz)):
+            if driver is None:
+                command = env.expert_command() if tick >= spec.release_frames else None
+            else:
+                now = begin + tick * period_ns
+                driver.camera(frame, now, now)
+                if driver.clock() <= now:
+                    driver.clock.wait_until(now)
+                    result = driver.reason().result
+                    if tick >= spec.release_frames and result.action is not None:
+                        command = velocity_command(driver.command(result.ready_ns).values or ())
+            if command is not None:
+                break
+            outcome = env.step(np.zeros(2))  # held until the release; nothing moves the robot before the read
+            if outcome.done:
+                break
+            frame = outcome.frame
+        swap.picked.append(command is not None and picks(command, env.robot, env.targets) == goal)
+    return swap
+
+
+def picks(command: np.ndarray, robot: np.ndarray, targets: np.ndarray) -> int | None:
+    """The target whose direction from ``robot`` is closest to ``command``'s (None for a zero command)."""
+    norm = float(np.linalg.norm(command))
+    if norm == 0:
+        return None
+    towards = targets - robot
+    cosines = towards @ command / (np.linalg.norm(towards, axis=1) * norm)
+    return int(np.argmax(cosines))
 
 
 def run_order(variants: Sequence[str]) -> tuple[list[str], bool]:
@@ -219,11 +356,12 @@ class EpisodeSpec:
     budget: int | None
     seed: int
     gate_rate: float | None = None
+    swap: bool = False  # the seed's cue swap instead of its episode
 
     @property
     def key(self) -> str:
         budget = "all" if self.budget is None else self.budget
-        return f"{self.variant.replace(':', '-')}_b{budget}_s{self.seed}"
+        return f"{self.variant.replace(':', '-')}_b{budget}_s{self.seed}" + ("_swap" if self.swap else "")
 
 
 def prepare(context: EvalContext) -> dict[str, Any]:
@@ -238,14 +376,21 @@ def run_unit(state: dict[str, Any], episode: EpisodeSpec) -> dict[str, Any]:
     context = state["context"]
     spec = context.spec
     if episode.variant == EXPERT:
+        if episode.swap:
+            return asdict(cue_swap(spec, episode.seed, None))
         return asdict(_expert_episode(spec, episode.seed, context.settings, context.record_dir))
     cell = (episode.variant, episode.budget, episode.gate_rate)
     if cell not in state["engines"]:
         state["engines"][cell] = _cell_runtime(context, episode, state["checkpoint"])
     engine, settings = state["engines"][cell]
-    _start_episode(engine, settings["reasoning"], episode.variant, episode.gate_rate, episode.seed)
-    driver = Driver(engine, settings, VirtualClock(0), context.costs, (spec.image_size, spec.image_size))
-    return asdict(run_episode(CueReachEnv(spec, episode.seed), episode.seed, driver))
+
+    def start() -> Driver:
+        _start_episode(engine, settings["reasoning"], episode.variant, episode.gate_rate, episode.seed)
+        return Driver(engine, settings, VirtualClock(0), context.costs, (spec.image_size, spec.image_size))
+
+    if episode.swap:
+        return asdict(cue_swap(spec, episode.seed, start))
+    return asdict(run_episode(CueReachEnv(spec, episode.seed), episode.seed, start()))
 
 
 def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budgets: Sequence[int | None],
@@ -264,17 +409,36 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
         raise ValueError(f"{settings.source}: the simulated robot drives on velocity commands "
                          f"({', '.join(VELOCITY_COMMANDS)}), not action_publisher.command_type {command_type!r}")
     order, added = run_order(variants)
-    notes = [AURA_NOTE] if "aura" in order else []
+    checkpoint = load_checkpoint(settings["reasoning"]["model_dir"])
+    aura_budget = aura_budget_frames(checkpoint) if any(v.startswith("aura") for v in order) else None
+    notes = [f"{AURA_NOTE} ({aura_budget} frames)"] if aura_budget else []
     if added:
         notes.append(f"aura added: it measures the write rate matched by {', '.join(v for v in order if v in MATCHED)}")
         progress(notes[-1])
     seeds = [seed + i for i in range(episodes)]
     context = EvalContext(settings, spec, costs, record_dir)
     job = Job(prepare, run_unit, context, identity=_identity(settings, spec, costs))
-    cells = [Cell(EXPERT, None)] + [Cell(v, b) for v in order for b in ([AURA_BUDGET] if v.startswith("aura") else budgets)]
-    for cell in cells:
+    cells = [Cell(EXPERT, None)] + [Cell(v, b) for v in order for b in ([aura_budget] if v.startswith("aura") else budgets)]
+    for cell in cells[1:]:
         _, cell.note = fit_to_budget(settings["reasoning"], cell.variant, cell.budget_frames)
-    total = len(cells) * len(seeds)
+        node = cell_node(settings["reasoning"], cell.variant, cell.budget_frames, None, checkpoint, spec)
+        site = MemorySite(checkpoint, node["kv_capacity_tokens"], len(node["prompt_token_ids"]),
+                          node["kv_page_tokens"], node["kv_pool_pages"])
+        try:  # every budget is checked before any episode runs, by the policy's own check of its arena
+            check_knobs(MemoryKnobs.of(node), site, (node["kv.policy"],))
+        except ValueError as exc:
+            budget = "all" if cell.budget_frames is None else f"{cell.budget_frames} frames"
+            raise ValueError(f"{cell.variant} cannot run within a budget of {budget}: {exc}") from exc
+    prompt_tokens = len(settings["reasoning"]["prompt_token_ids"])
+    page_tokens = settings["reasoning"]["kv_page_tokens"]
+    token = kv_bytes_per_token(checkpoint.config)
+
+    def report(cell: Cell) -> dict[str, Any]:
+        budget = None if cell.variant == EXPERT else budget_bytes(checkpoint.config, prompt_tokens,
+                                                                 cell.budget_frames, spec, page_tokens)
+        return cell.summary(prompt_tokens * token, token, budget)
+
+    total = 2 * len(cells) * len(seeds)  # an episode and a cue swap per cell and seed
     summaries, done = [], [0]
     for matched_pass in (False, True):
         todo = [cell for cell in cells if (cell.variant in MATCHED) == matched_pass]
@@ -282,7 +446,8 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
             rate, note = next(c for c in cells if c.variant == "aura").matched_rate()
             for cell in todo:
                 cell.gate_rate, cell.note = rate, "; ".join(filter(None, (note, cell.note))) or None
-        specs = [EpisodeSpec(c.variant, c.budget_frames, s, c.gate_rate) for c in todo for s in seeds]
+        specs = [EpisodeSpec(c.variant, c.budget_frames, s, c.gate_rate, swap) for c in todo
+                 for swap in (False, True) for s in seeds]
         units = [Unit(spec.key, spec) for spec in specs]
         base = done[0]
         summary = run_units(job, units, out, workers=workers, ray_address=ray_address, resume=resume,
@@ -294,14 +459,16 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
             raise UnitsFailed(f"{len(summary.failed)} of {len(units)} episodes failed ({failures}); the finished "
                               f"ones are in {out / 'units'}: --resume runs only what is missing")
         for cell in todo:
-            cell.episodes = [Episode(**summary.results[EpisodeSpec(cell.variant, cell.budget_frames, s,
-                                                                   cell.gate_rate).key]) for s in seeds]
+            results = {swap: [summary.results[EpisodeSpec(cell.variant, cell.budget_frames, s, cell.gate_rate,
+                                                          swap).key] for s in seeds] for swap in (False, True)}
+            cell.episodes = [Episode(**result) for result in results[False]]
+            cell.swaps = [CueSwap(**result) for result in results[True]]
             if cell.variant != EXPERT:
-                progress(_cell_line(cell))
+                progress(_cell_line(report(cell)))
     run = run_figures(summaries, workers, ray_address)
     return {"schema": SCHEMA, "task": asdict(spec), "seed": seed, "episodes": episodes,
             "cost_model": costs.describe(), "model_dir": settings["reasoning"]["model_dir"], "notes": notes,
-            "runtime_s": run.pop("seconds"), "run": run, "cells": [cell.summary() for cell in cells]}
+            "runtime_s": run.pop("seconds"), "run": run, "cells": [report(cell) for cell in cells]}
 
 
 def _identity(settings: Settings, spec: TaskSpec, costs: CostModel) -> str:
@@ -310,12 +477,13 @@ def _identity(settings: Settings, spec: TaskSpec, costs: CostModel) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _cell_line(cell: Cell) -> str:
-    summary = cell.summary()
-    rate = f", matched write rate {cell.gate_rate:.3f}" if cell.gate_rate is not None else ""
-    budget = cell.budget_frames if cell.budget_frames is not None else "all"
-    return (f"{cell.variant:>13} budget {budget:>4}: success {summary['success_rate']:.2f} of {len(cell.episodes)}, "
-            f"{summary['refused']} refused, {summary['missed']} missed{rate}" + (f" ({cell.note})" if cell.note else ""))
+def _cell_line(cell: dict[str, Any]) -> str:
+    rate = f", matched write rate {cell['gate_rate']:.3f}" if cell["gate_rate"] is not None else ""
+    budget = cell["budget_frames"] if cell["budget_frames"] is not None else "all"
+    swap = f", cue swap {cell['cue_swap']['rate']:.2f}" if cell["cue_swap"] else ""
+    return (f"{cell['variant']:>13} budget {budget:>4}: success {cell['success_rate']:.2f} of {cell['episodes']}"
+            f"{swap}, {cell['refused']} refused, {cell['missed']} missed{rate}"
+            + (f" ({cell['note']})" if cell["note"] else ""))
 
 
 def _expert_episode(spec: TaskSpec, seed: int, settings: Settings, record_dir: Path | None) -> Episode:
@@ -352,7 +520,9 @@ def variant_knobs(variant: str, rate: float | None) -> dict[str, Any]:
     write rate of an aura:* row); the baseline gates are installed per episode by ``_start_episode``."""
     knobs: dict[str, Any] = {"kv.policy": variant.split(":")[0], "kv_store.dir": ""}
     if variant == "aura:surprise":
-        knobs.update({"kv.aura.use_learned_gate": False, "kv.aura.target_write_rate": rate})
+        knobs["kv.aura.use_learned_gate"] = False
+        if rate is not None:  # None: before the aura row measured it (the budget check)
+            knobs["kv.aura.target_write_rate"] = rate
     elif variant == "dms:novelty":
         knobs["kv.dms.use_learned_gate"] = False
     return knobs
@@ -365,7 +535,7 @@ def _start_episode(engine: VlaEngine, node: dict[str, Any], variant: str, rate: 
     if gate is None:
         engine.set_prompt(engine.prompt_ids)
         return
-    engine.set_policy(AuraPolicy(MemoryKnobs.of(node).aura, gate=gate, gate_rate=rate, seed=seed))
+    engine.set_policy(AuraPolicy(MemoryKnobs.of(node).aura, gate=gate, gate_rate=rate or 1.0, seed=seed))
 
 
 def fit_to_budget(node: dict[str, Any], variant: str, budget: int | None) -> tuple[dict[str, Any], str | None]:
@@ -378,14 +548,23 @@ def fit_to_budget(node: dict[str, Any], variant: str, budget: int | None) -> tup
     return {}, None
 
 
-def _cell_runtime(context: EvalContext, episode: EpisodeSpec, checkpoint: Checkpoint) -> tuple[VlaEngine, Settings]:
-    """The engine of one cell: sized for its budget under its variant (and ``fit_to_budget``'s knobs)."""
-    settings, spec = context.settings, context.spec
-    fitted, _ = fit_to_budget(settings["reasoning"], episode.variant, episode.budget)
-    node = dict(settings["reasoning"], **variant_knobs(episode.variant, episode.gate_rate), **fitted)
+def cell_node(reasoning: dict[str, Any], variant: str, budget: int | None, gate_rate: float | None,
+              checkpoint: Checkpoint, spec: TaskSpec) -> dict[str, Any]:
+    """The reasoning settings of one cell: its variant's knobs, ``fit_to_budget``'s, and its arena
+    (``arena_for``: slots and pool pages for its budget)."""
+    fitted, _ = fit_to_budget(reasoning, variant, budget)
+    node = dict(reasoning, **variant_knobs(variant, gate_rate), **fitted)
     node["kv_capacity_tokens"], node["kv_pool_pages"] = arena_for(
-        checkpoint.config, make_policy(node["kv.policy"], node), len(node["prompt_token_ids"]), episode.budget, spec,
+        checkpoint.config, make_policy(node["kv.policy"], node), len(node["prompt_token_ids"]), budget, spec,
         node["kv_page_tokens"])
+    return node
+
+
+def _cell_runtime(context: EvalContext, episode: EpisodeSpec, checkpoint: Checkpoint) -> tuple[VlaEngine, Settings]:
+    """The engine of one cell: sized for its budget under its variant (``cell_node``)."""
+    settings = context.settings
+    node = cell_node(settings["reasoning"], episode.variant, episode.budget, episode.gate_rate, checkpoint,
+                     context.spec)
     cell = Settings({**settings.values, "reasoning": node}, settings.source)
     engine = load_engine(cell, policies=(node["kv.policy"],), checkpoint=checkpoint).engine  # this policy's arena
     return engine, cell
@@ -394,19 +573,26 @@ def _cell_runtime(context: EvalContext, episode: EpisodeSpec, checkpoint: Checkp
 def format_table(report: dict[str, Any]) -> str:
     """One row per (variant, budget), then the report's notes and any row's own."""
     lines = [f"{report['task']['name']}: {report['episodes']} episodes per cell, cost model {report['cost_model']}",
-             f"{'variant':>13} {'budget':>6} {'success':>8} {'95% CI':>13} {'t reach s':>9} {'path':>6} "
-             f"{'memory B':>11} {'writes':>7} {'w rate':>6} {'refused':>7} {'missed':>6}"]
+             f"{'variant':>13} {'budget':>6} {'success':>8} {'95% CI':>13} {'swap':>5} {'t reach s':>9} "
+             f"{'peak B':>11} {'mean B':>11} {'x tok':>6} {'x bytes':>7} {'w/frame':>7} {'w rate':>6} "
+             f"{'refused':>7} {'missed':>6}"]
     for c in report["cells"]:
         budget = "all" if c["budget_frames"] is None else str(c["budget_frames"])
         reach = f"{c['time_to_reach_s']:.2f}" if c["time_to_reach_s"] is not None else "-"
-        path = f"{c['path_length']:.2f}" if c["path_length"] is not None else "-"
         rate = f"{c['gate_rate']:.3f}" if c["gate_rate"] is not None else "-"
+        swap = f"{c['cue_swap']['rate']:.2f}" if c["cue_swap"] else "-"
+        per_frame = f"{c['writes_per_frame']:.3f}" if c["writes_per_frame"] is not None else "-"
+        tokens, size = (f"{x:.1f}" if x is not None else "-" for x in (c["compression"]["tokens"],
+                                                                      c["compression"]["bytes"]))
         lines.append(f"{c['variant']:>13} {budget:>6} {c['success_rate']:>8.2f} "
-                     f"[{c['success_ci95'][0]:.2f}, {c['success_ci95'][1]:.2f}] {reach:>9} {path:>6} "
-                     f"{c['memory_peak_bytes']:>11,} {c['memory_writes']:>7} {rate:>6} {c['refused']:>7} "
-                     f"{c['missed']:>6}")
+                     f"[{c['success_ci95'][0]:.2f}, {c['success_ci95'][1]:.2f}] {swap:>5} {reach:>9} "
+                     f"{c['bytes_held']['peak']:>11,} {round(c['bytes_held']['mean']):>11,} {tokens:>6} {size:>7} "
+                     f"{per_frame:>7} {rate:>6} {c['refused']:>7} {c['missed']:>6}")
     lines += [f"note: {note}" for note in report["notes"]]
     lines += [f"note ({c['variant']}): {c['note']}" for c in report["cells"] if c["note"]]
+    lines.append("swap: share of cue swaps whose first action after the release heads for the cued target; "
+                 "peak / mean B: memory held (KV with the prompt + policy state); x tok / x bytes: frame tokens seen "
+                 "/ tokens held, and their bytes / bytes held beside the prompt (state included)")
     if any(c["gate_rate"] is not None for c in report["cells"]):
         lines.append("w rate: the write rate an aura:* row is matched to (the aura row's writes / frames)")
     return "\n".join(lines)

@@ -3,7 +3,12 @@
 An episode is driven by the expert's command plus temporally correlated noise (an Ornstein-Uhlenbeck
 process), and every frame is labelled with the clean expert command for the state it shows: the
 policy then sees states off the expert's straight line and learns how to come back (DART, Laskey
-et al. 2017). Frames are stored at the model's image size, resized exactly as the engine resizes.
+et al. 2017). Half the episodes also take one *excursion*: for a few frames after the release the
+robot is driven in a random direction at full speed (past the goal, into a wall), still labelled with
+the expert's command. Small noise alone never shows such states, and the policy trained on it, having
+overshot a goal near a wall, kept driving into the wall: its frame history said "moving that way" and
+nothing in the data said otherwise. Frames are stored at the model's image size, resized exactly as
+the engine resizes.
 
 A training sequence is a subset of an episode's frames in their order, re-numbered contiguously as
 the engine's compaction re-numbers what a memory policy kept: all of them (an unbounded cache), a
@@ -19,11 +24,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model.vision import resize_frame
-from ..worlds.sim.world import PLACEMENT_MARGIN, CueReachEnv, TaskSpec
+from ..worlds.sim.world import CueReachEnv, TaskSpec
 
 NOISE_SIGMA = 0.3       # stationary std of the OU command noise, per component
 NOISE_THETA = 0.2       # OU mean reversion per step (~5 steps of correlation at 30 Hz)
-MOVING_FRAMES = 45      # frames recorded after the release at most (the expert needs ~25)
+DEMO_FRAMES = 100       # frames recorded at most, release included (the expert needs ~25 after the release)
+EXCURSION_PROB = 0.5    # share of episodes with one excursion
+EXCURSION_START = 20    # it starts within this many frames after the release
+EXCURSION_FRAMES = (6, 24)  # and lasts this many frames (inclusive range)
 
 
 @dataclass(frozen=True)
@@ -38,21 +46,33 @@ class Demo:
     success: bool
 
 
+def excursion(rng: np.random.Generator, release: int) -> tuple[range, np.ndarray]:
+    """The frames of an episode's excursion (empty for none) and its unit direction."""
+    angle = rng.uniform(0, 2 * np.pi)
+    direction = np.array([np.cos(angle), np.sin(angle)])
+    if rng.random() >= EXCURSION_PROB:
+        return range(0), direction
+    start = release + int(rng.integers(EXCURSION_START))
+    return range(start, start + int(rng.integers(EXCURSION_FRAMES[0], EXCURSION_FRAMES[1] + 1))), direction
+
+
 def record_demo(spec: TaskSpec, seed: int, image_size: int, noise_sigma: float = NOISE_SIGMA) -> Demo:
-    """Run one expert episode with command noise; stop at success or ``MOVING_FRAMES`` after release."""
+    """Run one expert episode with command noise and maybe an excursion; stop at success or after
+    ``DEMO_FRAMES`` frames."""
     env = CueReachEnv(spec, seed)
     rng = np.random.default_rng([seed, 1])
+    detour, direction = excursion(rng, spec.release_frames)
     frame = env.reset()
     noise = np.zeros(2)
     frames, commands, where = [], [], []
     success = False
-    for _ in range(spec.release_frames + MOVING_FRAMES):
+    for step in range(max(DEMO_FRAMES, spec.release_frames + 1)):
         frames.append(resize_frame(frame, image_size))
         command = env.expert_command()
         commands.append(command)
         where.append(np.concatenate([env.robot, env.targets[env.goal]]))
         noise += -NOISE_THETA * noise + noise_sigma * np.sqrt(2 * NOISE_THETA) * rng.standard_normal(2)
-        outcome = env.step(command + noise)
+        outcome = env.step(direction if step in detour else command + noise)
         frame = outcome.frame
         if outcome.done:
             success = outcome.success
@@ -73,9 +93,10 @@ def perception_samples(seed: int, image_size: int, count: int) -> tuple[np.ndarr
     anywhere), [count, S, S, 3], the expert's command for each, [count, 2], and where the robot and
     the goal are, [count, 4] (as ``Demo.where``): endless layouts, so
     the encoder learns where things are, not which floor it saw (several views per layout because
-    building a layout costs ~5x rendering a view)."""
+    building a layout costs ~5x rendering a view). The robot may stand anywhere the world lets it, up
+    against a wall too (half of it out of view), where an overshoot leaves it."""
     env = CueReachEnv(TaskSpec(name="reach"), seed)
-    positions = np.random.default_rng([seed, 2]).uniform(PLACEMENT_MARGIN / 2, 1 - PLACEMENT_MARGIN / 2, size=(count, 2))
+    positions = np.random.default_rng([seed, 2]).uniform(0.0, 1.0, size=(count, 2))
     frames, commands = [], []
     for position in positions:
         frames.append(resize_frame(env.place_robot(position), image_size))

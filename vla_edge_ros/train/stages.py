@@ -11,6 +11,8 @@
 2. ``train_aura``: only the aura projections and write gate learn. Each frame is seen as the engine's
    aura policy shows it: prompt, one memory token (what the fast weights return before this frame's
    write), the frame. Loss: the action error plus a one-sided penalty on the write rate above rho.
+   ``AuraRecipe.train_decoder`` trains the decoder with the memory instead (an option; measured, it did
+   not make the policy use its memory).
 3. ``train_dms``: only the per-layer dms gates learn. The student reads the whole episode with
    per-KV-head evictions enforced once a token has left the window; the teacher is the same frozen
    model reading everything. Loss: the student's action error against the teacher's plus a one-sided
@@ -20,8 +22,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -31,9 +34,10 @@ from .demos import Demo, perception_samples, sample_frames
 from .torch_model import DmsMask, VlaModel, straight_through
 
 Progress = Callable[[int, dict[str, float]], None]
+T = TypeVar("T")
 VIEWS_PER_LAYOUT = 8
 WHERE_WEIGHT = 1.0
-AURA_OPEN_FRACTION = 1 / 3  # first steps write every frame: the read-out learns before the gate may close
+AURA_OPEN_FRACTION = 1 / 3  # frozen decoder: the first steps write every frame, so the read-out learns before the gate may close
 
 
 @dataclass(frozen=True)
@@ -114,15 +118,17 @@ def _schedule(optimiser: torch.optim.Optimizer, spec: StageSpec) -> torch.optim.
     return torch.optim.lr_scheduler.LambdaLR(optimiser, factor)
 
 
-def _fit(params: list[torch.nn.Parameter], spec: StageSpec, steps: Iterator[Batch],
-         loss_of: Callable[[Batch], tuple[torch.Tensor, dict[str, float]]], progress: Progress) -> None:
+def _fit(params: list[torch.nn.Parameter] | list[dict[str, Any]], spec: StageSpec, steps: Iterable[T],
+         loss_of: Callable[[T], tuple[torch.Tensor, dict[str, float]]], progress: Progress) -> None:
+    """AdamW over ``params`` (a list of tensors at ``spec.lr``, or parameter groups with their own lr)."""
     optimiser = torch.optim.AdamW(params, lr=spec.lr, weight_decay=0.0)
     schedule = _schedule(optimiser, spec)
+    trained = [p for group in optimiser.param_groups for p in group["params"]]
     for step, batch in enumerate(steps):
         loss, figures = loss_of(batch)
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimiser.step()
         schedule.step()
         progress(step, {"loss": float(loss.detach()), **figures})
@@ -155,14 +161,15 @@ def _fit_actions(model: VlaModel, prompt_ids: torch.Tensor, spec: StageSpec, ste
     ``WHERE_WEIGHT`` x the error of ``where_head``'s robot and goal positions (see ``VlaModel``)."""
     params = model.decoder_parameters() + list(model.where_head.parameters())
     _freeze(model, params)
+    _fit(params, spec, steps, lambda batch: _action_loss(model, prompt_ids, batch), progress)
 
-    def loss_of(batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        hidden, _ = sequence_hidden(model, prompt_ids, batch.frames)
-        action = masked_mse(model.actions(hidden), batch.labels, batch.valid)
-        where = masked_mse(model.where_head(hidden), batch.where, batch.valid)
-        return action + WHERE_WEIGHT * where, {"action": float(action.detach()), "where": float(where.detach())}
 
-    _fit(params, spec, steps, loss_of, progress)
+def _action_loss(model: VlaModel, prompt_ids: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    """Action error + ``WHERE_WEIGHT`` x position error of every valid frame of a frame-history batch."""
+    hidden, _ = sequence_hidden(model, prompt_ids, batch.frames)
+    action = masked_mse(model.actions(hidden), batch.labels, batch.valid)
+    where = masked_mse(model.where_head(hidden), batch.where, batch.valid)
+    return action + WHERE_WEIGHT * where, {"action": float(action.detach()), "where": float(where.detach())}
 
 
 def behaviour_cloning(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: StageSpec,
@@ -170,46 +177,110 @@ def behaviour_cloning(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tens
     _fit_actions(model, prompt_ids, spec, batches(demos, spec, rng, max_frames, partial=True), progress)
 
 
-def aura_actions(model: VlaModel, prompt_ids: torch.Tensor, frames: torch.Tensor, beta: float, scored: torch.Tensor,
-                 gate_open: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Actions [B, S, dof] of the ``scored`` frames [B, S] (indices), each seen as the aura policy shows
-    it, and the write decisions [B, F] of every frame (the memory runs over all of them)."""
+def aura_hidden(model: VlaModel, prompt_ids: torch.Tensor, frames: torch.Tensor, beta: float, scored: torch.Tensor,
+                forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Final-norm hidden states [B, S, H] of the ``scored`` frames [B, S] (indices), each seen as the aura
+    policy shows it (prompt, memory token, frame), and the write decisions [B, F] of every frame (the
+    memory runs over all of them; ``forced`` as ``AuraMemory.forward``)."""
     batch = frames.shape[0]
-    with torch.no_grad():
-        tokens = model.vision(frames)  # [B, F, T, H]; the encoder is frozen
-    memory, writes = model.aura(tokens.flatten(-2), beta, gate_open)
+    tokens = model.vision(frames)  # [B, F, T, H]
+    memory, writes = model.aura(tokens.flatten(-2), beta, forced)
     rows = torch.arange(batch)[:, None]
     memory, tokens = memory[rows, scored], tokens[rows, scored]  # [B, S, H], [B, S, T, H]
     count = scored.shape[1]
-    prompt = model.prompt_embeddings(prompt_ids).detach().expand(batch * count, -1, -1)
+    prompt = model.prompt_embeddings(prompt_ids).expand(batch * count, -1, -1)
     sequence = torch.cat([prompt, memory.reshape(batch * count, 1, -1), tokens.flatten(0, 1)], dim=1)
     hidden, _ = model.model(sequence)
-    return model.actions(hidden[:, -1]).reshape(batch, count, -1), writes
+    return hidden[:, -1].reshape(batch, count, -1), writes
 
 
-def train_aura(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: StageSpec,
-               rng: np.random.Generator, max_frames: int, beta: float, rho: float, penalty: float,
-               scored_frames: int, progress: Progress) -> None:
-    """The memory runs over whole episodes; the action loss is taken on ``scored_frames`` random valid
-    frames of each (the decoder pass per frame is what costs)."""
+def aura_actions(model: VlaModel, prompt_ids: torch.Tensor, frames: torch.Tensor, beta: float, scored: torch.Tensor,
+                 forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Actions [B, S, dof] of the ``scored`` frames as ``aura_hidden`` sees them, and every frame's writes."""
+    hidden, writes = aura_hidden(model, prompt_ids, frames, beta, scored, forced)
+    return model.actions(hidden), writes
+
+
+@dataclass(frozen=True)
+class AuraRecipe:
+    """How the aura stage trains: delta-rule step, write-rate target and penalty, frames scored per episode,
+    and whether the decoder learns too (with its own lr and frame-history sequences beside the episodes)."""
+
+    beta: float
+    rho: float
+    penalty: float
+    scored_frames: int
+    train_decoder: bool = False  # False: aura.* alone on the frozen decoder (the recipe models/sim was trained with)
+    bc_batch: int = 4            # train_decoder: frame-history sequences per step beside the aura episodes (0: none)
+    decoder_lr: float = 1e-3     # train_decoder: the decoder's, encoder's and heads' learning rate
+
+
+def _scored(batch: Batch, rng: np.random.Generator, count: int) -> torch.Tensor:
+    """``count`` random valid frame indices [B, count] of each episode of ``batch``."""
+    return torch.from_numpy(np.stack([rng.integers(0, n, size=count) for n in batch.valid.sum(1).numpy()]))
+
+
+def train_aura(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: StageSpec, rng: np.random.Generator,
+               max_frames: int, recipe: AuraRecipe, progress: Progress) -> None:
+    """The aura memory on the frozen decoder (``recipe.train_decoder``: with the decoder, see
+    ``_train_aura_and_decoder``). Each step: ``spec.batch`` whole episodes, the memory run over all their
+    frames and the action error taken on ``recipe.scored_frames`` random valid frames of each, seen as the
+    aura policy shows them (the decoder pass per frame is what costs). The first ``AURA_OPEN_FRACTION``
+    of the steps write every frame: with a random read-out every write is noise and the gate learned never
+    to write, where the sigmoid is flat and it cannot recover."""
+    if recipe.train_decoder:
+        _train_aura_and_decoder(model, demos, prompt_ids, spec, rng, max_frames, recipe, progress)
+        return
     params = list(model.aura.parameters())
     _freeze(model, params)
 
-    steps_done = 0
-
-    def loss_of(batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        nonlocal steps_done
-        gate_open = steps_done < spec.steps * AURA_OPEN_FRACTION
-        steps_done += 1
-        lengths = batch.valid.sum(1).numpy()
-        scored = torch.from_numpy(np.stack([rng.integers(0, n, size=scored_frames) for n in lengths]))
-        actions, writes = aura_actions(model, prompt_ids, batch.frames, beta, scored, gate_open)
+    def loss_of(step_batch: tuple[int, Batch]) -> tuple[torch.Tensor, dict[str, float]]:
+        step, batch = step_batch
+        scored = _scored(batch, rng, recipe.scored_frames)
+        forced = torch.ones(batch.valid.shape) if step < spec.steps * AURA_OPEN_FRACTION else None
+        actions, writes = aura_actions(model, prompt_ids, batch.frames, recipe.beta, scored, forced)
         rate = writes[batch.valid].mean()
-        labels = batch.labels[torch.arange(len(lengths))[:, None], scored]
-        action_loss = ((actions - labels) ** 2).sum(-1).mean()
-        return action_loss + penalty * F.relu(rate - rho), {"action": float(action_loss.detach()), "write_rate": float(rate.detach())}
+        labels = batch.labels[torch.arange(len(scored))[:, None], scored]
+        action = ((actions - labels) ** 2).sum(-1).mean()
+        return (action + recipe.penalty * F.relu(rate - recipe.rho),
+                {"action": float(action.detach()), "write_rate": float(rate.detach())})
 
-    _fit(params, spec, batches(demos, spec, rng, max_frames, partial=False), loss_of, progress)
+    _fit(params, spec, enumerate(batches(demos, spec, rng, max_frames, partial=False)), loss_of, progress)
+
+
+def _train_aura_and_decoder(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: StageSpec,
+                            rng: np.random.Generator, max_frames: int, recipe: AuraRecipe, progress: Progress) -> None:
+    """The aura memory and the decoder together (an option, not the default). Each step: the aura episodes
+    as ``train_aura`` takes them, with the position error too, plus ``recipe.bc_batch`` frame-history
+    sequences as behaviour cloning draws them, so that the decoder keeps serving the KV policies; no
+    open-gate phase. Measured from models/sim (README, Training): it did not make aura use its memory
+    (cue swap at chance, no-write ablation equal) and it lowered fifo's success on both tasks."""
+    decoder = model.decoder_parameters() + list(model.where_head.parameters())
+    memory = list(model.aura.parameters())
+    _freeze(model, decoder + memory)
+    groups = [{"params": decoder, "lr": recipe.decoder_lr}, {"params": memory, "lr": spec.lr}]
+    episodes = batches(demos, spec, rng, max_frames, partial=False)
+    histories = batches(demos, replace(spec, batch=recipe.bc_batch), rng, max_frames, partial=True)
+    steps = zip(episodes, histories) if recipe.bc_batch else ((batch, None) for batch in episodes)
+
+    def loss_of(pair: tuple[Batch, Batch | None]) -> tuple[torch.Tensor, dict[str, float]]:
+        batch, history = pair
+        scored = _scored(batch, rng, recipe.scored_frames)
+        hidden, writes = aura_hidden(model, prompt_ids, batch.frames, recipe.beta, scored)
+        rows = torch.arange(len(scored))[:, None]
+        valid = torch.ones(scored.shape, dtype=torch.bool)
+        action = masked_mse(model.actions(hidden), batch.labels[rows, scored], valid)
+        where = masked_mse(model.where_head(hidden), batch.where[rows, scored], valid)
+        rate = writes[batch.valid].mean()
+        loss = action + WHERE_WEIGHT * where + recipe.penalty * F.relu(rate - recipe.rho)
+        figures = {"action": float(action.detach()), "where": float(where.detach()), "write_rate": float(rate.detach())}
+        if history is not None:
+            bc, bc_figures = _action_loss(model, prompt_ids, history)
+            loss = loss + bc
+            figures["bc_action"] = bc_figures["action"]
+        return loss, figures
+
+    _fit(groups, spec, steps, loss_of, progress)
 
 
 def train_dms(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: StageSpec,

@@ -227,10 +227,11 @@ class AuraMemory(nn.Module):
         self.out_proj = nn.Linear(d_v, hidden, bias=False)
         self.gate = nn.Linear(d_k + d_v, 1)
 
-    def forward(self, features: torch.Tensor, beta: float, gate_open: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, features: torch.Tensor, beta: float, forced: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Memory tokens [B, F, H] (what frame f reads before its own write) and the hard-forward,
-        soft-backward write decisions [B, F] of frames' features [B, F, feature_size] (every frame
-        writes when ``gate_open``)."""
+        soft-backward write decisions [B, F] of frames' features [B, F, feature_size]; ``forced`` [B, F]
+        (0 or 1) replaces the gate's decisions where given."""
         k = F.normalize(self.k_proj(features), dim=-1)
         q = F.normalize(self.q_proj(features), dim=-1)
         v = self.v_proj(features)
@@ -242,7 +243,7 @@ class AuraMemory(nn.Module):
             reads.append(torch.einsum("bvk,bk->bv", weights, q[:, f]) + bias)
             error = v[:, f] - (torch.einsum("bvk,bk->bv", weights, k[:, f]) + bias)
             logit = self.gate(torch.cat([k[:, f], error], dim=-1))[:, 0]
-            write = torch.ones_like(logit) if gate_open else straight_through(torch.sigmoid(logit), logit > 0)
+            write = straight_through(torch.sigmoid(logit), logit > 0) if forced is None else forced[:, f]
             step = beta * write[:, None] * error
             weights = weights + step[:, :, None] * k[:, f, None, :]
             bias = bias + step

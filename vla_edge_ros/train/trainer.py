@@ -22,7 +22,7 @@ from ..model.config import ModelConfig
 from ..model.init_model import AURA_DIM, preset, write_model
 from ..worlds.sim.world import TaskSpec
 from .demos import record_demos
-from .stages import StageSpec, behaviour_cloning, perception, train_aura, train_dms
+from .stages import AuraRecipe, StageSpec, behaviour_cloning, perception, train_aura, train_dms
 from .torch_model import VlaModel
 
 SCHEMA = "vla_edge_ros.train/1"
@@ -42,6 +42,9 @@ class TrainSpec:
     bc: StageSpec = StageSpec(steps=900, batch=4, lr=1e-3)
     aura: StageSpec = StageSpec(steps=500, batch=8, lr=3e-3)
     aura_scored_frames: int = 16   # frames per episode the aura action loss is taken on
+    aura_train_decoder: bool = False  # the decoder learns in the aura stage too (models/sim: False)
+    aura_bc_batch: int = 4         # aura_train_decoder: frame-history sequences per step, so the decoder keeps serving the KV policies
+    aura_decoder_lr: float = 1e-3  # aura_train_decoder: the decoder's learning rate in the aura stage
     dms: StageSpec = StageSpec(steps=100, batch=2, lr=2e-2)
     dms_max_frames: int = 64       # cue, hold and the first moves: what the gate must learn to keep
     aura_beta: float = 0.5         # the delta-rule step the gate is trained with (kv.aura.beta's default)
@@ -108,9 +111,9 @@ def train(spec: TrainSpec, out: Path, progress: StageProgress = lambda *args: No
     run("perception", spec.perception,
         lambda step: perception(model, prompt, spec.perception, rng, step))
     run("bc", spec.bc, lambda step: behaviour_cloning(model, demos, prompt, spec.bc, rng, spec.max_frames, step))
-    run("aura", spec.aura, lambda step: train_aura(model, demos, prompt, spec.aura, rng, spec.max_frames,
-                                                    spec.aura_beta, spec.aura_rho, spec.aura_penalty,
-                                                    spec.aura_scored_frames, step))
+    recipe = AuraRecipe(spec.aura_beta, spec.aura_rho, spec.aura_penalty, spec.aura_scored_frames,
+                        spec.aura_train_decoder, spec.aura_bc_batch, spec.aura_decoder_lr)
+    run("aura", spec.aura, lambda step: train_aura(model, demos, prompt, spec.aura, rng, spec.max_frames, recipe, step))
     run("dms", spec.dms, lambda step: train_dms(model, demos, prompt, spec.dms, rng, spec.dms_max_frames,
                                                  spec.dms_window, spec.dms_target_ratio, spec.dms_penalty, step))
     export(model, config, out, spec)
