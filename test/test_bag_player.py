@@ -26,7 +26,7 @@ from ros_graph import WAIT_S, private_graph  # noqa: E402
 from vla_edge_ros.bags import Bag, BagError  # noqa: E402
 from vla_edge_ros.bags.scenarios import BagSpec, write_bag  # noqa: E402
 from vla_edge_ros.cli import main  # noqa: E402
-from vla_edge_ros.nodes.bag_player import BagPlayer, StartWhen  # noqa: E402
+from vla_edge_ros.nodes.bag_player import LINGER_S, BagPlayer, StartWhen  # noqa: E402
 
 pytestmark = pytest.mark.ros
 CAMERA, COMMAND = "/camera/image_raw", "/vla/command"
@@ -132,7 +132,8 @@ def test_play_paces_messages_by_their_recorded_time_and_ticks_the_clock_between(
         assert [topic for _, topic in sent] == [topic for topic, _ in recorded] and player.passes == 1
         for (at, _), (_, time_ns) in zip(sent, recorded):
             assert at - began == pytest.approx((time_ns - bag.start_ns) / 1e9 / 4.0, abs=1e-9)
-        assert virtual.now - began == pytest.approx(bag.duration_s / 4.0, abs=1e-9)
+        # the last message at the bag's end, then the linger that lets best-effort subscribers read it
+        assert virtual.now - began == pytest.approx(bag.duration_s / 4.0 + LINGER_S, abs=1e-9)
         player.destroy_node()
     assert ticks[0] == (began, bag.start_ns) and ticks[-1][1] == bag.end_ns
     assert [t for _, t in ticks] == sorted(t for _, t in ticks)

@@ -40,6 +40,7 @@ from ..runtime.stop_signals import StopSignals
 CLOCK_QOS = QoSProfile(depth=1, reliability=ReliabilityPolicy.BEST_EFFORT)
 RELIABLE_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
 _MAX_SLEEP_S = 0.05  # how long a wait may go without checking for shutdown
+LINGER_S = 0.5
 FLUSH_TIMEOUT_S = 2.0
 
 
@@ -173,10 +174,14 @@ class BagPlayer(Node):
                 break
 
     def _flush(self) -> None:
-        """Wait until every reliable topic's messages are acknowledged by its matched subscribers."""
+        """Wait until every reliable topic's messages are acknowledged by its matched subscribers, then keep
+        the participant up LINGER_S more: best-effort frames have no acknowledgement, and a frame still in
+        this process's shared-memory segment is lost if the segment goes before a subscriber has read it
+        (a one-frame bag lost its frame in about 1 run of 3 without this)."""
         for topic, publisher in self._topic_publishers.items():
             if self.bag.topics[topic].msgtype not in IMAGE_MSGTYPES:
                 publisher.wait_for_all_acked(Duration(seconds=FLUSH_TIMEOUT_S))
+        time.sleep(LINGER_S)
 
     def _play_once(self, report: Callable[[], None]) -> bool:
         """One pass through the bag; False if it stopped for a shutdown."""
