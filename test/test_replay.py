@@ -300,12 +300,25 @@ def test_action_error_pairs_each_action_with_the_nearest_command():
     ("measured", None),
     ("fixed:encode=4ms,decode=1ms", {BlockKind.ENCODE_PREFILL: 4_000_000, BlockKind.DECODE: 1_000_000}),
     ("fixed:decode=250us,encode=2.5ms", {BlockKind.ENCODE_PREFILL: 2_500_000, BlockKind.DECODE: 250_000}),
+    ("fixed:encode=2ms,vision=5ms,decode=1ms",
+     {BlockKind.ENCODE_PREFILL: 2_000_000, BlockKind.VISION_ENCODE: 5_000_000, BlockKind.DECODE: 1_000_000}),
 ])
 def test_cost_models_parse(text, expected):
     assert parse_cost(text).fixed_ns == expected
 
 
-@pytest.mark.parametrize("text", ["fixed:encode=4ms", "fixed:encode=4s,decode=1ms", "cheap", "fixed:prefill=1ms"])
+def test_a_fixed_cost_model_names_what_it_lacks_for_a_vision_tower():
+    plain = parse_cost("fixed:encode=4ms,decode=1ms")
+    assert plain.describe() == "fixed:encode=4ms,decode=1ms"  # as before: reports and replay identities unchanged
+    plain.require([BlockKind.ENCODE_PREFILL, BlockKind.DECODE])
+    with pytest.raises(ValueError, match="lacks vision"):
+        plain.require([BlockKind.VISION_ENCODE, BlockKind.ENCODE_PREFILL, BlockKind.DECODE])
+    parse_cost("fixed:encode=4ms,vision=6ms,decode=1ms").require([BlockKind.VISION_ENCODE])
+    parse_cost("measured").require([BlockKind.VISION_ENCODE])
+
+
+@pytest.mark.parametrize("text", ["fixed:encode=4ms", "fixed:encode=4s,decode=1ms", "cheap", "fixed:prefill=1ms",
+                                  "fixed:vision=4ms,decode=1ms"])
 def test_bad_cost_models_are_refused(text):
     with pytest.raises(ValueError):
         parse_cost(text)

@@ -32,6 +32,14 @@ PREFILL_CHUNK_TOKENS = 1024  # prompt tokens per forward pass: bounds the attent
 
 
 @dataclass
+class EncodedFrame:
+    """A frame's input embeddings, ready to prefill, and what encoding it took."""
+
+    embeddings: np.ndarray  # [tokens_per_frame, hidden]
+    encode_ms: float
+
+
+@dataclass
 class FramePrefill:
     """A frame now in memory: the last hidden state to decode the action from, and where it ends."""
 
@@ -228,14 +236,19 @@ class VlaEngine:
             self.backend.rotate_keys(slots[moving], shifts[moving])
             self.arena.positions[slots] = targets
 
-    def add_frame(self, image: np.ndarray, *, probe_attention: bool = False) -> FramePrefill:
-        """Encode one frame and prefill it (after any prefix its policy asks for), making room first.
+    def encode_frame(self, image: np.ndarray) -> EncodedFrame:
+        """The frame's ``tokens_per_frame`` input embeddings (a VL checkpoint: its vision tower's block)."""
+        t0 = time.perf_counter()
+        embeddings = self.encoder.encode(image)
+        return EncodedFrame(embeddings, (time.perf_counter() - t0) * 1e3)
+
+    def prefill_frame(self, frame: EncodedFrame, *, probe_attention: bool = False) -> FramePrefill:
+        """Prefill an encoded frame (after any prefix its policy asks for), making room first.
 
         ``probe_attention`` also returns where the frame's last token looked (numpy backend only).
         """
-        t0 = time.perf_counter()
-        embeddings = self.encoder.encode(image)
         t1 = time.perf_counter()
+        embeddings = frame.embeddings
         prefix = self.policy.frame_prefix(embeddings)
         inputs = embeddings if prefix is None else np.concatenate([prefix, embeddings]).astype(np.float32)
         count = inputs.shape[0]
@@ -251,8 +264,12 @@ class VlaEngine:
         self.policy.add_frame(FrameTokens(slots[n_prefix:], positions[n_prefix:], embeddings, slots[:n_prefix],
                                           _layer_inputs(out, n_prefix)))
         t2 = time.perf_counter()
-        return FramePrefill(out.hidden[-1], int(positions[-1]) + 1, evicted, (t1 - t0) * 1e3, (t2 - t1) * 1e3,
+        return FramePrefill(out.hidden[-1], int(positions[-1]) + 1, evicted, frame.encode_ms, (t2 - t1) * 1e3,
                             slots[n_prefix:], out.last_attention)
+
+    def add_frame(self, image: np.ndarray, *, probe_attention: bool = False) -> FramePrefill:
+        """Encode one frame and prefill it: ``encode_frame`` then ``prefill_frame``."""
+        return self.prefill_frame(self.encode_frame(image), probe_attention=probe_attention)
 
     def decode_action(self, prefill: FramePrefill, admit: Callable[[], object] = lambda: True,
                       done: Callable[[object], None] = lambda ticket: None) -> tuple[np.ndarray, list[int]] | None:

@@ -8,6 +8,8 @@ benchmarks run the same gate. One frame's cycle, as the reasoning loop drives it
     cycle = gate.start_cycle(frame.received_ns)  # stale, or the whole cycle would not fit: skip frame
     if not cycle:
         continue
+    # a VL checkpoint first runs its vision tower as a block of its own (BlockKind.VISION_ENCODE),
+    # admitted and recorded like the prefill below: its cost is learned apart from the prefill's
     block = gate.admit(BlockKind.ENCODE_PREFILL, cycle.deadline_ns, within=cycle.verdict)
     if not block:
         continue
@@ -83,7 +85,8 @@ _MAX_RECOVERY_DOUBLINGS = 4  # recovery waits go 4, 8, 16, 32, 64 x probe_after 
 class BlockKind(str, Enum):
     """What a gate decision is about; a str, so ``stats.kinds["decode"]`` works."""
 
-    ENCODE_PREFILL = "encode_prefill"  # encode one frame and prefill its tokens
+    ENCODE_PREFILL = "encode_prefill"  # encode one frame and prefill its tokens (VL: the prefill alone)
+    VISION_ENCODE = "vision_encode"  # a VL checkpoint's vision tower on one frame, before its prefill
     DECODE = "decode"  # one decode step of the action
     CYCLE = "cycle"  # the whole cycle, decided once per frame by start_cycle
 
@@ -308,7 +311,7 @@ class AdmissionGate:
             return self._decide(BlockKind.CYCLE, now, deadline, received_ns)
 
     def admit(self, kind: BlockKind | str, deadline_ns: int, *, within: Verdict = Verdict.ADMITTED) -> Decision:
-        """Decide whether an ``encode_prefill`` or ``decode`` block of a cycle may start now.
+        """Decide whether a ``vision_encode``, ``encode_prefill`` or ``decode`` block of a cycle may start now.
 
         ``within`` is the verdict of the cycle the block belongs to. Inside a ``probe`` cycle a block
         is judged on its mean cost without the margin, so a block estimate inflated by a slow spell is

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .admission import BlockKind
 from .clock import NS_PER_MS, VirtualClock
 
-_COST_NAMES = {"encode": BlockKind.ENCODE_PREFILL, "decode": BlockKind.DECODE}
+_COST_NAMES = {"encode": BlockKind.ENCODE_PREFILL, "vision": BlockKind.VISION_ENCODE, "decode": BlockKind.DECODE}
+_REQUIRED = ("encode", "decode")  # ``vision`` only where a VL checkpoint runs its vision tower (``require``)
 
 
 @dataclass(frozen=True)
@@ -31,12 +33,25 @@ class CostModel:
     def describe(self) -> str:
         if self.fixed_ns is None:
             return "measured"
-        parts = ",".join(f"{name}={self.fixed_ns[kind] / NS_PER_MS:g}ms" for name, kind in _COST_NAMES.items())
+        parts = ",".join(f"{name}={self.fixed_ns[kind] / NS_PER_MS:g}ms" for name, kind in _COST_NAMES.items()
+                         if kind in self.fixed_ns)
         return f"fixed:{parts}"
+
+    def require(self, kinds: Iterable[BlockKind]) -> None:
+        """ValueError when a fixed model has no cost for a block kind the engine will run (a VL checkpoint's
+        vision encode): a block with no cost would leave the virtual clock where it was."""
+        if self.fixed_ns is None:
+            return
+        names = {kind: name for name, kind in _COST_NAMES.items()}
+        missing = [names[kind] for kind in kinds if kind not in self.fixed_ns]
+        if missing:
+            raise ValueError(f"fixed cost model {self.describe()} lacks {', '.join(missing)}: this model runs "
+                             "that block (e.g. fixed:encode=4ms,vision=6ms,decode=1ms)")
 
 
 def parse_cost(text: str) -> CostModel:
-    """``measured`` or ``fixed:encode=4ms,decode=1ms`` (both kinds required; ms or us)."""
+    """``measured`` or ``fixed:encode=4ms,decode=1ms`` (both required; ``vision=6ms`` too for a VL checkpoint;
+    ms or us)."""
     if text == "measured":
         return CostModel()
     if not text.startswith("fixed:"):
@@ -45,10 +60,10 @@ def parse_cost(text: str) -> CostModel:
     for part in filter(None, text[len("fixed:"):].split(",")):
         match = re.fullmatch(r"\s*(\w+)\s*=\s*([0-9]*\.?[0-9]+)\s*(ms|us)\s*", part)
         if not match or match.group(1) not in _COST_NAMES:
-            raise ValueError(f"bad cost {part!r}: expected encode=<n>ms or decode=<n>ms")
+            raise ValueError(f"bad cost {part!r}: expected encode=<n>ms, vision=<n>ms or decode=<n>ms")
         scale = NS_PER_MS if match.group(3) == "ms" else 1_000
         costs[_COST_NAMES[match.group(1)]] = round(float(match.group(2)) * scale)
-    missing = [name for name, kind in _COST_NAMES.items() if kind not in costs]
+    missing = [name for name in _REQUIRED if _COST_NAMES[name] not in costs]
     if missing:
         raise ValueError(f"fixed cost model lacks {', '.join(missing)} (e.g. fixed:encode=4ms,decode=1ms)")
     return CostModel(costs)
