@@ -27,6 +27,7 @@ class Backend(ABC):
 
     def __init__(self, checkpoint: Checkpoint, arena: KVArena) -> None:
         self.config = checkpoint.config
+        self.mrope_section: tuple[int, ...] = self.config.vl.mrope_section if self.config.vl else ()
         self.arena = arena
         heads = (self.config.num_hidden_layers, self.config.num_key_value_heads)
         if arena.pages.heads != heads:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .checkpoint import Checkpoint
-from .config import VlConfig
 from .safetensors_io import StoredTensor
+from .vl_config import VlConfig
 from .vl_positions import image_tokens, rope_index
 
 ImageEncoder = Callable[[np.ndarray, np.ndarray], np.ndarray]
