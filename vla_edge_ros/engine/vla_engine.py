@@ -7,6 +7,15 @@ leave the cache when the step ends, unless the policy keeps them (dms decides on
 the cache keeps is the memory policy's decision (``vla_edge_ros.memory``: fifo, cosine, aura, dms);
 after evictions the kept tokens are re-positioned 0..n-1 in cache order by rotating their keys, so
 positions stay below the arena capacity however long the episode runs.
+
+A VL checkpoint (Qwen2-VL / Qwen2.5-VL) encodes a frame with its vision tower into one image segment,
+vision start, the merged visual tokens, vision end (``model/vl_frames.py``): ``tokens_per_frame`` is
+that segment's length, so every policy keeps or evicts whole segments as it does frames (dms per head).
+The arena then keeps each token's M-RoPE ids beside its sequence position: new tokens get the ids
+transformers' ``get_rope_index`` would give them at the end of the cached sequence (text-like tokens one
+past the highest id, an image's tokens its base plus row and column), masking reads the sequence
+positions, and re-numbering after evictions re-packs the ids as ``get_rope_index`` would number the
+kept sequence (``arena.repack_rope_ids``), rotating each key by its group's one delta.
 """
 
 from __future__ import annotations
@@ -21,12 +30,13 @@ from ..memory.base import DecodedTokens, FrameTokens, MemoryPolicy, MemoryStats
 from ..memory.context import MemoryContext, MemorySite
 from ..memory.fifo import FifoPolicy
 from ..model.action_head import ActionHead
-from ..model.arena import KVArena
+from ..model.arena import KVArena, repack_rope_ids
 from ..model.backend import ForwardResult
-from ..model.backends import make_backend
+from ..model.backends import make_backend, resolve_backend
 from ..model.checkpoint import Checkpoint
 from ..model.layout import arena_capacity, kv_bytes_per_token, scratch_tokens
 from ..model.vision import FrameEncoder
+from ..model.vl_frames import VlFrameEncoder, text_rope_ids
 
 PREFILL_CHUNK_TOKENS = 1024  # prompt tokens per forward pass: bounds the attention workspace
 
@@ -50,6 +60,7 @@ class FramePrefill:
     prefill_ms: float
     slots: np.ndarray  # arena slots of the frame's tokens
     attention: np.ndarray | None = None  # [layers, q_heads, capacity] of the frame's last token, if asked
+    next_rope_position: int | None = None  # M-RoPE id of the first decoded token (VL checkpoints only)
 
 
 @dataclass
@@ -78,18 +89,23 @@ class VlaEngine:
             raise ValueError(f"{checkpoint.path}: no vision weights; a VLA engine needs vision.* tensors")
         self.checkpoint = checkpoint
         self.config = config
+        self.mrope = config.vl is not None
+        if self.mrope and resolve_backend(backend) == "cuda":
+            raise ValueError("a VL checkpoint runs on the numpy backend: M-RoPE is not in the cuda backend yet")
         self.tokens_per_frame = config.vision.tokens_per_frame
         scratch = scratch_tokens(config)
         if kv_capacity_tokens < arena_capacity(config, 1, 1):
             raise ValueError(f"kv_capacity_tokens={kv_capacity_tokens} cannot hold one frame "
                              f"({self.tokens_per_frame} tokens) plus {scratch} action tokens beside a prompt")
-        self.arena = KVArena(kv_capacity_tokens, kv_page_tokens, kv_pool_pages)  # None, 0: the schema's defaults
+        self.arena = KVArena(kv_capacity_tokens, kv_page_tokens, kv_pool_pages,  # None, 0: the schema's defaults
+                             mrope=self.mrope)
         self.policy = policy or FifoPolicy()
         self._use_layout()  # before the backend sizes its pool: a pool below the dense size is refused here
         self.kv_bytes_per_token = kv_bytes_per_token(config)
         self.backend = make_backend(backend, checkpoint, self.arena)
         self.memory = MemoryContext(checkpoint, self.arena, self.backend.read_kv, self.backend.name)
-        self.encoder = FrameEncoder.from_checkpoint(checkpoint)
+        self.encoder: FrameEncoder | VlFrameEncoder = (VlFrameEncoder.from_checkpoint(checkpoint) if self.mrope
+                                                       else FrameEncoder.from_checkpoint(checkpoint))
         weight = bias = None
         if config.action.head == "linear":
             weight, bias = checkpoint.float32("action_head.weight"), checkpoint.float32("action_head.bias")
@@ -130,14 +146,20 @@ class VlaEngine:
         self._prompt_ids = ids
         self.arena.pinned = self.arena.allocate(ids.size)
         if cached is not None:
-            self.arena.commit(self.prompt_slots, np.arange(ids.size, dtype=np.int32))
+            positions = np.arange(ids.size, dtype=np.int32)
+            self.arena.commit(self.prompt_slots, positions, self._text_ids(0, ids.size))
             self.backend.write_kv(self.prompt_slots, cached["keys"], cached["values"])
         else:
             for start in range(0, ids.size, PREFILL_CHUNK_TOKENS):
                 chunk = slice(start, start + PREFILL_CHUNK_TOKENS)
-                self.backend.forward(np.arange(start, min(start + PREFILL_CHUNK_TOKENS, ids.size), dtype=np.int32),
-                                     self.prompt_slots[chunk], token_ids=ids[chunk])
+                positions = np.arange(start, min(start + PREFILL_CHUNK_TOKENS, ids.size), dtype=np.int32)
+                self.backend.forward(positions, self.prompt_slots[chunk], token_ids=ids[chunk],
+                                     rope_positions=self._text_ids(start, positions.size))
         self.policy.reset()
+
+    def _text_ids(self, first: int, count: int) -> np.ndarray | None:
+        """M-RoPE ids of ``count`` text-like tokens from id ``first`` (None for a text decoder: 1-D RoPE)."""
+        return text_rope_ids(first, count) if self.mrope else None
 
     @property
     def prompt_ids(self) -> np.ndarray:
@@ -174,7 +196,7 @@ class VlaEngine:
 
     def memory_state(self) -> dict[str, np.ndarray]:
         """Everything the cache holds of this episode, as named arrays: the prompt, every kept token's slot and
-        position, what each (layer, KV head) holds (``entry_counts`` [layers, kv_heads], then ``entry_slots``,
+        position (and M-RoPE ids ``rope_positions`` [3, n] of a VL checkpoint), what each (layer, KV head) holds (``entry_counts`` [layers, kv_heads], then ``entry_slots``,
         ``keys`` and ``values`` [entries, head_dim], head by head in the order the head holds them), and the
         policy's own state (``policy.*``)."""
         slots = np.flatnonzero(self.arena.valid).astype(np.int32)
@@ -187,6 +209,8 @@ class VlaEngine:
             "slots": slots, "positions": self.arena.positions[slots].copy(), "entry_counts": counts,
             "entry_slots": self.arena.pages.entry_slot.reshape(-1)[rows].copy(), "keys": keys, "values": values,
         })
+        if self.arena.rope_positions is not None:
+            state["rope_positions"] = self.arena.rope_positions[:, slots].copy()
         return state
 
     def load_memory_state(self, state: dict[str, np.ndarray]) -> None:
@@ -205,9 +229,15 @@ class VlaEngine:
             raise ValueError(f"memory state does not fit this engine: keys {list(state['keys'].shape)} of "
                              f"{list(np.shape(state['entry_counts']))} heads, expected {list(expected)} of "
                              f"{[c.num_hidden_layers, c.num_key_value_heads]} in a {self.arena.capacity}-slot arena")
+        rope = None
+        if self.mrope:
+            rope = np.asarray(state.get("rope_positions", np.empty(0)), dtype=np.int32)
+            if rope.shape != (3, slots.size):
+                raise ValueError(f"memory state lacks the M-RoPE ids of a VL checkpoint's {slots.size} tokens "
+                                 f"(rope_positions {list(rope.shape)}, expected {[3, slots.size]})")
         self.arena.release(np.arange(self.arena.capacity, dtype=np.int32))
         self.arena.restore_entries(slots, np.asarray(state["positions"], dtype=np.int32), state["entry_counts"],
-                                   entry_slots)
+                                   entry_slots, rope)
         _, rows = self.arena.pages.held()  # in the order the state lists them
         self.backend.write_rows(rows, state["keys"], state["values"])
         self._prompt_ids = np.asarray(state["prompt_ids"], dtype=np.int32).copy()
@@ -227,14 +257,21 @@ class VlaEngine:
         self.set_prompt(prompt["token_ids"], cached=prompt)
 
     def compact_positions(self) -> None:
-        """Re-position the cached tokens to 0..n-1 in their current order, rotating their keys."""
+        """Re-position the cached tokens to 0..n-1 in their current order, rotating their keys (a VL
+        checkpoint's by the delta that re-packs their M-RoPE ids; see the module doc)."""
         slots = self.arena.slots_in_order()
         targets = np.arange(slots.size, dtype=np.int32)
-        shifts = targets - self.arena.positions[slots]
+        if self.arena.rope_positions is None:
+            shifts = targets - self.arena.positions[slots]
+        else:
+            old = self.arena.rope_positions[:, slots]
+            new = repack_rope_ids(old)
+            shifts = new[0] - old[0]
+            self.arena.rope_positions[:, slots] = new
         moving = shifts != 0
         if moving.any():
             self.backend.rotate_keys(slots[moving], shifts[moving])
-            self.arena.positions[slots] = targets
+        self.arena.positions[slots] = targets
 
     def encode_frame(self, image: np.ndarray) -> EncodedFrame:
         """The frame's ``tokens_per_frame`` input embeddings (a VL checkpoint: its vision tower's block)."""
@@ -258,14 +295,18 @@ class VlaEngine:
         slots = self.arena.allocate(count)
         start = self.arena.next_position()
         positions = np.arange(start, start + count, dtype=np.int32)
-        out = self.backend.forward(positions, slots, embeddings=inputs, collect_attention=probe_attention,
-                                   collect_layers=self.policy.needs_layer_inputs)
         n_prefix = count - self.tokens_per_frame
+        rope = None
+        if self.mrope:
+            first = self.arena.next_rope_position()
+            rope = np.concatenate([text_rope_ids(first, n_prefix), self.encoder.rope_ids(first + n_prefix)], axis=1)
+        out = self.backend.forward(positions, slots, embeddings=inputs, collect_attention=probe_attention,
+                                   collect_layers=self.policy.needs_layer_inputs, rope_positions=rope)
         self.policy.add_frame(FrameTokens(slots[n_prefix:], positions[n_prefix:], embeddings, slots[:n_prefix],
                                           _layer_inputs(out, n_prefix)))
         t2 = time.perf_counter()
         return FramePrefill(out.hidden[-1], int(positions[-1]) + 1, evicted, frame.encode_ms, (t2 - t1) * 1e3,
-                            slots[n_prefix:], out.last_attention)
+                            slots[n_prefix:], out.last_attention, None if rope is None else int(rope.max()) + 1)
 
     def add_frame(self, image: np.ndarray, *, probe_attention: bool = False) -> FramePrefill:
         """Encode one frame and prefill it: ``encode_frame`` then ``prefill_frame``."""
@@ -291,7 +332,8 @@ class VlaEngine:
                     return None
                 token = np.array([head.first_bin_token + bins[-1]], dtype=np.int32)
                 position = np.array([prefill.next_position + i], dtype=np.int32)
-                out = self.backend.forward(position, scratch[i:i + 1], token_ids=token,
+                rope = None if prefill.next_rope_position is None else text_rope_ids(prefill.next_rope_position + i, 1)
+                out = self.backend.forward(position, scratch[i:i + 1], token_ids=token, rope_positions=rope,
                                            collect_layers=policy.keeps_decoded and policy.needs_layer_inputs)
                 if policy.keeps_decoded:
                     policy.add_decoded(DecodedTokens(scratch[i:i + 1], position, _layer_inputs(out, 0)))

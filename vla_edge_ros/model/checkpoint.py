@@ -147,7 +147,7 @@ def _weight_files(model_dir: Path) -> list[Path]:
 _VL_PREFIXES = (("model.visual.", "visual."), ("model.language_model.", "model."))
 
 
-def _vl_stored_name(name: str, new_layout: bool) -> str:
+def vl_stored_name(name: str, new_layout: bool) -> str:
     """The key under which internal tensor ``name`` is (or would be) stored in a VL checkpoint's files."""
     if new_layout:
         for new, legacy in _VL_PREFIXES:
@@ -203,7 +203,7 @@ def load_checkpoint(model_dir: str | Path, *, require_vla: bool = True) -> Check
     stored_name: Callable[[str], str] = str
     if config.vl is not None:
         tensors, new_layout = normalize_vl_names(tensors, model_dir)
-        stored_name = partial(_vl_stored_name, new_layout=new_layout)
+        stored_name = partial(vl_stored_name, new_layout=new_layout)
         check_tensors(tensors, vl_shapes(config), model_dir, stored_name)
     check_tensors(tensors, language_model_shapes(config), model_dir, stored_name)
     vla = vla_shapes(config)

@@ -104,13 +104,14 @@ class ModelConfig:
             self.vl.validate(self.hidden_size, self.head_dim, self.vocab_size)
 
     def validate_vla(self) -> None:
-        """Refuse a frame encoder or action head that cannot work with this decoder."""
+        """Refuse a frame encoder or action head that cannot work with this decoder. A VL checkpoint's frame
+        encoder is its vision tower, whose frame geometry the runtime derives (``vl_frames``)."""
         vision = self.vision
-        if vision.pool_grid ** 2 != vision.tokens_per_frame:
+        if self.vl is None and vision.pool_grid ** 2 != vision.tokens_per_frame:
             raise ModelConfigError(
                 f"config.json: vla.vision.tokens_per_frame must be a square, got {vision.tokens_per_frame}")
         patches_per_side = vision.image_size // vision.patch_size
-        if vision.image_size % vision.patch_size or patches_per_side % vision.pool_grid:
+        if self.vl is None and (vision.image_size % vision.patch_size or patches_per_side % vision.pool_grid):
             raise ModelConfigError(
                 "config.json: vla.vision.image_size must be a multiple of patch_size, and the patch grid "
                 f"({patches_per_side}) a multiple of sqrt(tokens_per_frame) ({vision.pool_grid})")
@@ -128,7 +129,8 @@ class ModelConfig:
             raise ModelConfigError("config.json: vla.action.q01 must be below q99 in every dimension")
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """The ``config.json`` content HuggingFace ``Qwen2Config`` reads (plus our ``vla`` section)."""
+        """The ``config.json`` content HuggingFace ``Qwen2Config`` reads (plus our ``vla`` section); a VL model's
+        in the hub's flat Qwen2-VL / Qwen2.5-VL layout."""
         return {
             "architectures": ["Qwen2ForCausalLM"],
             "model_type": "qwen2",
@@ -146,7 +148,9 @@ class ModelConfig:
             "hidden_act": "silu",
             "use_sliding_window": False,
             "attention_dropout": 0.0,
-            "vla": {"vision": asdict(self.vision), "action": asdict(self.action)},
+            "vla": {"action": asdict(self.action)} if self.vl is not None else
+                   {"vision": asdict(self.vision), "action": asdict(self.action)},
+            **(self.vl.hf_fields() if self.vl is not None else {}),
         }
 
 

@@ -8,7 +8,11 @@ trained checkpoint in models/sim is the embedded default); ``tiny`` is what the 
 a 2-core CPU; untied embeddings, because a random tied model greedily repeats its input token and
 every action dimension would read the same bin);
 ``qwen2.5-1.5b-shape`` has the exact shapes of Qwen2.5-1.5B (28 layers, 12 query / 2 KV heads of
-128, vocab 151,936, tied) for timing and memory work. The same seed always gives the same bytes.
+128, vocab 151,936, tied) for timing and memory work; ``qwen2-vl-tiny`` is a small Qwen2-VL: the tiny
+decoder with M-RoPE and a 2-block ViT tower, written as transformers writes a Qwen2-VL checkpoint (the
+hub's flat config.json, a preprocessor_config.json, the tensors under transformers 5's keys
+``model.language_model.*`` and ``model.visual.*``), so transformers loads it as it is; its ``vla``
+section holds only the action head. The same seed always gives the same bytes.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from ..numerics.bf16 import bf16_bits
-from .checkpoint import language_model_shapes, vla_shapes
+from .checkpoint import language_model_shapes, vl_shapes, vl_stored_name, vla_shapes
 from .config import ActionConfig, ModelConfig, VisionConfig
+from .vl_config import VisionTowerConfig, VlConfig
 from .memory_tensors import aura_shapes
 from .safetensors_io import StoredTensor, write_safetensors
 
@@ -47,6 +52,24 @@ PRESETS: dict[str, ModelConfig] = {
         vision=VisionConfig(image_size=224, patch_size=14, tokens_per_frame=16),
         action=ActionConfig(head="bins", dof=7),
     ),
+    "qwen2-vl-tiny": ModelConfig(
+        hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, vocab_size=2048, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, max_position_embeddings=4096,
+        action=ActionConfig(head="bins", dof=7),
+        vl=VlConfig(VisionTowerConfig(family="qwen2_vl", depth=2, embed_dim=64, num_heads=4, mlp_dim=256,
+                                      out_hidden_size=256, fullatt_block_indexes=(0, 1)),
+                    mrope_section=(8, 12, 12),  # Qwen2-VL's 16/24/24 split of head_dim / 2, halved
+                    # below the last 256 ids, which the bins action head reads
+                    image_token_id=1700, vision_start_token_id=1701, vision_end_token_id=1702),
+    ),
+}
+# preprocessor_config.json of a written VL preset: the hub's Qwen2-VL values (CLIP mean and std)
+VL_PREPROCESSOR = {
+    "image_processor_type": "Qwen2VLImageProcessor", "do_resize": True, "do_rescale": True,
+    "rescale_factor": 1 / 255, "do_normalize": True, "resample": 3, "do_convert_rgb": True,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "min_pixels": 56 * 56, "max_pixels": 28 * 28 * 1280, "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
 }
 STORAGE_DTYPES = ("float32", "float16", "bfloat16")
 _INIT_STD = 0.02
@@ -73,14 +96,15 @@ def write_random_model(out: str | Path, config: ModelConfig, *, seed: int = 0, d
     config.validate()
     config.validate_vla()
     rng = np.random.default_rng(seed)
-    shapes = {**language_model_shapes(config), **vla_shapes(config),
+    shapes = {**language_model_shapes(config), **vl_shapes(config), **vla_shapes(config),
               **aura_shapes(config, AURA_DIM, AURA_DIM, learned_gate=False)}
     return write_model(out, config, {name: random_tensor(name, shape, rng) for name, shape in shapes.items()}, dtype)
 
 
 def write_model(out: str | Path, config: ModelConfig, arrays: dict[str, np.ndarray], dtype: str,
                 metadata: dict[str, str] | None = None) -> Path:
-    """Write ``arrays`` (fp32, checkpoint names) as model.safetensors in ``dtype``, and config.json."""
+    """Write ``arrays`` (fp32, checkpoint names) as model.safetensors in ``dtype``, and config.json (a VL
+    model: under transformers 5's keys, with a preprocessor_config.json)."""
     if dtype not in STORAGE_DTYPES:
         raise ValueError(f"dtype must be one of {STORAGE_DTYPES}, got {dtype!r}")
     out = Path(out)
@@ -88,6 +112,9 @@ def write_model(out: str | Path, config: ModelConfig, arrays: dict[str, np.ndarr
     hf = config.to_hf_dict()
     hf["torch_dtype"] = dtype
     (out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    if config.vl is not None:
+        (out / "preprocessor_config.json").write_text(json.dumps(VL_PREPROCESSOR, indent=2) + "\n")
+        arrays = {vl_stored_name(name, new_layout=True): a for name, a in arrays.items()}
     write_safetensors(out / "model.safetensors", {name: _encode(a, dtype) for name, a in arrays.items()}, metadata)
     return out
 

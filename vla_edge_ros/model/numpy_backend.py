@@ -77,7 +77,7 @@ class NumpyBackend(Backend):
         rope_ids = self._rope_ids(rope_positions, positions.size)
         cos, sin = ops.rope_cos_sin(positions, self.inv_freq) if rope_ids is None else \
             ops.mrope_cos_sin(rope_ids, self.inv_freq, self.mrope_section)
-        self.arena.commit(slots, positions)
+        self.arena.commit(slots, positions, rope_ids)
         new_rows = self.arena.pages.rows(slots)  # [layers, kv_heads, T]
         q_end, k_end = c.q_dim, c.q_dim + c.kv_dim
         layer_hidden = [x.copy()] if collect_layers else None

@@ -134,6 +134,32 @@ class VlConfig:
             if not 0 <= value < vocab_size:
                 raise ModelConfigError(f"config.json: {name} {value} is outside the vocabulary [0, {vocab_size})")
 
+    def hf_fields(self) -> dict[str, Any]:
+        """The keys a ``config.json`` in the hub's flat layout adds to a Qwen2 decoder's for this VL model
+        (what ``split_vl_config`` reads back; transformers loads it as the hub's checkpoints)."""
+        v = self.vision
+        if v.family == "qwen2_vl":
+            tower: dict[str, Any] = {"depth": v.depth, "embed_dim": v.embed_dim, "mlp_ratio": _ratio(v.mlp_dim, v.embed_dim),
+                                     "num_heads": v.num_heads, "hidden_size": v.out_hidden_size}
+        else:
+            tower = {"depth": v.depth, "hidden_size": v.embed_dim, "intermediate_size": v.mlp_dim,
+                     "num_heads": v.num_heads, "out_hidden_size": v.out_hidden_size, "window_size": v.window_size,
+                     "fullatt_block_indexes": list(v.fullatt_block_indexes)}
+        tower.update(hidden_act=v.hidden_act, in_chans=v.in_channels, patch_size=v.patch_size,
+                     spatial_patch_size=v.patch_size, spatial_merge_size=v.spatial_merge_size,
+                     temporal_patch_size=v.temporal_patch_size, rope_theta=v.rope_theta)
+        architecture = "Qwen2VLForConditionalGeneration" if v.family == "qwen2_vl" else \
+            "Qwen2_5_VLForConditionalGeneration"
+        return {"architectures": [architecture], "model_type": v.family, "vision_config": tower,
+                "rope_scaling": {"type": "mrope", "mrope_section": list(self.mrope_section)},
+                "bos_token_id": None, "eos_token_id": None,  # no tokenizer: no special ids (HF's defaults lie outside)
+                **{name: getattr(self, name) for name in _DEFAULT_TOKEN_IDS}}
+
+
+def _ratio(mlp_dim: int, embed_dim: int) -> int | float:
+    """qwen2_vl's ``mlp_ratio``: an int where it divides (transformers 5 types the field int), else the ratio."""
+    return mlp_dim // embed_dim if mlp_dim % embed_dim == 0 else mlp_dim / embed_dim
+
 
 def _int(section: dict[str, Any], key: str, where: str, source: Path, default: int | None = None) -> int:
     if key not in section:
