@@ -23,6 +23,7 @@ from ..model.arena import KVArena
 from ..model.checkpoint import Checkpoint
 from ..model.config import ModelConfig
 from ..model.layout import arena_capacity, frames_in_arena, kv_bytes_per_token, kv_page_bytes, kv_pages_for
+from ..numerics import ops
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,15 @@ class MemoryContext:
         if self.arena.per_head:
             return self.arena.pages.pages_in_use() * kv_page_bytes(self.config, self.arena.page_tokens)
         return self.arena.used * self.kv_bytes_per_token
+
+    def rope_undo(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """cos and sin [n, head_dim / 2] that turn the cached keys of ``slots`` back to position 0 (``ops.apply_rope``):
+        the inverse of the rotation each carries, by its position, or by its M-RoPE ids in a VL checkpoint's arena."""
+        c = self.config
+        inv_freq = ops.rope_inv_freq(c.head_dim, c.rope_theta)
+        if self.arena.rope_positions is None:
+            return ops.rope_cos_sin(-self.arena.positions[slots], inv_freq)
+        return ops.mrope_cos_sin(-self.arena.rope_positions[:, slots], inv_freq, c.vl.mrope_section)
 
     def site(self) -> MemorySite:
         return MemorySite(self.checkpoint, self.arena.capacity, self.arena.pinned.size, self.arena.page_tokens,

@@ -68,7 +68,6 @@ class CosinePolicy(FrameWindowPolicy):
         self.check_knobs(self.knobs, context.site())
         rows = self.capacity_frames() + 1  # the arena's frames plus the one being inserted
         self.math = MemoryMath.for_device(context.device)
-        self._inv_freq = ops.rope_inv_freq(context.config.head_dim, context.config.rope_theta)
         self._dim = self._signature_dim()
         self._index = self.math.signature_index(rows, self._dim)
         self._sim = np.full((rows, rows), -np.inf, dtype=np.float32)
@@ -104,7 +103,7 @@ class CosinePolicy(FrameWindowPolicy):
         keys, values = self._context().read_kv(frame.slots)  # [layers, kv_heads, n, head_dim]
         chosen = (keys if self.signature == "keys" else values)[list(self.signature_layers)]
         if self.signature == "keys":
-            cos, sin = ops.rope_cos_sin(-frame.positions, self._inv_freq)
+            cos, sin = self._context().rope_undo(frame.slots)
             chosen = np.stack([ops.apply_rope(layer.transpose(1, 0, 2), cos, sin) for layer in chosen])
             return chosen.mean(axis=1, dtype=np.float32).reshape(-1)  # [layers, n, heads, D] -> mean over n
         return chosen.mean(axis=2, dtype=np.float32).reshape(-1)

@@ -224,11 +224,11 @@ class DmsPolicy(MemoryPolicy):
 
     def add_frame(self, frame: FrameTokens) -> None:
         self.frames_seen += 1
-        scores = self._source().scores(self._context(), frame.slots, frame.positions, frame.layer_inputs)
+        scores = self._source().scores(self._context(), frame.slots, frame.layer_inputs)
         self.admit(frame.slots, scores, frame=self.frames_seen - 1)
 
     def add_decoded(self, tokens: DecodedTokens) -> None:
-        scores = self._source().scores(self._context(), tokens.slots, tokens.positions, tokens.layer_inputs)
+        scores = self._source().scores(self._context(), tokens.slots, tokens.layer_inputs)
         self.admit(tokens.slots, scores, frame=-1)
 
     def admit(self, slots: np.ndarray, scores: np.ndarray, *, frame: int) -> None:

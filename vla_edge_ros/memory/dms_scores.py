@@ -45,8 +45,7 @@ class LearnedGate:
     def reset(self, context: MemoryContext) -> None:
         """Nothing to remember between tokens."""
 
-    def scores(self, context: MemoryContext, slots: np.ndarray, positions: np.ndarray,
-               layer_inputs: list[np.ndarray] | None) -> np.ndarray:
+    def scores(self, context: MemoryContext, slots: np.ndarray, layer_inputs: list[np.ndarray] | None) -> np.ndarray:
         if layer_inputs is None:
             raise RuntimeError("dms learned gate: the forward pass did not return the layers' inputs")
         alphas = [ops.rms_norm(x, norm, self.eps) @ weight.T + bias
@@ -68,28 +67,26 @@ class KeyNovelty:
     def __init__(self, context: MemoryContext, window: int) -> None:
         c = context.config
         self.window = window
-        self.inv_freq = ops.rope_inv_freq(c.head_dim, c.rope_theta)
         self.recent = np.zeros((window, c.num_hidden_layers * c.num_key_value_heads, c.head_dim), np.float32)
         self.count = 0  # tokens ever pushed this episode; the ring holds the newest min(count, window)
         self.prompt = self.recent[:0]
 
     def reset(self, context: MemoryContext) -> None:
         self.count = 0
-        self.prompt = self._unit_keys(context, context.prompt_slots, context.arena.positions[context.prompt_slots])
+        self.prompt = self._unit_keys(context, context.prompt_slots)
 
-    def _unit_keys(self, context: MemoryContext, slots: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """Keys of ``slots`` rotated back by their positions, unit length: [n, layers * kv_heads, head_dim]."""
+    def _unit_keys(self, context: MemoryContext, slots: np.ndarray) -> np.ndarray:
+        """Keys of ``slots`` rotated back to position 0, unit length: [n, layers * kv_heads, head_dim]."""
         keys, _ = context.read_kv(slots)  # [layers, kv_heads, n, head_dim]
         layers, heads, n, dim = keys.shape
         keys = keys.transpose(2, 0, 1, 3).reshape(n, layers * heads, dim)
-        cos, sin = ops.rope_cos_sin(-np.asarray(positions, dtype=np.int32), self.inv_freq)
+        cos, sin = context.rope_undo(slots)
         keys = ops.apply_rope(keys, cos, sin)
         norms = np.linalg.norm(keys, axis=-1, keepdims=True)
         return (keys / np.where(norms > 0, norms, np.float32(1))).astype(np.float32)
 
-    def scores(self, context: MemoryContext, slots: np.ndarray, positions: np.ndarray,
-               layer_inputs: list[np.ndarray] | None) -> np.ndarray:
-        new = self._unit_keys(context, slots, positions)  # [T, LH, D]
+    def scores(self, context: MemoryContext, slots: np.ndarray, layer_inputs: list[np.ndarray] | None) -> np.ndarray:
+        new = self._unit_keys(context, slots)  # [T, LH, D]
         tokens, lh, _ = new.shape
         reference = np.concatenate([self.prompt, self.recent[:min(self.count, self.window)]])  # [R, LH, D]
         best = np.full((lh, tokens), -np.inf, dtype=np.float32)
@@ -118,4 +115,4 @@ class KeyNovelty:
         """The window's keys from the snapshot; the prompt's are recomputed from the restored cache."""
         self.recent = _array(state, "novelty_window_keys", np.float32, self.recent.shape).copy()
         self.count = int(_array(state, "novelty_count", np.int64, (1,))[0])
-        self.prompt = self._unit_keys(context, context.prompt_slots, context.arena.positions[context.prompt_slots])
+        self.prompt = self._unit_keys(context, context.prompt_slots)

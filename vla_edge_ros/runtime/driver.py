@@ -57,6 +57,8 @@ class Driver:
         self.frame_size = frame_size
         self.gate = AdmissionGate.from_settings(settings["reasoning"], clock=clock)
         self.reasoner = Reasoner(engine, self.gate, None if costs is None else VirtualTimer(clock, costs))
+        if costs is not None:
+            costs.require(self.reasoner.block_kinds)
         self.knobs = OutputKnobs.of(settings["action_publisher"])
         self.output = ActionOutput(self.knobs)
         self.buffer = FrameBuffer(*frame_size)

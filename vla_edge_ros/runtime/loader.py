@@ -16,6 +16,7 @@ from ..memory import POLICIES, MemorySite, build_policy, check_knobs
 from ..model.backends import resolve_backend
 from ..model.budget import MemoryPlan, plan_memory, require_fit
 from ..model.checkpoint import Checkpoint, load_checkpoint
+from ..model.vl_frames import with_frame_geometry
 from .action_output import check_fits_action
 
 _LOG = logging.getLogger("vla_edge_ros.runtime")
@@ -29,10 +30,19 @@ class LoadedEngine(NamedTuple):
     memory_restored: bool = False
 
 
-def plan_for(settings: Settings, checkpoint: Checkpoint | None = None) -> tuple[MemoryPlan, Checkpoint]:
-    """The memory plan of the reasoning node's configuration (reads tensor headers only)."""
+def load_model(settings: Settings) -> Checkpoint:
+    """The configured checkpoint (tensor headers; weights memory-mapped) as the runtime sees it: for a VL
+    checkpoint, with the frame geometry ``reasoning.vision_max_pixels`` gives it (``vl_frames``)."""
     node = settings["reasoning"]
-    checkpoint = checkpoint or load_checkpoint(Path(node["model_dir"]))
+    return with_frame_geometry(load_checkpoint(Path(node["model_dir"])), node["vision_max_pixels"])
+
+
+def plan_for(settings: Settings, checkpoint: Checkpoint | None = None) -> tuple[MemoryPlan, Checkpoint]:
+    """The memory plan of the reasoning node's configuration (reads tensor headers only). ``checkpoint``:
+    already loaded, by ``load_model`` or plain (a VL checkpoint gets its frame geometry here either way)."""
+    node = settings["reasoning"]
+    checkpoint = (with_frame_geometry(checkpoint, node["vision_max_pixels"]) if checkpoint is not None
+                  else load_model(settings))
     largest = max(checkpoint.config.vision.tokens_per_frame, len(node["prompt_token_ids"]))
     plan = plan_memory(checkpoint, resolve_backend(node["backend"]), node["kv_capacity_tokens"],
                        node["budget_bytes"], largest, node["kv_page_tokens"], node["kv_pool_pages"])

@@ -1,5 +1,9 @@
 """One reasoning cycle: ask the gate, encode + prefill, decode, account. Shared by the live node and replay.
 
+A VL checkpoint's vision tower is a block of its own (``vision_encode``): the gate is asked before it,
+then again before the prefill of the segment it made, so each cost is learned apart and a prefill that
+no longer fits after a slow encode is refused rather than started.
+
 The gate decides on its own clock. Live, that is the monotonic clock and blocks simply take the
 time they take. In replay the clock is virtual, and a ``BlockTimer`` moves it forward by each
 block's cost (measured, or taken from a fixed model), so that the same decisions follow from the
@@ -54,18 +58,34 @@ class Reasoner:
         self.gate = gate
         self.timer = timer or RealTime()
 
+    @property
+    def block_kinds(self) -> tuple[BlockKind, ...]:
+        """The blocks a cycle runs on this engine, in order (what a fixed cost model must price)."""
+        first = (BlockKind.VISION_ENCODE,) if self.engine.mrope else ()
+        return first + (BlockKind.ENCODE_PREFILL, BlockKind.DECODE)
+
     def cycle(self, image: np.ndarray, receive_ns: int) -> CycleResult:
         gate, timer = self.gate, self.timer
         cycle = gate.start_cycle(receive_ns)
         if not cycle:
             return CycleResult(cycle.verdict, None, None, False)
+        late: list[bool] = []
+        encoded = None
+        if self.engine.mrope:  # the vision tower, gated and costed on its own
+            block = gate.admit(BlockKind.VISION_ENCODE, cycle.deadline_ns, within=cycle.verdict)
+            if not block:
+                return CycleResult(cycle.verdict, None, None, False, BlockKind.VISION_ENCODE)
+            timer.started(BlockKind.VISION_ENCODE)
+            encoded = self.engine.encode_frame(image)
+            timer.finished(BlockKind.VISION_ENCODE)
+            late.append(gate.record(block))
         block = gate.admit(BlockKind.ENCODE_PREFILL, cycle.deadline_ns, within=cycle.verdict)
         if not block:
-            return CycleResult(cycle.verdict, None, None, False, BlockKind.ENCODE_PREFILL)
+            return CycleResult(cycle.verdict, None, None, any(late), BlockKind.ENCODE_PREFILL)
         timer.started(BlockKind.ENCODE_PREFILL)
-        prefill = self.engine.add_frame(image)
+        prefill = self.engine.prefill_frame(encoded if encoded is not None else self.engine.encode_frame(image))
         timer.finished(BlockKind.ENCODE_PREFILL)
-        late = [gate.record(block)]
+        late.append(gate.record(block))
 
         def admit_step():
             step = gate.admit(BlockKind.DECODE, cycle.deadline_ns, within=cycle.verdict)

@@ -48,14 +48,14 @@ from ..config import MemoryKnobs, Settings
 from ..engine import VlaEngine
 from ..memory import AuraPolicy, DmsPolicy, MemoryPolicy, MemorySite, check_knobs, make_policy
 from ..memory.aura import fast_weight_bytes
-from ..model.checkpoint import Checkpoint, load_checkpoint
+from ..model.checkpoint import Checkpoint
 from ..model.config import ModelConfig
 from ..model.layout import arena_capacity, kv_bytes_per_token, kv_page_bytes, kv_pages_for
 from ..runtime.admission import Verdict
 from ..runtime.block_costs import CostModel
 from ..runtime.clock import VirtualClock
 from ..runtime.driver import Driver
-from ..runtime.loader import load_engine
+from ..runtime.loader import load_engine, load_model
 from ..worlds.sim.world import VELOCITY_COMMANDS, CueReachEnv, TaskSpec, velocity_command
 from .parallel import Job, Unit, UnitsFailed, run_figures, run_units
 
@@ -366,8 +366,7 @@ class EpisodeSpec:
 
 def prepare(context: EvalContext) -> dict[str, Any]:
     """A worker's state: the checkpoint, loaded once, and an engine per cell, built on first use."""
-    return {"context": context, "checkpoint": load_checkpoint(context.settings["reasoning"]["model_dir"]),
-            "engines": {}}
+    return {"context": context, "checkpoint": load_model(context.settings), "engines": {}}
 
 
 def run_unit(state: dict[str, Any], episode: EpisodeSpec) -> dict[str, Any]:
@@ -409,7 +408,7 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
         raise ValueError(f"{settings.source}: the simulated robot drives on velocity commands "
                          f"({', '.join(VELOCITY_COMMANDS)}), not action_publisher.command_type {command_type!r}")
     order, added = run_order(variants)
-    checkpoint = load_checkpoint(settings["reasoning"]["model_dir"])
+    checkpoint = load_model(settings)
     aura_budget = aura_budget_frames(checkpoint) if any(v.startswith("aura") for v in order) else None
     notes = [f"{AURA_NOTE} ({aura_budget} frames)"] if aura_budget else []
     if added:

@@ -13,8 +13,8 @@ from typing import Any
 
 from ...bags.reader import Bag, BagError
 from ...config import Settings
-from ...model.checkpoint import load_checkpoint
 from ...runtime.block_costs import CostModel
+from ...runtime.loader import load_model
 from ..parallel import Job, RunSummary, Unit, run_units
 from .bag_summary import topic_summary
 from .commands import RecordedCommands
@@ -79,7 +79,7 @@ class ReplayUnit:
 
 def prepare(context: ReplayContext) -> dict[str, Any]:
     """A worker's state: the checkpoint, read once for every bag and policy it replays."""
-    return {"context": context, "checkpoint": load_checkpoint(context.settings["reasoning"]["model_dir"])}
+    return {"context": context, "checkpoint": load_model(context.settings)}
 
 
 def run_unit(state: dict[str, Any], unit: ReplayUnit) -> dict[str, Any]:
