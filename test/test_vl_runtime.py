@@ -1,0 +1,303 @@
+"""The runtime on a Qwen2-VL checkpoint: frames as image segments, M-RoPE ids kept exact through evictions."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from vla_edge_ros.config import DmsKnobs
+from vla_edge_ros.engine.vla_engine import EncodedFrame, VlaEngine
+from vla_edge_ros.memory import DmsPolicy, FifoPolicy, make_policy
+from vla_edge_ros.model.arena import KVArena, repack_rope_ids
+from vla_edge_ros.model.checkpoint import load_checkpoint
+from vla_edge_ros.model.config import ModelConfigError
+from vla_edge_ros.model.init_model import preset, write_random_model
+from vla_edge_ros.model.numpy_backend import NumpyBackend
+from vla_edge_ros.model.vl_config import VisionTowerConfig, VlConfig
+from vla_edge_ros.model.vl_frames import frame_side, text_rope_ids, with_frame_geometry
+from vla_edge_ros.model.vl_positions import rope_index
+from vla_edge_ros.model.vl_preprocess import ImageProcessing
+from vla_edge_ros.numerics import ops
+from vla_edge_ros.worlds.synthetic import SyntheticCamera
+
+PROMPT = [11, 402, 77, 1030, 6]
+CAP = 112 * 112  # 112 x 112 frames: 4 x 4 merged tokens + start and end = 18 tokens per frame
+IMAGE, START, END = 1700, 1701, 1702
+
+
+@pytest.fixture(scope="module")
+def vl_model(tmp_path_factory):
+    """qwen2-vl-tiny cut to 2 decoder layers (the mechanics under test do not need more)."""
+    return write_random_model(tmp_path_factory.mktemp("vl") / "vl", preset("qwen2-vl-tiny", layers=2), seed=0)
+
+
+@pytest.fixture(scope="module")
+def micro_model(tmp_path_factory):
+    """A VL model small enough to stream thousands of frames: 1 layer of width 64, a 1-block tower."""
+    config = preset("qwen2-vl-tiny", layers=1)
+    vl = replace(config.vl, vision=replace(config.vl.vision, depth=1, embed_dim=32, num_heads=2, mlp_dim=64,
+                                           out_hidden_size=64, fullatt_block_indexes=(0,)), mrope_section=(4, 6, 6))
+    config = replace(config, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
+                     head_dim=32, vl=vl)
+    return write_random_model(tmp_path_factory.mktemp("vl") / "micro", config, seed=1)
+
+
+def _engine(model, capacity: int, policy=None, cap: int = CAP) -> VlaEngine:
+    engine = VlaEngine(with_frame_geometry(load_checkpoint(model), cap), backend="numpy",
+                       kv_capacity_tokens=capacity, policy=policy)
+    engine.set_prompt(PROMPT)
+    return engine
+
+
+def _layout(segments: int, side_tokens: int) -> np.ndarray:
+    """Token ids of the prompt and ``segments`` frame segments, as transformers' prompt would hold them."""
+    frame = [START] + [IMAGE] * side_tokens ** 2 + [END]
+    return np.array(PROMPT + frame * segments)
+
+
+def _kept_rope_ids(engine: VlaEngine) -> np.ndarray:
+    slots = engine.arena.slots_in_order()
+    return engine.arena.rope_positions[:, slots]
+
+
+# -- the ids ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("grid", [(1, 8, 8), (1, 8, 12), (1, 14, 4)])
+def test_repacking_equals_get_rope_index_of_the_kept_sequence(grid):
+    """Evicting whole segments (and a text token between them), then re-packing, gives the ids
+    transformers' get_rope_index (vl_positions.rope_index, tested against it) gives the kept sequence."""
+    n = grid[1] * grid[2] // 4
+    pieces = [PROMPT, [START] + [IMAGE] * n + [END], [9], [START] + [IMAGE] * n + [END], [START] + [IMAGE] * n + [END],
+              [8, 7]]
+    ids = np.concatenate([np.asarray(p) for p in pieces])
+    full = rope_index(ids, np.array([grid] * 3), image_token_id=IMAGE, spatial_merge_size=2)
+    owner = np.concatenate([np.full(len(p), i) for i, p in enumerate(pieces)])
+    for dropped in ({1}, {1, 2}, {3}, {1, 3, 4}):
+        keep = ~np.isin(owner, list(dropped))
+        images = 3 - len(dropped & {1, 3, 4})
+        expected = rope_index(ids[keep], np.array([grid] * images), image_token_id=IMAGE, spatial_merge_size=2)
+        np.testing.assert_array_equal(repack_rope_ids(full[:, keep]), expected)
+
+
+def test_repacking_a_thinned_image_moves_its_tokens_together():
+    """dms drops tokens one by one: what is left of an image keeps its rows and columns relative to its base,
+    and the next token follows the highest id left."""
+    ids = rope_index(_layout(2, 4), np.array([(1, 8, 8)] * 2), image_token_id=IMAGE, spatial_merge_size=2)
+    keep = np.ones(ids.shape[1], dtype=bool)
+    keep[[3, 4, 5, 6, 7]] = False  # two prompt tokens, the first segment's start marker and first two tokens
+    keep[6 + 12:6 + 16] = False  # and the last row of its 4 x 4 merged tokens (the image is ids[:, 6:22])
+    kept = np.flatnonzero(keep)
+    new = repack_rope_ids(ids[:, keep])
+    delta = new - ids[:, keep]
+    image = (kept >= 6) & (kept < 22)
+    assert (delta[:, image] == delta[0, image][0]).all()  # one delta, one rotation, for what is left of the image
+    np.testing.assert_array_equal(new[:, :3], text_rope_ids(0, 3))
+    assert new[0, image][0] == 3  # its base follows the three prompt tokens left
+    # rows 0..2 and columns 0..3 are left: the highest id is base + 3, so the end marker takes base + 4
+    assert (new[:, np.flatnonzero(kept == 22)[0]] == 3 + 4).all()
+    with pytest.raises(ValueError, match="cache order"):
+        repack_rope_ids(ids[:, ::-1])
+
+
+def test_an_mrope_arena_needs_ids_with_every_token():
+    arena = KVArena(8, mrope=True)
+    with pytest.raises(ValueError, match="M-RoPE ids"):
+        arena.commit(np.array([0]), np.array([0]))
+    arena.commit(np.array([0, 1]), np.array([0, 1]), np.array([[0, 1], [0, 3], [0, 2]]))
+    assert arena.next_rope_position() == 4
+    arena.release(np.array([1]))
+    assert arena.next_rope_position() == 1 and (arena.rope_positions[:, 1] == -1).all()
+
+
+# -- frames ----------------------------------------------------------------------------------------------
+
+
+def test_frame_geometry_follows_the_pixel_cap(vl_model):
+    processing = ImageProcessing.load(vl_model)
+    assert [frame_side(processing, cap) for cap in (CAP, 224 * 224, 112 * 112 - 1, 56 * 56)] == [112, 224, 84, 56]
+    with pytest.raises(ModelConfigError, match="vision_max_pixels=3000 .* min_pixels \\(3136\\); raise it to at least 3136"):
+        frame_side(processing, 3000)
+    config = with_frame_geometry(load_checkpoint(vl_model), 224 * 224).config
+    assert (config.vision.image_size, config.vision.tokens_per_frame) == (224, 8 * 8 + 2)
+    with pytest.raises(ModelConfigError, match="not a VL frame geometry"):
+        VlaEngine(load_checkpoint(vl_model), backend="numpy", kv_capacity_tokens=200)
+
+
+def test_a_frame_is_one_image_segment(vl_model):
+    engine = _engine(vl_model, 96)
+    embed = engine.backend.embed
+    prefill = engine.add_frame(SyntheticCamera(height=48, width=64, seed=1).frame())
+    slots = prefill.slots
+    assert slots.size == engine.tokens_per_frame == 18
+    ids = engine.arena.rope_positions[:, engine.arena.slots_in_order()]
+    np.testing.assert_array_equal(ids, rope_index(_layout(1, 4), np.array([(1, 8, 8)]), image_token_id=IMAGE,
+                                                  spatial_merge_size=2))
+    keys, _ = engine.backend.read_kv(slots[[0, -1]])
+    fresh = _fresh_layer0_keys(engine, np.stack([embed[START], embed[END]]), ids[:, [5, 22]])
+    np.testing.assert_allclose(keys[0], fresh, rtol=1e-5, atol=1e-5)  # the markers' own embeddings
+    assert prefill.next_rope_position == 5 + 1 + 4 + 1  # start, 4 ids of the 4 x 4 image, end: then text
+
+
+def test_steps_match_transformers_greedy_decoding(vl_model):
+    """Two frames (no eviction): the bins decoded equal transformers' Qwen2-VL greedy bins over the same prompt,
+    frames (as image segments) and action tokens, the frames' pixels preprocessed by transformers itself."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    engine = _engine(vl_model, 96)
+    camera = SyntheticCamera(height=48, width=64, seed=2)
+    frames = [camera.frame() for _ in range(2)]
+    for frame in frames:
+        result = engine.step(frame)
+    model = transformers.Qwen2VLForConditionalGeneration.from_pretrained(str(vl_model), dtype=torch.float32).eval()
+    processor = transformers.AutoImageProcessor.from_pretrained(str(vl_model))
+    images = processor(images=[engine.encoder.square(f) for f in frames], return_tensors="pt")
+    assert images["image_grid_thw"].tolist() == [[1, 8, 8]] * 2
+    ids = list(_layout(2, 4))
+    tokens = []
+    with torch.no_grad():
+        for _ in range(engine.config.action.dof):
+            input_ids = torch.tensor([ids])
+            logits = model(input_ids=input_ids, mm_token_type_ids=(input_ids == IMAGE).int(),
+                           pixel_values=images["pixel_values"],
+                           image_grid_thw=images["image_grid_thw"]).logits[0, -1].numpy()
+            tokens.append(engine.head.first_bin_token + int(np.argmax(logits[engine.head.bin_rows])))
+            ids.append(tokens[-1])
+    assert result.tokens == tokens
+
+
+# -- evictions stay exact --------------------------------------------------------------------------------
+
+
+def _fresh_layer0_keys(engine: VlaEngine, inputs: np.ndarray, rope: np.ndarray) -> np.ndarray:
+    """Layer-0 keys [kv_heads, n, D] of ``inputs`` prefilled afresh at M-RoPE ids ``rope`` (depend on nothing else)."""
+    arena = KVArena(inputs.shape[0], mrope=True)
+    backend = NumpyBackend(engine.checkpoint, arena)
+    slots = np.arange(inputs.shape[0], dtype=np.int32)
+    backend.forward(slots, slots, embeddings=inputs, rope_positions=rope)
+    return backend.read_kv(slots)[0][0]
+
+
+def _recording_inputs(engine: VlaEngine) -> dict[int, np.ndarray]:
+    """slot -> the input vector of the token it now holds: the prompt's, then recorded at every forward."""
+    inputs = {int(s): row for s, row in zip(engine.prompt_slots, engine.backend.embed[engine.prompt_ids])}
+    forward = engine.backend.forward
+
+    def recorded(positions, slots, *, token_ids=None, embeddings=None, **kwargs):
+        x = engine.backend.embed[token_ids] if token_ids is not None else embeddings
+        inputs.update({int(s): row.copy() for s, row in zip(slots, x)})
+        return forward(positions, slots, token_ids=token_ids, embeddings=embeddings, **kwargs)
+
+    engine.backend.forward = recorded
+    return inputs
+
+
+def _unrotated(engine: VlaEngine, keys: np.ndarray, rope: np.ndarray) -> np.ndarray:
+    """Keys [n, heads, D] turned back from M-RoPE ids ``rope`` [3, n] to 0."""
+    c = engine.config
+    cos, sin = ops.mrope_cos_sin(-rope, ops.rope_inv_freq(c.head_dim, c.rope_theta), c.vl.mrope_section)
+    return ops.apply_rope(keys, cos, sin)
+
+
+@pytest.mark.parametrize("policy", ["fifo", "dms"])
+def test_evictions_re_pack_ids_and_keys_exactly(vl_model, policy):
+    """Compaction after evictions: every kept token's M-RoPE ids become get_rope_index's for the kept sequence
+    (fifo: whole segments), its layer-0 key is a fresh prefill's at those ids, and every layer's key is the one
+    it was computed as, moved from its old ids to its new ones."""
+    knobs = DmsKnobs.of({"kv.dms.window": 20, "kv.dms.target_ratio": 0.0, "kv.dms.threshold": 0.9})
+    engine = _engine(vl_model, 5 + 3 * 18 + 7, FifoPolicy() if policy == "fifo" else DmsPolicy(knobs))
+    inputs = _recording_inputs(engine)
+    camera = SyntheticCamera(height=48, width=64, seed=3)
+    for _ in range(6):
+        engine.step(camera.frame())
+    assert engine.policy.evictions > 0  # frames (fifo), tokens every head dropped (dms)
+    if policy == "fifo":
+        engine.arena.release(engine.policy.frames.pop(0))  # the hole the next frame's make_room would leave
+    else:
+        assert not engine.arena.holds(engine.arena.slots_in_order()).all()  # and tokens only some heads dropped
+    slots = engine.arena.slots_in_order()
+    held = engine.arena.pages.rows(slots)  # [layers, kv_heads, n]: where each head holds each slot
+    old_rope = engine.arena.rope_positions[:, slots].copy()
+    old_keys = {(l, h): engine.backend.read_rows(held[l, h][held[l, h] >= 0])[0]
+                for l in range(held.shape[0]) for h in range(held.shape[1])}
+    engine.compact_positions()
+    rope = engine.arena.rope_positions[:, slots]
+    assert (rope != old_rope).any()
+    np.testing.assert_array_equal(engine.arena.slots_in_order(), slots)
+    np.testing.assert_array_equal(engine.arena.positions[slots], np.arange(slots.size))
+    np.testing.assert_array_equal(rope, repack_rope_ids(old_rope))
+    if policy == "fifo":
+        kept = (slots.size - len(PROMPT)) // 18
+        np.testing.assert_array_equal(rope, rope_index(_layout(kept, 4), np.array([(1, 8, 8)] * kept),
+                                                       image_token_id=IMAGE, spatial_merge_size=2))
+    fresh = _fresh_layer0_keys(engine, np.stack([inputs[int(s)] for s in slots]), rope)
+    held = engine.arena.pages.rows(slots)
+    for layer in range(held.shape[0]):
+        for head in range(held.shape[1]):
+            rows = held[layer, head]
+            keys = engine.backend.read_rows(rows[rows >= 0])[0]
+            if layer == 0:
+                np.testing.assert_allclose(keys, fresh[head][rows >= 0], rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(_unrotated(engine, keys[:, None], rope[:, rows >= 0])[:, 0],
+                                       _unrotated(engine, old_keys[(layer, head)][:, None], old_rope[:, rows >= 0])[:, 0],
+                                       rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("policy, frames", [("fifo", 3000), ("dms", 300)])
+def test_positions_stay_bounded_over_a_long_stream(micro_model, policy, frames):
+    engine = _engine(micro_model, 48, make_policy(policy, {"kv.dms.window": 12, "kv.dms.target_ratio": 2.0}),
+                     cap=56 * 56)
+    assert engine.tokens_per_frame == 2 * 2 + 2
+    camera = SyntheticCamera(height=32, width=32, seed=4)
+    encoded = [engine.encode_frame(camera.frame()) for _ in range(5)]
+    for index in range(frames):
+        prefill = engine.prefill_frame(encoded[index % 5])
+        if policy == "dms":
+            engine.decode_action(prefill)
+        assert engine.arena.positions.max() < engine.arena.capacity
+        assert engine.arena.rope_positions.max() < engine.arena.capacity
+    rope = _kept_rope_ids(engine)
+    np.testing.assert_array_equal(engine.arena.positions[engine.prompt_slots], np.arange(len(PROMPT)))
+    np.testing.assert_array_equal(rope[:, :len(PROMPT)], text_rope_ids(0, len(PROMPT)))
+    assert engine.policy.frames_seen == frames
+
+
+# -- memory snapshots ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["fifo", "dms"])
+def test_memory_state_round_trip_is_byte_exact(vl_model, policy):
+    build = lambda: make_policy(policy, {"kv.dms.window": 20, "kv.dms.target_ratio": 2.0})  # noqa: E731
+    engine = _engine(vl_model, 5 + 3 * 18 + 7, build())
+    camera = SyntheticCamera(height=48, width=64, seed=5)
+    for _ in range(4):
+        engine.step(camera.frame())
+    state = engine.memory_state()
+    assert state["rope_positions"].shape == (3, state["slots"].size)
+    other = _engine(vl_model, 5 + 3 * 18 + 7, build())
+    other.load_memory_state(state)
+    again = other.memory_state()
+    assert set(again) == set(state)
+    for name, value in state.items():
+        assert again[name].dtype == value.dtype and again[name].tobytes() == value.tobytes(), name
+    frame = camera.frame()
+    assert other.step(frame).tokens == engine.step(frame).tokens
+    with pytest.raises(ValueError, match="lacks the M-RoPE ids"):
+        other.load_memory_state({k: v for k, v in state.items() if k != "rope_positions"})
+
+
+def test_a_vl_checkpoint_refuses_the_cuda_backend(vl_model):
+    with pytest.raises(ValueError, match="M-RoPE is not in the cuda backend"):
+        VlaEngine(with_frame_geometry(load_checkpoint(vl_model), CAP), backend="cuda", kv_capacity_tokens=96)
+
+
+def test_vl_config_round_trips_through_config_json(tmp_path):
+    config = preset("qwen2-vl-tiny")
+    qwen25 = replace(config, vl=VlConfig(VisionTowerConfig(
+        family="qwen2_5_vl", depth=2, embed_dim=64, num_heads=4, mlp_dim=96, out_hidden_size=256, window_size=56,
+        fullatt_block_indexes=(1,), hidden_act="silu"), (8, 12, 12), IMAGE, START, END))
+    for model in (config, qwen25):
+        loaded = load_checkpoint(write_random_model(tmp_path / model.vl.family, model, seed=0)).config
+        assert loaded.vl == model.vl and replace(loaded, vision=model.vision) == model
