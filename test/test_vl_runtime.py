@@ -7,7 +7,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from vla_edge_ros.config import DmsKnobs
+from vla_edge_ros.cli import main
+from vla_edge_ros.config import DmsKnobs, parse_settings
 from vla_edge_ros.engine.vla_engine import EncodedFrame, VlaEngine
 from vla_edge_ros.memory import DmsPolicy, FifoPolicy, make_policy
 from vla_edge_ros.model.arena import KVArena, repack_rope_ids
@@ -20,6 +21,11 @@ from vla_edge_ros.model.vl_frames import frame_side, text_rope_ids, with_frame_g
 from vla_edge_ros.model.vl_positions import rope_index
 from vla_edge_ros.model.vl_preprocess import ImageProcessing
 from vla_edge_ros.numerics import ops
+from vla_edge_ros.runtime.admission import BlockKind, Decision, Verdict
+from vla_edge_ros.runtime.block_costs import parse_cost
+from vla_edge_ros.runtime.clock import NS_PER_MS, VirtualClock
+from vla_edge_ros.runtime.driver import Driver
+from vla_edge_ros.runtime.loader import load_engine
 from vla_edge_ros.worlds.synthetic import SyntheticCamera
 
 PROMPT = [11, 402, 77, 1030, 6]
@@ -301,3 +307,64 @@ def test_vl_config_round_trips_through_config_json(tmp_path):
     for model in (config, qwen25):
         loaded = load_checkpoint(write_random_model(tmp_path / model.vl.family, model, seed=0)).config
         assert loaded.vl == model.vl and replace(loaded, vision=model.vision) == model
+
+
+# -- the gate, the loader, init-model ---------------------------------------------------------------------
+
+
+def _vl_settings(model, **reasoning):
+    return parse_settings({
+        "reasoning": {"ros__parameters": {"model_dir": str(model), "backend": "numpy", "kv_capacity_tokens": 128,
+                                          "vision_max_pixels": CAP, "warmup_cycles": 1, **reasoning}},
+        "action_publisher": {"ros__parameters": {"command_type": "float32_multi_array"}}}, "test.yaml")
+
+
+def test_the_vision_encode_is_its_own_gated_block(vl_model):
+    settings = _vl_settings(vl_model, deadline_ms=60.0)
+    loaded = load_engine(settings)
+    assert loaded.engine.tokens_per_frame == 18 and loaded.plan.kv_capacity_tokens == 128
+    with pytest.raises(ValueError, match="lacks vision"):
+        Driver(loaded.engine, settings, VirtualClock(0), parse_cost("fixed:encode=4ms,decode=1ms"), (48, 64))
+    driver = Driver(loaded.engine, settings, VirtualClock(0), parse_cost("fixed:encode=4ms,vision=9ms,decode=1ms"),
+                    (48, 64))
+    gate = driver.gate
+    asked: list[BlockKind] = []
+    admit = gate.admit
+
+    def spy(kind, deadline_ns, *, within):
+        asked.append(BlockKind(kind))
+        return admit(kind, deadline_ns, within=within)
+
+    gate.admit = spy
+    camera = SyntheticCamera(height=48, width=64, seed=6)
+    driver.camera(camera.frame(), stamp_ns=0, arrival_ns=0)
+    cycle = driver.reason()
+    assert asked == [BlockKind.VISION_ENCODE, BlockKind.ENCODE_PREFILL] + [BlockKind.DECODE] * 6
+    assert cycle.result.ready_ns == (9 + 4 + 6 * 1) * NS_PER_MS == driver.clock()  # vision, prefill, 6 decode steps
+    kinds = gate.snapshot().kinds
+    assert (kinds["vision_encode"].completed, kinds["vision_encode"].mean_ms) == (1, 9.0)  # learned apart
+    assert (kinds["encode_prefill"].completed, kinds["encode_prefill"].mean_ms) == (1, 4.0)
+    # a refused vision encode: nothing runs, the frame never enters the memory
+    gate.admit = lambda kind, deadline_ns, *, within: Decision(BlockKind(kind), Verdict.REFUSED, 0, deadline_ns, 9e6)
+    driver.camera(camera.frame(), stamp_ns=1, arrival_ns=driver.clock())
+    before = driver.clock()
+    cycle = driver.reason()
+    assert cycle.result.refused_block is BlockKind.VISION_ENCODE and cycle.result.action is None
+    assert driver.clock() == before and loaded.engine.policy.frames_seen == 1
+
+
+def test_init_model_writes_a_deterministic_checkpoint_transformers_loads(tmp_path):
+    for name in ("a", "b"):
+        assert main(["init-model", "--preset", "qwen2-vl-tiny", "--layers", "1", "--out", str(tmp_path / name)]) == 0
+    for file in ("config.json", "preprocessor_config.json", "model.safetensors"):
+        assert (tmp_path / "a" / file).read_bytes() == (tmp_path / "b" / file).read_bytes()
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForImageTextToText.from_pretrained(str(tmp_path / "a"))
+    assert type(model).__name__ == "Qwen2VLForConditionalGeneration"
+    assert type(transformers.AutoImageProcessor.from_pretrained(str(tmp_path / "a"))).__name__.startswith("Qwen2VL")
+    ours = load_checkpoint(tmp_path / "a")
+    theirs = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    np.testing.assert_array_equal(ours.float32("visual.blocks.0.attn.qkv.weight"),
+                                  theirs["model.visual.blocks.0.attn.qkv.weight"])
+    np.testing.assert_array_equal(ours.float32("model.layers.0.mlp.up_proj.weight"),
+                                  theirs["model.language_model.layers.0.mlp.up_proj.weight"])
