@@ -18,20 +18,34 @@ from vla_edge_ros.model.vl_positions import rope_index  # noqa: E402
 from vla_edge_ros.tools.parity import Agreement, load_vl_reference, run_parity  # noqa: E402
 
 MIN_COSINE = 0.99999
-SMALL = {"qwen2_vl": "qwen2_vl_small", "qwen2_5_vl": "qwen2_5_vl_small"}
-PROMPT = [5, 17, 9]
-ONE_IMAGE = PROMPT + [None] + [11, 3]
+SMALL = {"qwen2_vl": "qwen2_vl_tiny", "qwen2_5_vl": "qwen2_5_vl_tiny"}
+PROMPT = [7, 17, 9]  # clear of the vision tokens 3, 4, 5
+ONE_IMAGE = PROMPT + [None] + [11, 6]
 THREE_FRAMES = PROMPT + [None, None, None]
+
+
+def _write_processor(model_dir, tokens: tuple[int, int]) -> None:
+    """A preprocessor_config.json bounding each image to ``tokens`` (min, max) decoder tokens, as real
+    checkpoints ship one (the tiny towers' patches are 2-4 px: HF's defaults would give hundreds)."""
+    from transformers import Qwen2VLImageProcessor
+
+    tower = load_checkpoint(model_dir, require_vla=False).config.vl.vision
+    token_pixels = (tower.patch_size * tower.spatial_merge_size) ** 2
+    Qwen2VLImageProcessor(patch_size=tower.patch_size, temporal_patch_size=tower.temporal_patch_size,
+                          merge_size=tower.spatial_merge_size, min_pixels=tokens[0] * token_pixels,
+                          max_pixels=tokens[1] * token_pixels).save_pretrained(str(model_dir))
 
 
 @pytest.fixture(scope="module")
 def vl_models(tmp_path_factory):
-    """Writes each VL variant once, on first use."""
+    """Writes each VL variant once, on first use; the tiny ones with 4 to 12 tokens per image."""
     written: dict[str, object] = {}
 
     def get(variant: str):
         if variant not in written:
             written[variant] = write_hf_vl_model(tmp_path_factory.mktemp(variant), variant)
+            if variant in SMALL.values():
+                _write_processor(written[variant], (4, 12))
         return written[variant]
     return get
 
@@ -40,9 +54,9 @@ def _mixed_prompt(checkpoint, grids: list[tuple[int, int, int]]) -> tuple[np.nda
     """Token ids with text around and between the images' pad runs, and their M-RoPE ids."""
     vl = checkpoint.config.vl
     merge = vl.vision.spatial_merge_size
-    ids = [4, 8]
+    ids = [7, 8]
     for t, h, w in grids:
-        ids += [vl.vision_start_token_id] + [vl.image_token_id] * (t * h * w // merge ** 2) + [vl.vision_end_token_id, 6]
+        ids += [vl.vision_start_token_id] + [vl.image_token_id] * (t * h * w // merge ** 2) + [vl.vision_end_token_id, 9]
     ids = np.asarray(ids)
     return ids, rope_index(ids, np.asarray(grids), image_token_id=vl.image_token_id, spatial_merge_size=merge)
 
@@ -127,9 +141,13 @@ def _assert_parity(report, layers: int) -> None:
 @pytest.mark.parametrize("prompt, images", [(ONE_IMAGE, 1), (THREE_FRAMES, 3)], ids=["one_image", "three_frames"])
 def test_vl_forward_matches_transformers(vl_models, family, prompt, images):
     model_dir = vl_models(SMALL[family])
+    config = load_checkpoint(model_dir, require_vla=False).config
     report = run_parity(model_dir, prompt, image_size=(56, 84))
-    assert len(report.image_grid_thw) == images and report.image_grid_thw[0] == [1, 4, 6]
-    _assert_parity(report, load_checkpoint(model_dir, require_vla=False).config.num_hidden_layers)
+    grids = np.asarray(report.image_grid_thw)
+    assert grids.shape == (images, 3) and (grids[:, 1] != grids[:, 2]).all()  # not square: h and w ids differ
+    merged = grids.prod(axis=1) // config.vl.vision.spatial_merge_size ** 2
+    assert report.token_ids.count(config.vl.image_token_id) == merged.sum() >= 4 * images
+    _assert_parity(report, config.num_hidden_layers)
 
 
 @pytest.mark.slow
@@ -142,15 +160,15 @@ def test_qwen2_vl_2b_slice_matches_transformers(vl_models, prompt):
 
 def test_parity_command_on_a_vl_checkpoint(vl_models, capsys):
     model_dir = vl_models(SMALL["qwen2_vl"])
-    assert main(["parity", "--model", str(model_dir), "--token-ids", "5,img,img,7", "--image-size", "56x84"]) == 0
+    assert main(["parity", "--model", str(model_dir), "--token-ids", "7,img,img,8", "--image-size", "56x84"]) == 0
     out = capsys.readouterr().out
-    assert "2 images (t x h x w patches: 1x4x6, 1x4x6)" in out and "PASS" in out
+    assert "2 images (t x h x w patches: 1x4x8, 1x4x8)" in out and "PASS" in out  # 56x84 scaled to 16x32 px
     assert out.count("cosine 0.99999") + out.count("cosine 1.0000") >= 4  # logits, layers, incremental
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--token-ids", "5,img,99999"], "token ids in [0,"),
-    (["--token-ids", "5,img", "--image-size", "0x28"], "HEIGHTxWIDTH"),
+    (["--token-ids", "7,img,99999"], "token ids in [0,"),
+    (["--token-ids", "7,img", "--image-size", "0x28"], "HEIGHTxWIDTH"),
 ])
 def test_parity_command_refuses_bad_vl_input_in_one_line(vl_models, capsys, argv, message):
     code = None
