@@ -56,7 +56,8 @@ def _mixed_prompt(checkpoint, grids: list[tuple[int, int, int]]) -> tuple[np.nda
     merge = vl.vision.spatial_merge_size
     ids = [7, 8]
     for t, h, w in grids:
-        ids += [vl.vision_start_token_id] + [vl.image_token_id] * (t * h * w // merge ** 2) + [vl.vision_end_token_id, 9]
+        pads = [vl.image_token_id] * (t * h * w // merge ** 2)
+        ids += [vl.vision_start_token_id] + pads + [vl.vision_end_token_id, 9]
     ids = np.asarray(ids)
     return ids, rope_index(ids, np.asarray(grids), image_token_id=vl.image_token_id, spatial_merge_size=merge)
 

@@ -25,7 +25,7 @@ ImageEncoder = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 def expand_prompt(pieces: Sequence[int | None], image_grid_thw: np.ndarray, vl: VlConfig) -> np.ndarray:
-    """Token ids of a prompt whose ``None`` entries are images: each becomes vision start, its pad tokens, vision end."""
+    """Token ids of a prompt whose ``None`` entries are images: each becomes vision start, pads, vision end."""
     slots, grids = sum(piece is None for piece in pieces), np.asarray(image_grid_thw).reshape(-1, 3)
     if slots != len(grids):
         raise ValueError(f"the prompt has {slots} image slots but {len(grids)} images were given")

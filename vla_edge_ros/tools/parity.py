@@ -180,7 +180,8 @@ def load_vl_reference(model_dir: str | Path, family: str):
 
     logging.set_verbosity_error()
     logging.disable_progress_bar()
-    model_class = {"qwen2_vl": Qwen2VLForConditionalGeneration, "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration}[family]
+    model_class = {"qwen2_vl": Qwen2VLForConditionalGeneration,
+                   "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration}[family]
     return model_class.from_pretrained(str(model_dir), dtype=torch.float32).eval()
 
 
@@ -213,6 +214,7 @@ def _vl_parity(checkpoint: Checkpoint, prompt: Sequence[int | None], backend: st
         return ours.forward(positions[part], positions[part], embeddings=inputs.embeddings[part],
                             rope_positions=inputs.rope_positions[:, part], collect_layers=collect_layers)
 
-    ref_logits, ref_hidden = reference_vl_forward(load_vl_reference(checkpoint.path, vl.family), ids, pixel_values, grids)
+    reference = load_vl_reference(checkpoint.path, vl.family)
+    ref_logits, ref_hidden = reference_vl_forward(reference, ids, pixel_values, grids)
     return _report(checkpoint, backend, ids, feed, inputs.segments(vl.image_token_id), ref_logits, ref_hidden,
                    grids.tolist())
