@@ -76,6 +76,19 @@ def test_both_config_layouts_parse_to_the_same_config(vl_dirs, name):
     assert tower.patch_dim == 3 * 2 * spec["vision"]["patch_size"] ** 2
 
 
+@pytest.mark.parametrize("name", TINY)
+def test_to_hf_dict_round_trips_and_transformers_builds_the_same_tower(vl_dirs, tmp_path, name):
+    from hf_vl_models import hf_classes
+
+    config = load_model_config(vl_dirs[name])
+    (tmp_path / "config.json").write_text(json.dumps(config.to_hf_dict()))
+    assert load_model_config(tmp_path) == config
+    config_class, model_class = hf_classes(config.vl.family)
+    state = model_class(config_class.from_pretrained(str(tmp_path))).state_dict()
+    tower = {k.removeprefix("model."): tuple(v.shape) for k, v in state.items() if k.startswith("model.visual.")}
+    assert tower == vl_shapes(config)
+
+
 def test_a_plain_qwen2_checkpoint_has_no_vl_part(tiny_model):
     assert load_model_config(tiny_model).vl is None
 
