@@ -274,7 +274,9 @@ def test_vision_ops_match_torch():
 
 # -- the tower against transformers -----------------------------------------------------------------------
 
-GRIDS = {"one image": [[1, 4, 6]], "three images": [[1, 4, 6], [1, 8, 4], [1, 10, 14]]}
+# t = 2: two temporal patches of 2 frames each (a clip); attention stays within each.
+GRIDS = {"one image": [[1, 4, 6]], "three images": [[1, 4, 6], [1, 8, 4], [1, 10, 14]],
+         "a clip and an image": [[2, 6, 4], [1, 4, 4]]}
 
 
 @pytest.mark.parametrize("name", TINY)
