@@ -9,13 +9,16 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from hf_vl_models import write_hf_vl_model  # noqa: E402
+from hf_vl_models import write_hf_vl_model, write_legacy_layout, write_module_key_layout  # noqa: E402
 from vla_edge_ros.cli import main  # noqa: E402
 from vla_edge_ros.model.arena import KVArena  # noqa: E402
 from vla_edge_ros.model.backends import make_backend  # noqa: E402
 from vla_edge_ros.model.checkpoint import load_checkpoint  # noqa: E402
 from vla_edge_ros.model.vl_positions import rope_index  # noqa: E402
-from vla_edge_ros.tools.parity import Agreement, load_vl_reference, run_parity  # noqa: E402
+from vla_edge_ros.model.vl_prompt import embed_vl_prompt, expand_prompt  # noqa: E402
+from vla_edge_ros.model.vl_vision import VisionTower  # noqa: E402
+from vla_edge_ros.tools.parity import (Agreement, load_vl_reference, processor_inputs, run_parity,  # noqa: E402
+                                       synthetic_images)
 
 MIN_COSINE = 0.99999
 SMALL = {"qwen2_vl": "qwen2_vl_tiny", "qwen2_5_vl": "qwen2_5_vl_tiny"}
@@ -149,6 +152,41 @@ def test_vl_forward_matches_transformers(vl_models, family, prompt, images):
     merged = grids.prod(axis=1) // config.vl.vision.spatial_merge_size ** 2
     assert report.token_ids.count(config.vl.image_token_id) == merged.sum() >= 4 * images
     _assert_parity(report, config.num_hidden_layers)
+
+
+def test_text_between_images_of_an_odd_size_matches_transformers(vl_models):
+    model_dir = vl_models(SMALL["qwen2_5_vl"])
+    report = run_parity(model_dir, [7, None, 8, 9, 10, None, 11], image_size=(30, 110), seed=4)
+    assert len(report.image_grid_thw) == 2
+    _assert_parity(report, 2)
+
+
+@pytest.mark.parametrize("layout", [write_legacy_layout, write_module_key_layout], ids=["hub_flat", "module_keys"])
+def test_other_checkpoint_layouts_match_transformers(vl_models, tmp_path, layout):
+    """The hub's flat config (rope_scaling mrope) and transformers 4.52-4.57's tensor keys run the same."""
+    model_dir = layout(vl_models(SMALL["qwen2_vl"]), tmp_path / "copy")
+    _assert_parity(run_parity(model_dir, ONE_IMAGE, image_size=(28, 28)), 2)
+
+
+def test_token_by_token_into_scattered_slots_equals_the_full_forward(vl_models):
+    """Every token alone (image pads too), into slots out of sequence order: masking reads positions, the
+    rotation the M-RoPE ids, so the arena's layout does not matter."""
+    model_dir = vl_models(SMALL["qwen2_vl"])
+    checkpoint = load_checkpoint(model_dir, require_vla=False)
+    vl = checkpoint.config.vl
+    pixel_values, grids = processor_inputs(model_dir, vl, synthetic_images(2, (56, 84), seed=2))
+    ids = expand_prompt([7, None, 8, None, 9], grids, vl)
+    prompt = embed_vl_prompt(checkpoint, VisionTower.from_checkpoint(checkpoint).encode, ids, pixel_values, grids)
+    count = ids.size
+    positions = np.arange(count, dtype=np.int32)
+    full = make_backend("numpy", checkpoint, KVArena(count))
+    whole = full.logits(full.forward(positions, positions, embeddings=prompt.embeddings,
+                                     rope_positions=prompt.rope_positions).hidden)
+    slots = np.random.default_rng(0).permutation(count).astype(np.int32)
+    steps = make_backend("numpy", checkpoint, KVArena(count))
+    hidden = [steps.forward(positions[i:i + 1], slots[i:i + 1], embeddings=prompt.embeddings[i:i + 1],
+                            rope_positions=prompt.rope_positions[:, i:i + 1]).hidden for i in range(count)]
+    np.testing.assert_allclose(steps.logits(np.concatenate(hidden)), whole, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.slow
