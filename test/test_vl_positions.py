@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vla_edge_ros.model.vl_positions import image_tokens, rope_index
+from vla_edge_ros.model.vl_positions import rope_index
+from vla_edge_ros.model.vl_vision import merged_token_counts
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -33,7 +34,7 @@ def _hf_model(family: str, merge: int):
 
 def _prompt(pieces: list, grids: list[tuple[int, int, int]], merge: int) -> list[int]:
     """Text ids, with each ``None`` replaced by the next image: start, its pad tokens, end."""
-    counts = iter(image_tokens(np.array(grids), merge))
+    counts = iter(merged_token_counts(np.array(grids), merge))
     ids: list[int] = []
     for piece in pieces:
         ids += [START] + [IMAGE] * int(next(counts)) + [END] if piece is None else list(piece)

@@ -129,8 +129,8 @@ class ModelConfig:
             raise ModelConfigError("config.json: vla.action.q01 must be below q99 in every dimension")
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """The ``config.json`` content HuggingFace ``Qwen2Config`` reads (plus our ``vla`` section); a VL model's
-        in the hub's flat Qwen2-VL / Qwen2.5-VL layout."""
+        """The ``config.json`` content HuggingFace ``Qwen2Config`` reads (plus our ``vla`` section); with ``vl``,
+        what ``Qwen2VLConfig`` / ``Qwen2_5_VLConfig`` read, in the hub's flat layout."""
         return {
             "architectures": ["Qwen2ForCausalLM"],
             "model_type": "qwen2",
@@ -150,7 +150,7 @@ class ModelConfig:
             "attention_dropout": 0.0,
             "vla": {"action": asdict(self.action)} if self.vl is not None else
                    {"vision": asdict(self.vision), "action": asdict(self.action)},
-            **(self.vl.hf_fields() if self.vl is not None else {}),
+            **(self.vl.to_hf_dict() if self.vl is not None else {}),
         }
 
 

@@ -84,6 +84,20 @@ class VisionTowerConfig:
         """Whether ``block`` attends within windows rather than within the whole image."""
         return block not in self.fullatt_block_indexes
 
+    def to_hf_dict(self) -> dict[str, Any]:
+        """This tower as the ``vision_config`` its family's HF config reads."""
+        common = dict(depth=self.depth, num_heads=self.num_heads, patch_size=self.patch_size,
+                      temporal_patch_size=self.temporal_patch_size, spatial_merge_size=self.spatial_merge_size,
+                      in_channels=self.in_channels, hidden_act=self.hidden_act,
+                      rope_parameters={"rope_type": "axial", "rope_theta": self.rope_theta})
+        if self.family == "qwen2_vl":
+            ratio = self.mlp_dim / self.embed_dim
+            return dict(common, embed_dim=self.embed_dim, hidden_size=self.out_hidden_size,
+                        mlp_ratio=int(ratio) if ratio.is_integer() else ratio)
+        return dict(common, hidden_size=self.embed_dim, intermediate_size=self.mlp_dim,
+                    out_hidden_size=self.out_hidden_size, window_size=self.window_size,
+                    fullatt_block_indexes=list(self.fullatt_block_indexes))
+
     def validate(self) -> None:
         for name in ("depth", "embed_dim", "num_heads", "mlp_dim", "out_hidden_size", "patch_size",
                      "temporal_patch_size", "spatial_merge_size", "in_channels"):
@@ -117,6 +131,15 @@ class VlConfig:
     def family(self) -> str:
         return self.vision.family
 
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The top-level entries a hub (flat layout) ``config.json`` adds to a Qwen2 one for this VL model."""
+        architecture = {"qwen2_vl": "Qwen2VLForConditionalGeneration",
+                        "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}[self.family]
+        return {"architectures": [architecture], "model_type": self.family,
+                "rope_scaling": {"type": "mrope", "mrope_section": list(self.mrope_section)},
+                "vision_config": self.vision.to_hf_dict(), "image_token_id": self.image_token_id,
+                "vision_start_token_id": self.vision_start_token_id, "vision_end_token_id": self.vision_end_token_id}
+
     def validate(self, hidden_size: int, head_dim: int, vocab_size: int) -> None:
         """Refuse a tower or M-RoPE split that does not fit the decoder."""
         self.vision.validate()
@@ -133,32 +156,6 @@ class VlConfig:
             value = getattr(self, name)
             if not 0 <= value < vocab_size:
                 raise ModelConfigError(f"config.json: {name} {value} is outside the vocabulary [0, {vocab_size})")
-
-    def hf_fields(self) -> dict[str, Any]:
-        """The keys a ``config.json`` in the hub's flat layout adds to a Qwen2 decoder's for this VL model
-        (what ``split_vl_config`` reads back; transformers loads it as the hub's checkpoints)."""
-        v = self.vision
-        if v.family == "qwen2_vl":
-            tower: dict[str, Any] = {"depth": v.depth, "embed_dim": v.embed_dim, "mlp_ratio": _ratio(v.mlp_dim, v.embed_dim),
-                                     "num_heads": v.num_heads, "hidden_size": v.out_hidden_size}
-        else:
-            tower = {"depth": v.depth, "hidden_size": v.embed_dim, "intermediate_size": v.mlp_dim,
-                     "num_heads": v.num_heads, "out_hidden_size": v.out_hidden_size, "window_size": v.window_size,
-                     "fullatt_block_indexes": list(v.fullatt_block_indexes)}
-        tower.update(hidden_act=v.hidden_act, in_chans=v.in_channels, patch_size=v.patch_size,
-                     spatial_patch_size=v.patch_size, spatial_merge_size=v.spatial_merge_size,
-                     temporal_patch_size=v.temporal_patch_size, rope_theta=v.rope_theta)
-        architecture = "Qwen2VLForConditionalGeneration" if v.family == "qwen2_vl" else \
-            "Qwen2_5_VLForConditionalGeneration"
-        return {"architectures": [architecture], "model_type": v.family, "vision_config": tower,
-                "rope_scaling": {"type": "mrope", "mrope_section": list(self.mrope_section)},
-                "bos_token_id": None, "eos_token_id": None,  # no tokenizer: no special ids (HF's defaults lie outside)
-                **{name: getattr(self, name) for name in _DEFAULT_TOKEN_IDS}}
-
-
-def _ratio(mlp_dim: int, embed_dim: int) -> int | float:
-    """qwen2_vl's ``mlp_ratio``: an int where it divides (transformers 5 types the field int), else the ratio."""
-    return mlp_dim // embed_dim if mlp_dim % embed_dim == 0 else mlp_dim / embed_dim
 
 
 def _int(section: dict[str, Any], key: str, where: str, source: Path, default: int | None = None) -> int:

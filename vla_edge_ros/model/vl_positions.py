@@ -12,11 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def image_tokens(grid_thw: np.ndarray, spatial_merge_size: int) -> np.ndarray:
-    """Pad tokens each image takes in the prompt: t * h * w / merge^2 for each row (t, h, w) of ``grid_thw``."""
-    grid = np.asarray(grid_thw, dtype=np.int64).reshape(-1, 3)
-    return grid.prod(axis=1) // (spatial_merge_size * spatial_merge_size)
+from .vl_vision import merged_token_counts
 
 
 def rope_index(token_ids: np.ndarray, image_grid_thw: np.ndarray, *, image_token_id: int,
@@ -30,13 +26,10 @@ def rope_index(token_ids: np.ndarray, image_grid_thw: np.ndarray, *, image_token
     """
     ids = np.asarray(token_ids).reshape(-1)
     grids = np.asarray(image_grid_thw, dtype=np.int64).reshape(-1, 3)
-    if (grids <= 0).any() or (grids[:, 1:] % spatial_merge_size).any():
-        raise ValueError(f"image_grid_thw {grids.tolist()}: every entry must be positive and h, w multiples of "
-                         f"the spatial merge size {spatial_merge_size}")
+    counts = merged_token_counts(grids, spatial_merge_size) if len(grids) else np.zeros(0, np.int64)
     is_image = ids == image_token_id
     edges = np.flatnonzero(np.diff(np.concatenate(([0], is_image.astype(np.int8), [0]))))
     runs = edges.reshape(-1, 2)  # [first, end) of each run of image pad tokens
-    counts = image_tokens(grids, spatial_merge_size)
     if len(runs) != len(grids) or (runs[:, 1] - runs[:, 0] != counts).any():
         raise ValueError(f"the prompt's image pad runs have lengths {(runs[:, 1] - runs[:, 0]).tolist()}, the images "
                          f"in image_grid_thw need {counts.tolist()} tokens (one separated run per image)")

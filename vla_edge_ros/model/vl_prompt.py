@@ -17,19 +17,19 @@ import numpy as np
 from .checkpoint import Checkpoint
 from .safetensors_io import StoredTensor
 from .vl_config import VlConfig
-from .vl_positions import image_tokens, rope_index
+from .vl_positions import rope_index
+from .vl_vision import merged_token_counts
 
 ImageEncoder = Callable[[np.ndarray, np.ndarray], np.ndarray]
 """(patches [N, patch_dim], grid_thw [n, 3]) -> merged image tokens [sum of tokens, hidden]: ``VisionTower.encode``."""
 
 
 def expand_prompt(pieces: Sequence[int | None], image_grid_thw: np.ndarray, vl: VlConfig) -> np.ndarray:
-    """Token ids of a prompt whose ``None`` entries are images: each becomes vision start, its pad tokens, vision end."""
-    counts = image_tokens(image_grid_thw, vl.vision.spatial_merge_size)
-    if sum(piece is None for piece in pieces) != len(counts):
-        raise ValueError(f"the prompt has {sum(piece is None for piece in pieces)} image slots "
-                         f"but {len(counts)} images were given")
-    images = iter(counts)
+    """Token ids of a prompt whose ``None`` entries are images: each becomes vision start, pads, vision end."""
+    slots, grids = sum(piece is None for piece in pieces), np.asarray(image_grid_thw).reshape(-1, 3)
+    if slots != len(grids):
+        raise ValueError(f"the prompt has {slots} image slots but {len(grids)} images were given")
+    images = iter(merged_token_counts(grids, vl.vision.spatial_merge_size) if slots else [])
     ids: list[int] = []
     for piece in pieces:
         ids += [piece] if piece is not None else \
