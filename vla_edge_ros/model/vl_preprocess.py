@@ -39,7 +39,10 @@ frame_width`` before the frame buffer, so one configuration gives every frame th
 same token count, ``frame_tokens(frame_height, frame_width, processing, cap)``, known before the
 first frame arrives. For a given aspect ratio, every resolution whose rounded area is above the cap
 gives the same grid (the scaled sides, ``sqrt(cap x H / W)`` and ``sqrt(cap x W / H)``, depend on the
-ratio only). The area ends above the cap only in smart_resize's own corner cases, reproduced rather
+ratio only), except where a scaled side is exactly a multiple of the factor: floating point then floors
+it to either side, by resolution. Square frames under a square cap are such a case (224 x 224, the
+default: 7 or 8 windows a side; 9:16 another); 4:3, 3:2, 16:10, 5:4 and 2:1 are not. That arithmetic is
+transformers', reproduced. The area ends above the cap only in smart_resize's own corner cases, reproduced rather
 than corrected: in the shrinking branch when the short side is raised to one factor (aspect ratio above
 ``cap / factor^2``, 64 at the default cap), and in the growing branch (rounded area under
 ``min(min_pixels, cap)``), whose ceilings add up to one factor to each side. With the checkpoints'
