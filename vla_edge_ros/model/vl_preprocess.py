@@ -64,8 +64,9 @@ a smooth image (blurred noise) resized 480x640 -> 476x644 differs from Pillow by
 to 22 levels on 31 % (the mixed up- and down-scaling); the float32 path differs by 1 level on 15-20 %
 of a smooth image's values. One level is 1 / (255 x std), about 0.015 after normalisation. (b) It
 fuses rescale into normalize, ``(x - mean / s) / (std / s)`` in float32: up to 2.4e-7 from the
-two-step values, on 70 % of them. The image processor transformers shipped when these checkpoints were
-released (numpy and Pillow; the torchvision one came later) is the path reproduced here.
+two-step values, on 70 % of them. The path reproduced here is the default image processor transformers
+had when these checkpoints were released (numpy and Pillow; the torchvision one came later, or was not
+yet the default).
 
 What this is not: video (a clip of T distinct frames), several images batched into one array (each
 frame is preprocessed on its own; concatenating the rows of several frames gives transformers' batch),
