@@ -30,34 +30,43 @@ The protocol, in order (``preprocess``):
    still image is a clip of T equal frames, which is what the Conv3d patch embedding expects).
    ``grid_thw = (1, gh, gw)``; the decoder sees ``gh x gw / m^2`` tokens.
 
-The cap (``max_pixels`` argument; the runtime passes ``reasoning.vision_max_pixels``): the bounds used
-are ``min(min_pixels, cap)`` and ``min(max_pixels, cap)`` of the checkpoint's, which is transformers
-called with ``size={"shortest_edge": ..., "longest_edge": ...}`` of those values. Lowering min_pixels
-with the cap matters only for a cap under the checkpoint's minimum: small frames are then not enlarged
-to that minimum, above the cap and above the tokens of larger frames. The camera node resizes every frame to ``frame_height x
-frame_width`` before the frame buffer, so one configuration gives every frame the same grid and the
-same token count, ``frame_tokens(frame_height, frame_width, processing, cap)``, known before the
-first frame arrives. For a given aspect ratio, every resolution whose rounded area is above the cap
-gives the same grid (the scaled sides, ``sqrt(cap x H / W)`` and ``sqrt(cap x W / H)``, depend on the
-ratio only). The area ends above the cap only in smart_resize's own corner cases, reproduced rather
-than corrected: in the shrinking branch when the short side is raised to one factor (aspect ratio above
-``cap / factor^2``, 64 at the default cap), and in the growing branch (rounded area under
-``min(min_pixels, cap)``), whose ceilings add up to one factor to each side. With the checkpoints'
-min_pixels (3136) and the default cap, no frame size the camera node accepts with an aspect ratio up to
-64 exceeds the cap; a cap near or under min_pixels can be overshot by small frames.
+The cap (the ``max_pixels`` argument; the runtime passes ``reasoning.vision_max_pixels``): smart_resize
+runs with ``min(min_pixels, cap)`` and ``min(max_pixels, cap)``, the checkpoint's bounds lowered to the
+cap, which is transformers called with ``size={"shortest_edge": ..., "longest_edge": ...}`` of those
+two values. Lowering min_pixels matters only for a cap under the checkpoint's minimum: a small frame is
+then not enlarged to that minimum, above the cap and above the tokens of larger frames.
+
+Tokens per frame: the camera node resizes every frame to ``frame_height x frame_width`` before the frame
+buffer, so one configuration gives every frame the same grid and the same token count,
+``frame_tokens(frame_height, frame_width, processing, cap)``, known before the first frame arrives.
+Two properties hold beyond that, each with transformers' own exceptions, which are reproduced rather
+than corrected:
+
+- At most the cap: the area exceeds it only in the shrinking branch when the short side is raised to
+  one factor (aspect ratio above ``cap / factor^2``: 64 at the default cap), and in the growing branch
+  (rounded area under ``min(min_pixels, cap)``), whose ceilings add up to one factor to each side. With
+  the checkpoints' min_pixels (3136) and the default cap, no frame size the camera node accepts with an
+  aspect ratio up to 64 exceeds the cap; a cap near or under min_pixels can be overshot by small frames.
+- Independent of the resolution: for one aspect ratio, every resolution whose rounded area is above
+  the cap gets the same grid, since the scaled sides ``sqrt(cap x H / W)`` and ``sqrt(cap x W / H)``
+  depend on the ratio only; except where a scaled side is exactly a multiple of the factor, which
+  floating point floors to either side depending on the resolution. Square frames under a square cap
+  are such a case (the default cap is 224 x 224: 7 or 8 windows a side), and so is 9:16; 4:3, 3:2,
+  16:10, 5:4 and 2:1 are not.
 
 The torchvision path: with torchvision installed, transformers' default ``Qwen2VLImageProcessor`` is the
 torchvision backend, which differs from the PIL path this module reproduces (and which transformers
 uses without torchvision, or always as ``Qwen2VLImageProcessorPil``). (a) It resizes with torch's
 ``interpolate(mode="bicubic", antialias=True)`` on the uint8 tensor (on GPU: in float32, then clamp
-and round), which is not Pillow's fixed-point filter. Measured with torch 2.13 on this machine's CPU:
+and round), which is not Pillow's fixed-point filter. Measured with torch 2.13 on an AVX-512 CPU:
 a smooth image (blurred noise) resized 480x640 -> 476x644 differs from Pillow by up to 2 levels on
 12 % of the values, 480x640 -> 224x308 by 1 level on 0.3 %; uniform noise 480x640 -> 476x644 by up
 to 22 levels on 31 % (the mixed up- and down-scaling); the float32 path differs by 1 level on 15-20 %
 of a smooth image's values. One level is 1 / (255 x std), about 0.015 after normalisation. (b) It
-fuses rescale into normalize, ``(x - mean / s) / (std / s)`` in float32, a few ulp from the two-step
-result. Qwen's own preprocessing (qwen-vl-utils) and the slow processor the checkpoints were
-released with are the Pillow path, which is why it is the one reproduced here.
+fuses rescale into normalize, ``(x - mean / s) / (std / s)`` in float32: up to 2.4e-7 from the
+two-step values, on 70 % of them. The path reproduced here is the default image processor transformers
+had when these checkpoints were released (numpy and Pillow; the torchvision one came later, or was not
+yet the default).
 
 What this is not: video (a clip of T distinct frames), several images batched into one array (each
 frame is preprocessed on its own; concatenating the rows of several frames gives transformers' batch),
@@ -101,7 +110,8 @@ OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 class ProcessorConfigError(ModelConfigError):
-    """A preprocessor_config.json this module cannot reproduce faithfully; the message names the field."""
+    """A preprocessor_config.json this module cannot reproduce faithfully; the message names the field (and the
+    file, when read through ``from_dict`` or ``load``)."""
 
 
 @dataclass(frozen=True)
@@ -125,32 +135,32 @@ class ImageProcessing:
         for name in ("patch_size", "temporal_patch_size", "merge_size", "min_pixels", "max_pixels", "resample"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
-                raise ProcessorConfigError(f"{PREPROCESSOR_CONFIG}: {name} must be an integer, got {value!r}")
+                raise ProcessorConfigError(f"{name} must be an integer, got {value!r}")
             if name != "resample" and value < 1:
-                raise ProcessorConfigError(f"{PREPROCESSOR_CONFIG}: {name} must be positive, got {value}")
+                raise ProcessorConfigError(f"{name} must be positive, got {value}")
         if self.min_pixels > self.max_pixels:
-            raise ProcessorConfigError(f"{PREPROCESSOR_CONFIG}: min_pixels ({self.min_pixels}) is above max_pixels "
+            raise ProcessorConfigError(f"min_pixels ({self.min_pixels}) is above max_pixels "
                                        f"({self.max_pixels})")
         if self.resample not in RESAMPLE_FILTERS:
-            raise ProcessorConfigError(f"{PREPROCESSOR_CONFIG}: resample must be one of {sorted(RESAMPLE_FILTERS)} "
+            raise ProcessorConfigError(f"resample must be one of {sorted(RESAMPLE_FILTERS)} "
                                        f"(Pillow's filters), got {self.resample}")
         for name in ("do_resize", "do_rescale", "do_normalize"):
             if not isinstance(getattr(self, name), bool):
-                raise ProcessorConfigError(f"{PREPROCESSOR_CONFIG}: {name} must be true or false, "
+                raise ProcessorConfigError(f"{name} must be true or false, "
                                            f"got {getattr(self, name)!r}")
         if not self.do_resize:
-            raise ProcessorConfigError(f"{PREPROCESSOR_CONFIG}: do_resize: false is not supported: camera frames of "
+            raise ProcessorConfigError("do_resize: false is not supported: camera frames of "
                                        "any size must be resized to whole merge windows")
         if not _finite_number(self.rescale_factor) or self.rescale_factor <= 0:
-            raise ProcessorConfigError(f"{PREPROCESSOR_CONFIG}: rescale_factor must be a positive number, "
+            raise ProcessorConfigError("rescale_factor must be a positive number, "
                                        f"got {self.rescale_factor!r}")
         for name in ("image_mean", "image_std"):
             values = getattr(self, name)
             if not (isinstance(values, tuple) and len(values) == 3 and all(map(_finite_number, values))):
-                raise ProcessorConfigError(f"{PREPROCESSOR_CONFIG}: {name} must be one number or 3 (RGB), "
+                raise ProcessorConfigError(f"{name} must be one number or 3 (RGB), "
                                            f"got {values!r}")
         if 0 in self.image_std:
-            raise ProcessorConfigError(f"{PREPROCESSOR_CONFIG}: image_std must not be 0, got {self.image_std}")
+            raise ProcessorConfigError(f"image_std must not be 0, got {self.image_std}")
 
     @property
     def factor(self) -> int:
@@ -211,7 +221,7 @@ class ImageProcessing:
         try:
             return cls(**values)
         except ProcessorConfigError as exc:
-            raise ProcessorConfigError(str(exc).replace(PREPROCESSOR_CONFIG, source, 1)) from None
+            raise ProcessorConfigError(f"{source}: {exc}") from None
 
     @classmethod
     def load(cls, path: str | Path) -> ImageProcessing:
@@ -271,7 +281,8 @@ def frame_tokens(height: int, width: int, processing: ImageProcessing, max_pixel
 def preprocess(image: np.ndarray, processing: ImageProcessing,
                max_pixels: int | None = None) -> tuple[np.ndarray, tuple[int, int, int]]:
     """(patches [gh x gw, patch_dim] float32, grid_thw (1, gh, gw)) of one HxWx3 uint8 RGB frame: transformers'
-    ``pixel_values`` and ``image_grid_thw`` for it, with ``max_pixels`` capping the checkpoint's bounds."""
+    ``pixel_values`` and ``image_grid_thw`` for it, with ``max_pixels`` capping the checkpoint's bounds. The
+    patches are a new C-contiguous array; the frame is only read."""
     if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
         shape = getattr(image, "shape", None)
         dtype = getattr(image, "dtype", type(image).__name__)
