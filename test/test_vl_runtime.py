@@ -15,6 +15,7 @@ from vla_edge_ros.model.arena import KVArena, repack_rope_ids
 from vla_edge_ros.model.checkpoint import load_checkpoint
 from vla_edge_ros.model.config import ModelConfigError
 from vla_edge_ros.model.init_model import preset, write_random_model
+from vla_edge_ros.model.known_models import KNOWN_MODELS, known_model, weight_values
 from vla_edge_ros.model.numpy_backend import NumpyBackend
 from vla_edge_ros.model.vl_config import VisionTowerConfig, VlConfig
 from vla_edge_ros.model.vl_frames import frame_side, text_rope_ids, with_frame_geometry
@@ -368,3 +369,38 @@ def test_init_model_writes_a_deterministic_checkpoint_transformers_loads(tmp_pat
                                   theirs["model.visual.blocks.0.attn.qkv.weight"])
     np.testing.assert_array_equal(ours.float32("model.layers.0.mlp.up_proj.weight"),
                                   theirs["model.language_model.layers.0.mlp.up_proj.weight"])
+
+
+# -- plan ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, params, tower", [("qwen2-vl-2b", 2_208_985_600, 665_271_296),
+                                                 ("qwen2.5-vl-3b", 3_754_622_976, 668_684_288)])
+def test_known_models_have_transformers_shapes(name, params, tower):
+    """The public configs give the parameter counts transformers builds from them (on the meta device)."""
+    config, processing = known_model(name)
+    decoder_values, tower_values = weight_values(config)
+    assert (decoder_values + tower_values, tower_values) == (params, tower)
+    assert (processing.min_pixels, processing.max_pixels, processing.factor) == (3136, 12845056, 28)
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    raw = dict(KNOWN_MODELS[name])
+    hf_config = transformers.AutoConfig.for_model(**raw)
+    with torch.device("meta"):
+        model = transformers.AutoModelForImageTextToText.from_config(hf_config)
+    assert sum(p.numel() for p in model.parameters()) == params
+    assert sum(p.numel() for p in model.model.visual.parameters()) == tower
+
+
+def test_plan_by_name_against_edge_memory(tmp_path, capsys):
+    config = tmp_path / "robot.yaml"
+    config.write_text("reasoning:\n  ros__parameters:\n    vision_max_pixels: 50176\n    kv_capacity_tokens: 1024\n")
+    assert main(["plan", "--known-model", "qwen2-vl-2b", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "224x224 (reasoning.vision_max_pixels 50176): 66 tokens each, 3,784,704 B of KV" in out  # 66 x 57,344
+    assert "vision tower 1,330,542,592 B" in out and "4,417,971,200 B" in out  # bf16
+    assert "Jetson AGX Orin 64GB" in out and "8 GB (Jetson Orin Nano / NX 8GB)" in out
+    assert main(["plan", "--known-model", "qwen2.5-vl-3b", "--config", str(config)]) == 1  # over the 5 GB budget
+    out = capsys.readouterr().out
+    assert "DOES NOT FIT" in out.split("against edge memory")[0]
+    assert "88.5% fits         room for 218 frames of KV" in out  # but an 8 GB Orin holds it, barely

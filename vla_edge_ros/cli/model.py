@@ -10,6 +10,7 @@ import numpy as np
 
 from ..config import load_settings
 from ..model.init_model import PRESETS, STORAGE_DTYPES, preset, write_random_model
+from ..model.known_models import KNOWN_MODELS
 from .args import image_size, token_ids
 
 MIN_COSINE = {"numpy": 0.99999, "cuda": 0.999}
@@ -23,14 +24,26 @@ def cmd_init_model(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from ..runtime.loader import plan_for
+    from ..model.budget import edge_table
+    from ..runtime.loader import plan_for, plan_known
 
     settings = load_settings(args.config)
-    plan, checkpoint = plan_for(settings)
-    c = checkpoint.config
-    print(f"model      {checkpoint.path} (qwen2, {c.num_hidden_layers} layers, hidden {c.hidden_size}, "
-          f"{checkpoint.storage_dtype} on disk)")
+    if args.known_model:
+        plan, config = plan_known(settings, args.known_model)
+        where, stored = f"{args.known_model}: public config.json, no weights", "bf16"
+    else:
+        plan, checkpoint = plan_for(settings)
+        config, where, stored = checkpoint.config, str(checkpoint.path), checkpoint.storage_dtype
+    family = config.vl.family if config.vl else "qwen2"
+    print(f"model      {where} ({family}, {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
+          f"{stored} on disk)")
+    if config.vl:
+        v = config.vision
+        print(f"frames     {v.image_size}x{v.image_size} (reasoning.vision_max_pixels "
+              f"{settings['reasoning']['vision_max_pixels']}): {v.tokens_per_frame} tokens each, "
+              f"{plan.kv_bytes_per_frame:,} B of KV")
     print(plan.table())
+    print(f"against edge memory (the same plan):\n{edge_table(plan)}")
     return 0 if plan.fits else 1
 
 
@@ -93,8 +106,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=STORAGE_DTYPES, default="bfloat16")
     p.set_defaults(func=cmd_init_model)
 
-    p = sub.add_parser("plan", help="print the memory plan of a config against its budget_bytes")
+    p = sub.add_parser("plan", help="print the memory plan of a config against its budget_bytes and edge memory")
     p.add_argument("--config", type=Path, help="YAML config (default: built-in defaults)")
+    p.add_argument("--known-model", choices=sorted(KNOWN_MODELS),
+                   help="plan a real checkpoint's shapes by name (bf16 weights, cuda backend) instead of model_dir")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("parity", help="compare our forward pass with HuggingFace transformers")

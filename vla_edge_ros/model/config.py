@@ -212,6 +212,11 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
         raise ModelConfigError(f"{source}: not valid JSON: {exc}") from exc
     if not isinstance(raw, dict):
         raise ModelConfigError(f"{source}: top level must be a JSON object")
+    return parse_model_config(raw, source)
+
+
+def parse_model_config(raw: dict[str, Any], source: Path) -> ModelConfig:
+    """Validate a parsed ``config.json`` (``source`` names it in errors)."""
     model_type = raw.get("model_type")
     if model_type in VL_FAMILIES:
         text, vl = split_vl_config(raw, source)

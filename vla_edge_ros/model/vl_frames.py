@@ -51,6 +51,14 @@ def frame_side(processing: ImageProcessing, max_pixels: int) -> int:
     return side
 
 
+def frame_geometry(processing: ImageProcessing, max_pixels: int) -> VisionConfig:
+    """The frames a VL checkpoint with ``processing`` sees under ``max_pixels``: S x S, (S / 28)^2 + 2 tokens."""
+    side = frame_side(processing, max_pixels)
+    return VisionConfig(image_size=side, patch_size=processing.patch_size,
+                        tokens_per_frame=(side // processing.factor) ** 2 + MARKER_TOKENS,
+                        mean=processing.image_mean, std=processing.image_std)
+
+
 def with_frame_geometry(checkpoint: Checkpoint, max_pixels: int) -> Checkpoint:
     """The checkpoint with ``config.vision`` set to the frames a VL checkpoint will see under ``max_pixels``
     (a plain Qwen2 checkpoint comes back unchanged: its frame encoder's geometry is its own)."""
@@ -63,11 +71,7 @@ def with_frame_geometry(checkpoint: Checkpoint, max_pixels: int) -> Checkpoint:
             f"{checkpoint.path}: preprocessor_config.json cuts {processing.patch_size}-pixel patches merged "
             f"{processing.merge_size}x{processing.merge_size}, the tower's config.json "
             f"{config.vl.vision.patch_size} and {config.vl.vision.spatial_merge_size}")
-    side = frame_side(processing, max_pixels)
-    vision = VisionConfig(image_size=side, patch_size=processing.patch_size,
-                          tokens_per_frame=(side // processing.factor) ** 2 + MARKER_TOKENS,
-                          mean=processing.image_mean, std=processing.image_std)
-    return replace(checkpoint, config=replace(config, vision=vision))
+    return replace(checkpoint, config=replace(config, vision=frame_geometry(processing, max_pixels)))
 
 
 class VlFrameEncoder:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -14,9 +15,11 @@ from ..engine import VlaEngine
 from ..kv_store import BlockStore, load_key, load_or_prefill_prompt, model_fingerprint, restore_memory
 from ..memory import POLICIES, MemorySite, build_policy, check_knobs
 from ..model.backends import resolve_backend
-from ..model.budget import MemoryPlan, plan_memory, require_fit
+from ..model.budget import MemoryPlan, plan_config, plan_memory, require_fit
 from ..model.checkpoint import Checkpoint, load_checkpoint
-from ..model.vl_frames import with_frame_geometry
+from ..model.config import ModelConfig
+from ..model.known_models import KNOWN_DTYPE_BYTES, known_model, weight_values
+from ..model.vl_frames import frame_geometry, with_frame_geometry
 from .action_output import check_fits_action
 
 _LOG = logging.getLogger("vla_edge_ros.runtime")
@@ -47,6 +50,20 @@ def plan_for(settings: Settings, checkpoint: Checkpoint | None = None) -> tuple[
     plan = plan_memory(checkpoint, resolve_backend(node["backend"]), node["kv_capacity_tokens"],
                        node["budget_bytes"], largest, node["kv_page_tokens"], node["kv_pool_pages"])
     return plan, checkpoint
+
+
+def plan_known(settings: Settings, name: str) -> tuple[MemoryPlan, ModelConfig]:
+    """The memory plan of known checkpoint ``name`` (``model/known_models.py``) under this configuration, as
+    the cuda backend would hold it (weights in their bf16); the config at the configured frame geometry."""
+    node = settings["reasoning"]
+    config, processing = known_model(name)
+    config = replace(config, vision=frame_geometry(processing, node["vision_max_pixels"]))
+    decoder, tower = weight_values(config)
+    largest = max(config.vision.tokens_per_frame, len(node["prompt_token_ids"]))
+    plan = plan_config(config, "cuda", (decoder + tower) * KNOWN_DTYPE_BYTES, tower * KNOWN_DTYPE_BYTES,
+                       node["kv_capacity_tokens"], node["budget_bytes"], largest, node["kv_page_tokens"],
+                       node["kv_pool_pages"])
+    return plan, config
 
 
 def open_kv_store(node: dict[str, Any], checkpoint: Checkpoint) -> BlockStore | None:
