@@ -380,7 +380,7 @@ def test_the_learned_gate_reads_the_layer_input_after_its_rms_norm(micro_dir, tm
     checkpoint = with_gate(micro_dir, tmp_path, weights.__getitem__, lambda layer: [0.5, -0.5])
     gate = LearnedGate(checkpoint)
     inputs = [rng.standard_normal((3, 64)).astype(np.float32) * 7 for _ in range(2)]
-    scores = gate.scores(None, np.arange(3), np.arange(3), inputs)
+    scores = gate.scores(None, np.arange(3), inputs)
     for layer in range(2):
         norm = checkpoint.float32(f"model.layers.{layer}.input_layernorm.weight")
         x = inputs[layer].astype(np.float64)
