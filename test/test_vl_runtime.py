@@ -293,6 +293,9 @@ def test_memory_state_round_trip_is_byte_exact(vl_model, policy):
     assert other.step(frame).tokens == engine.step(frame).tokens
     with pytest.raises(ValueError, match="lacks the M-RoPE ids"):
         other.load_memory_state({k: v for k, v in state.items() if k != "rope_positions"})
+    larger = _engine(vl_model, 5 + 3 * 66 + 7, build(), cap=224 * 224)
+    with pytest.raises(ValueError, match="frames of \\[18\\] tokens, this engine's are 66"):
+        larger.load_memory_state(state)
 
 
 def test_a_vl_checkpoint_refuses_the_cuda_backend(vl_model):

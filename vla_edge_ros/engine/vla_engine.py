@@ -196,7 +196,8 @@ class VlaEngine:
 
     def memory_state(self) -> dict[str, np.ndarray]:
         """Everything the cache holds of this episode, as named arrays: the prompt, every kept token's slot and
-        position (and M-RoPE ids ``rope_positions`` [3, n] of a VL checkpoint), what each (layer, KV head) holds (``entry_counts`` [layers, kv_heads], then ``entry_slots``,
+        position (a VL checkpoint's also their M-RoPE ids ``rope_positions`` [3, n] and its ``tokens_per_frame``,
+        which the pixel cap sets), what each (layer, KV head) holds (``entry_counts`` [layers, kv_heads], then ``entry_slots``,
         ``keys`` and ``values`` [entries, head_dim], head by head in the order the head holds them), and the
         policy's own state (``policy.*``)."""
         slots = np.flatnonzero(self.arena.valid).astype(np.int32)
@@ -211,6 +212,7 @@ class VlaEngine:
         })
         if self.arena.rope_positions is not None:
             state["rope_positions"] = self.arena.rope_positions[:, slots].copy()
+            state["tokens_per_frame"] = np.array([self.tokens_per_frame], dtype=np.int64)
         return state
 
     def load_memory_state(self, state: dict[str, np.ndarray]) -> None:
@@ -235,6 +237,10 @@ class VlaEngine:
             if rope.shape != (3, slots.size):
                 raise ValueError(f"memory state lacks the M-RoPE ids of a VL checkpoint's {slots.size} tokens "
                                  f"(rope_positions {list(rope.shape)}, expected {[3, slots.size]})")
+            frame = np.asarray(state.get("tokens_per_frame", [-1])).reshape(-1)
+            if frame.tolist() != [self.tokens_per_frame]:
+                raise ValueError(f"memory state holds frames of {frame.tolist()} tokens, this engine's are "
+                                 f"{self.tokens_per_frame} (reasoning.vision_max_pixels differs)")
         self.arena.release(np.arange(self.arena.capacity, dtype=np.int32))
         self.arena.restore_entries(slots, np.asarray(state["positions"], dtype=np.int32), state["entry_counts"],
                                    entry_slots, rope)
