@@ -11,9 +11,10 @@ from vla_edge_ros.cli import main
 from vla_edge_ros.config import DmsKnobs, parse_settings
 from vla_edge_ros.engine.vla_engine import EncodedFrame, VlaEngine
 from vla_edge_ros.memory import DmsPolicy, FifoPolicy, make_policy
+from vla_edge_ros.memory.base import FrameTokens
 from vla_edge_ros.model.arena import KVArena, repack_rope_ids
 from vla_edge_ros.model.checkpoint import load_checkpoint
-from vla_edge_ros.model.config import ModelConfigError
+from vla_edge_ros.model.config import ActionConfig, ModelConfigError
 from vla_edge_ros.model.init_model import preset, write_random_model
 from vla_edge_ros.model.known_models import KNOWN_MODELS, known_model, weight_values
 from vla_edge_ros.model.numpy_backend import NumpyBackend
@@ -407,3 +408,41 @@ def test_plan_by_name_against_edge_memory(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "DOES NOT FIT" in out.split("against edge memory")[0]
     assert "88.5% fits         room for 218 frames of KV" in out  # but an 8 GB Orin holds it, barely
+
+
+@pytest.mark.parametrize("policy", ["cosine", "aura"])
+def test_every_policy_keeps_keys_at_their_ids(vl_model, policy):
+    """cosine (signatures of keys with M-RoPE undone) and aura (a text-like memory token before each frame):
+    after evictions every cached layer-0 key is a fresh prefill's at the ids the arena holds for it."""
+    knobs = {"kv.cosine.protect_recent_frames": 1, "kv.cosine.signature": "keys"}
+    engine = _engine(vl_model, 5 + 3 * 18 + 7 + 1, make_policy(policy, knobs))
+    inputs = _recording_inputs(engine)
+    camera = SyntheticCamera(height=48, width=64, seed=7)
+    for _ in range(6):
+        engine.step(camera.frame())
+    assert engine.policy.evictions > 0 or policy == "aura"
+    slots = engine.arena.slots_in_order()
+    rope = engine.arena.rope_positions[:, slots]
+    assert (np.diff(rope[0]) > 0).sum() == np.count_nonzero(np.diff(rope[0]))  # temporal ids never go back
+    fresh = _fresh_layer0_keys(engine, np.stack([inputs[int(s)] for s in slots]), rope)
+    np.testing.assert_allclose(engine.backend.read_kv(slots)[0][0], fresh, rtol=1e-4, atol=1e-4)
+    if policy == "cosine":  # a frame's signature does not depend on where its keys sit
+        frame = engine.policy.frames[-1]
+        signature = engine.policy.signature_of(FrameTokens(frame, engine.arena.positions[frame], np.zeros((18, 256)),
+                                                           np.empty(0, np.int32)))
+        engine.compact_positions()
+        engine.backend.rotate_keys(slots, np.full(slots.size, 7, dtype=np.int32))
+        engine.arena.rope_positions[:, slots] += 7
+        moved = engine.policy.signature_of(FrameTokens(frame, engine.arena.positions[frame], np.zeros((18, 256)),
+                                                       np.empty(0, np.int32)))
+        np.testing.assert_allclose(moved, signature, rtol=1e-4, atol=1e-5)
+
+
+def test_the_linear_action_head_reads_the_segment_s_last_hidden_state(tmp_path):
+    config = replace(preset("qwen2-vl-tiny", layers=1), action=ActionConfig(head="linear", dof=3))
+    engine = _engine(write_random_model(tmp_path / "linear", config, seed=2), 5 + 2 * 18)
+    prefill = engine.add_frame(SyntheticCamera(height=48, width=64, seed=8).frame())
+    action, tokens = engine.decode_action(prefill)
+    assert tokens == [] and action.shape == (3,)
+    np.testing.assert_array_equal(action, engine.head.from_hidden(prefill.hidden))
+    assert engine.step(SyntheticCamera(height=48, width=64, seed=9).frame()).action.shape == (3,)
