@@ -1,4 +1,4 @@
-"""``vla-edge init-model --preset qwen2-vl-tiny``, then ``replay``, ``evaluate`` and ``run`` on it, as a user runs them."""
+"""``vla-edge init-model --preset qwen2-vl-tiny``, then ``replay``, ``evaluate`` and ``run`` on it."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ def test_replay_a_bag_through_a_vl_checkpoint(vl_setup, capsys):
     root, config = vl_setup
     bag = root / "moving.mcap"
     assert main(["make-bag", "--scenario", "moving", "--out", str(bag), "--seconds", "0.5", "--size", "64x48"]) == 0
-    assert main(["replay", str(bag), "--config", str(config), "--policy", "fifo", "--cost", "fixed:encode=8ms,decode=1ms",
-                 "--out", str(root / "bad")]) == 2  # a vision tower needs its cost too
+    assert main(["replay", str(bag), "--config", str(config), "--policy", "fifo",
+                 "--cost", "fixed:encode=8ms,decode=1ms", "--out", str(root / "bad")]) == 2  # the tower needs a cost
     assert "lacks vision" in capsys.readouterr().err
     assert main(["replay", str(bag), "--config", str(config), "--policy", "fifo,dms", "--cost", VL_COSTS,
                  "--out", str(root / "replay")]) == 0

@@ -196,10 +196,10 @@ class VlaEngine:
 
     def memory_state(self) -> dict[str, np.ndarray]:
         """Everything the cache holds of this episode, as named arrays: the prompt, every kept token's slot and
-        position (a VL checkpoint's also their M-RoPE ids ``rope_positions`` [3, n] and its ``tokens_per_frame``,
-        which the pixel cap sets), what each (layer, KV head) holds (``entry_counts`` [layers, kv_heads], then ``entry_slots``,
+        position, what each (layer, KV head) holds (``entry_counts`` [layers, kv_heads], then ``entry_slots``,
         ``keys`` and ``values`` [entries, head_dim], head by head in the order the head holds them), and the
-        policy's own state (``policy.*``)."""
+        policy's own state (``policy.*``). A VL checkpoint's also holds the tokens' M-RoPE ids
+        (``rope_positions`` [3, n]) and its ``tokens_per_frame``, which the pixel cap sets."""
         slots = np.flatnonzero(self.arena.valid).astype(np.int32)
         counts, rows = self.arena.pages.held()
         keys, values = self.backend.read_rows(rows)

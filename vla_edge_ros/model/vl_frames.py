@@ -66,11 +66,12 @@ def with_frame_geometry(checkpoint: Checkpoint, max_pixels: int) -> Checkpoint:
     if config.vl is None:
         return checkpoint
     processing = ImageProcessing.load(checkpoint.path)
-    if processing.patch_size != config.vl.vision.patch_size or processing.merge_size != config.vl.vision.spatial_merge_size:
+    tower = config.vl.vision
+    if processing.patch_size != tower.patch_size or processing.merge_size != tower.spatial_merge_size:
         raise ModelConfigError(
             f"{checkpoint.path}: preprocessor_config.json cuts {processing.patch_size}-pixel patches merged "
             f"{processing.merge_size}x{processing.merge_size}, the tower's config.json "
-            f"{config.vl.vision.patch_size} and {config.vl.vision.spatial_merge_size}")
+            f"{tower.patch_size} and {tower.spatial_merge_size}")
     return replace(checkpoint, config=replace(config, vision=frame_geometry(processing, max_pixels)))
 
 
