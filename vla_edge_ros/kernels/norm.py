@@ -1,4 +1,5 @@
-"""RMSNorm as in Qwen2/HF: x * rsqrt(mean(x^2) + eps) * weight, all in fp32."""
+"""Row norms, all in fp32: RMSNorm as in Qwen2/HF (x * rsqrt(mean(x^2) + eps) * weight), and LayerNorm
+with weight and bias (the Qwen2-VL vision tower's blocks and patch merger)."""
 
 from __future__ import annotations
 
@@ -43,3 +44,49 @@ def rmsnorm(
     if tokens == 0:
         return
     _rmsnorm_kernel[tokens, _THREADS, stream](x, weight, np.float32(eps), out)
+
+
+@cuda.jit
+def _layernorm_kernel(x, weight, bias, eps, out):
+    # One block per row, two passes over it: the mean, then the variance about the mean (not
+    # E[x^2] - mean^2, which cancels badly when the mean is large next to the spread).
+    mean_buf = cuda.shared.array((1, _THREADS), float32)
+    var_buf = cuda.shared.array((1, _THREADS), float32)
+    row = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    hidden = x.shape[1]
+    acc = float32(0)
+    for h in range(tid, hidden, _THREADS):
+        acc += x[row, h]
+    mean_buf[0, tid] = acc
+    tree_sum_rows(mean_buf, tid)
+    mean = mean_buf[0, 0] / float32(hidden)
+    acc = float32(0)
+    for h in range(tid, hidden, _THREADS):
+        centred = x[row, h] - mean
+        acc += centred * centred
+    var_buf[0, tid] = acc
+    tree_sum_rows(var_buf, tid)
+    inv_std = float32(1) / math.sqrt(var_buf[0, 0] / float32(hidden) + eps)
+    for h in range(tid, hidden, _THREADS):
+        out[row, h] = (x[row, h] - mean) * inv_std * weight[h] + bias[h]
+
+
+def layernorm(
+    x: DeviceArray,
+    weight: DeviceArray,
+    bias: DeviceArray,
+    eps: float,
+    out: DeviceArray,
+    stream: Stream = 0,
+) -> None:
+    """(x - mean) / sqrt(var + eps) * weight + bias per row of x[T, H] into out (out may be x); the
+    variance is the biased one, as torch's LayerNorm; weight and bias are fp32 vectors [H]."""
+    tokens, hidden = dims(x, "x", 2)
+    check_array(x, "x", (tokens, hidden), (np.float32,))
+    check_array(weight, "weight", (hidden,), (np.float32,))
+    check_array(bias, "bias", (hidden,), (np.float32,))
+    check_array(out, "out", (tokens, hidden), (np.float32,))
+    if tokens == 0:
+        return
+    _layernorm_kernel[tokens, _THREADS, stream](x, weight, bias, np.float32(eps), out)
