@@ -1,0 +1,209 @@
+"""The Qwen2-VL / Qwen2.5-VL vision tower in NumPy fp32: patches -> decoder-width image tokens.
+
+Input is what HF's ``Qwen2VLImageProcessor`` emits: ``pixel_values`` [N, C*T*P*P] (each row one patch,
+channels x frames x rows x cols) and ``image_grid_thw`` [(t, h, w), ...] in patches. The processor
+already orders each frame's patches merge-window by merge-window (row of 2x2 blocks, column of block,
+row in block, column in block), so every run of ``spatial_merge_size ** 2`` rows is one decoder token.
+
+The forward pass:
+
+1. patch embedding: a Conv3d whose stride is its kernel, i.e. one GEMM with the flattened kernel;
+2. ``depth`` pre-norm blocks; attention is non-causal, rotated by 2-D rotary embeddings (a patch's row
+   turns the first quarter of each half of a head, its column the second) and confined to one frame
+   (qwen2_vl, and qwen2_5_vl's ``fullatt_block_indexes``) or to one window of
+   ``window_units`` x ``window_units`` merged tokens (qwen2_5_vl's other blocks). For windows, the
+   sequence is reordered once, whole merged tokens at a time, so that each window is a contiguous run;
+   frames stay contiguous under that order, so full-attention blocks run on it too;
+3. the merger: norm, each token's ``merge_unit`` patches side by side, Linear -> exact GELU -> Linear;
+   then the window order is undone.
+
+qwen2_vl uses LayerNorm and a QuickGELU MLP; qwen2_5_vl RMSNorm and a SwiGLU MLP with biases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..numerics import ops
+from .checkpoint import Checkpoint, CheckpointError
+from .vl_config import VisionTowerConfig
+
+
+class VisionInputError(ValueError):
+    """Patches or a grid that the tower cannot encode (wrong shape, grid not a multiple of the merge)."""
+
+
+def check_grid(grid_thw: np.ndarray, merge: int) -> np.ndarray:
+    """``grid_thw`` as an int64 [images, 3] array, refused unless every t, h, w is positive and h, w are
+    multiples of ``merge`` (a decoder token takes merge x merge patches)."""
+    grid = np.asarray(grid_thw)
+    if grid.ndim != 2 or grid.shape[1] != 3 or grid.shape[0] == 0 or not np.issubdtype(grid.dtype, np.integer):
+        raise VisionInputError(f"grid_thw must be a non-empty [images, 3] integer array, got shape {grid.shape} "
+                               f"dtype {grid.dtype}")
+    grid = grid.astype(np.int64)
+    if (grid <= 0).any() or (grid[:, 1:] % merge).any():
+        raise VisionInputError(f"grid_thw {grid.tolist()}: t, h, w must be positive and h, w multiples of the "
+                               f"spatial merge size {merge}")
+    return grid
+
+
+def merged_token_counts(grid_thw: np.ndarray, merge: int) -> np.ndarray:
+    """Decoder tokens per image: t * h * w / merge^2."""
+    grid = check_grid(grid_thw, merge)
+    return grid.prod(axis=1) // (merge * merge)
+
+
+def vision_positions(grid_thw: np.ndarray, merge: int) -> np.ndarray:
+    """(row, col) [N, 2] of every patch in the processor's merge-window order, each frame from (0, 0)."""
+    out = []
+    for t, h, w in check_grid(grid_thw, merge).tolist():
+        # index order (block row, block col, row in block, col in block)
+        block_row, block_col, in_row, in_col = np.meshgrid(
+            np.arange(h // merge), np.arange(w // merge), np.arange(merge), np.arange(merge), indexing="ij")
+        frame = np.stack(((block_row * merge + in_row).ravel(), (block_col * merge + in_col).ravel()), axis=1)
+        out.append(np.tile(frame, (t, 1)))
+    return np.concatenate(out)
+
+
+def frame_bounds(grid_thw: np.ndarray, merge: int) -> np.ndarray:
+    """Segment bounds (HF's cu_seqlens) of full attention: one segment per frame of each image."""
+    grid = check_grid(grid_thw, merge)
+    return np.concatenate(([0], np.cumsum(np.repeat(grid[:, 1] * grid[:, 2], grid[:, 0]))))
+
+
+def window_order(grid_thw: np.ndarray, merge: int, window_units: int) -> tuple[np.ndarray, np.ndarray]:
+    """(order, bounds) of window attention.
+
+    ``order`` [N / merge^2] lists the merged tokens window by window (windows row-major over each frame,
+    frames and images in turn; tokens row-major within a window; the last row and column of windows may
+    be partial); ``bounds`` are the windows' segment bounds in patches of the reordered sequence.
+    """
+    orders, sizes, offset = [], [], 0
+    for t, h, w in check_grid(grid_thw, merge).tolist():
+        rows, cols = h // merge, w // merge
+        across = -(-cols // window_units)  # windows per row of windows
+        down = -(-rows // window_units)
+        frame, row, col = (a.ravel() for a in np.meshgrid(np.arange(t), np.arange(rows), np.arange(cols), indexing="ij"))
+        window = (frame * down + row // window_units) * across + col // window_units
+        orders.append(offset + np.lexsort((col, row, window)))
+        sizes.append(np.bincount(window, minlength=t * down * across))
+        offset += t * rows * cols
+    patches_per_window = np.concatenate(sizes) * merge * merge
+    return np.concatenate(orders), np.concatenate(([0], np.cumsum(patches_per_window)))
+
+
+def _t(weight: np.ndarray) -> np.ndarray:
+    """An [out, in] HF weight as a contiguous [in, out] matrix (rows @ it runs at full BLAS speed)."""
+    return np.ascontiguousarray(weight.T)
+
+
+@dataclass
+class _Block:
+    """One ViT block; ``*_bias`` of the norms is None for RMSNorm (qwen2_5_vl)."""
+
+    norm1: np.ndarray
+    norm1_bias: np.ndarray | None
+    qkv_t: np.ndarray  # [E, 3E]
+    qkv_bias: np.ndarray
+    proj_t: np.ndarray  # [E, E]
+    proj_bias: np.ndarray
+    norm2: np.ndarray
+    norm2_bias: np.ndarray | None
+    up_t: np.ndarray  # qwen2_vl: fc1 [E, M]; qwen2_5_vl: gate and up side by side [E, 2M]
+    up_bias: np.ndarray
+    down_t: np.ndarray  # [M, E]
+    down_bias: np.ndarray
+
+
+class VisionTower:
+    """A checkpoint's ViT, widened to fp32 once; ``encode`` maps patches to decoder-width tokens."""
+
+    def __init__(self, config: VisionTowerConfig, weight: dict[str, np.ndarray]) -> None:
+        """``weight``: the ``visual.*`` tensors in fp32, named as ``checkpoint.vl_shapes`` names them."""
+        self.config = c = config
+        self.layer_norm = c.family == "qwen2_vl"
+        self.patch_t = _t(weight["visual.patch_embed.proj.weight"].reshape(c.embed_dim, c.patch_dim))
+        self.blocks = []
+        for index in range(c.depth):
+            p = f"visual.blocks.{index}."
+            if self.layer_norm:
+                up_t, up_bias = _t(weight[p + "mlp.fc1.weight"]), weight[p + "mlp.fc1.bias"]
+                down = "mlp.fc2."
+            else:
+                up_t = _t(np.concatenate((weight[p + "mlp.gate_proj.weight"], weight[p + "mlp.up_proj.weight"])))
+                up_bias = np.concatenate((weight[p + "mlp.gate_proj.bias"], weight[p + "mlp.up_proj.bias"]))
+                down = "mlp.down_proj."
+            self.blocks.append(_Block(
+                norm1=weight[p + "norm1.weight"], norm1_bias=weight.get(p + "norm1.bias"),
+                qkv_t=_t(weight[p + "attn.qkv.weight"]), qkv_bias=weight[p + "attn.qkv.bias"],
+                proj_t=_t(weight[p + "attn.proj.weight"]), proj_bias=weight[p + "attn.proj.bias"],
+                norm2=weight[p + "norm2.weight"], norm2_bias=weight.get(p + "norm2.bias"),
+                up_t=up_t, up_bias=up_bias, down_t=_t(weight[p + down + "weight"]), down_bias=weight[p + down + "bias"],
+            ))
+        self.merger_norm = weight["visual.merger.ln_q.weight"]
+        self.merger_norm_bias = weight.get("visual.merger.ln_q.bias")
+        self.merger_fc1_t = _t(weight["visual.merger.mlp.0.weight"])
+        self.merger_fc1_bias = weight["visual.merger.mlp.0.bias"]
+        self.merger_fc2_t = _t(weight["visual.merger.mlp.2.weight"])
+        self.merger_fc2_bias = weight["visual.merger.mlp.2.bias"]
+        self.inv_freq = ops.rope_inv_freq(c.head_dim // 2, c.rope_theta)
+        self.scale = 1.0 / np.sqrt(c.head_dim)
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: Checkpoint) -> "VisionTower":
+        vl = checkpoint.config.vl
+        if vl is None:
+            raise CheckpointError(f"{checkpoint.path}: not a Qwen2-VL / Qwen2.5-VL checkpoint (no vision tower)")
+        return cls(vl.vision, {name: checkpoint.float32(name) for name in checkpoint.tensors if name.startswith("visual.")})
+
+    def _norm(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+        if self.layer_norm:
+            return ops.layer_norm(x, weight, bias, self.config.eps)
+        return ops.rms_norm(x, weight, self.config.eps)
+
+    def _mlp(self, x: np.ndarray, block: _Block) -> np.ndarray:
+        up = x @ block.up_t + block.up_bias
+        if self.layer_norm:
+            hidden = ops.quick_gelu(up)
+        else:
+            gate, up = np.split(up, 2, axis=-1)
+            hidden = ops.silu(gate) * up
+        return hidden @ block.down_t + block.down_bias
+
+    def encode(self, patches: np.ndarray, grid_thw: np.ndarray) -> np.ndarray:
+        """[N / merge^2, decoder hidden] fp32 tokens of the images ``grid_thw`` whose patches are ``patches``
+        [N, C*T*P*P] (HF's pixel_values and image_grid_thw); images follow each other in both."""
+        c = self.config
+        merge, unit = c.spatial_merge_size, c.merge_unit
+        grid = check_grid(grid_thw, merge)
+        patches = np.asarray(patches)
+        total = int(grid.prod(axis=1).sum())
+        if patches.ndim != 2 or patches.shape != (total, c.patch_dim) or not np.issubdtype(patches.dtype, np.floating):
+            raise VisionInputError(f"patches must be a float [{total}, {c.patch_dim}] array for grid_thw "
+                                   f"{grid.tolist()}, got shape {patches.shape} dtype {patches.dtype}")
+        positions = vision_positions(grid, merge)
+        frames = frame_bounds(grid, merge)
+        order, windows = window_order(grid, merge, c.window_units) if c.window_units else (None, frames)
+        if order is not None:  # reorder whole merged tokens so that each window is one run
+            rows = (order[:, None] * unit + np.arange(unit)).ravel()
+            patches, positions = patches[rows], positions[rows]
+        x = patches.astype(np.float32) @ self.patch_t
+        cos, sin = ops.rope_cos_sin_2d(positions[:, 0], positions[:, 1], self.inv_freq)
+        heads, dim = c.num_heads, c.head_dim
+        for index, block in enumerate(self.blocks):
+            h = self._norm(x, block.norm1, block.norm1_bias)
+            qkv = (h @ block.qkv_t + block.qkv_bias).reshape(total, 3, heads, dim)
+            q = ops.apply_rope(qkv[:, 0], cos, sin)
+            k = ops.apply_rope(qkv[:, 1], cos, sin)
+            bounds = windows if c.windowed(index) else frames
+            x += ops.segment_attention(q, k, qkv[:, 2], bounds, self.scale) @ block.proj_t + block.proj_bias
+            x += self._mlp(self._norm(x, block.norm2, block.norm2_bias), block)
+        merged = self._norm(x, self.merger_norm, self.merger_norm_bias).reshape(total // unit, c.merged_dim)
+        tokens = ops.gelu(merged @ self.merger_fc1_t + self.merger_fc1_bias) @ self.merger_fc2_t + self.merger_fc2_bias
+        if order is None:
+            return tokens
+        out = np.empty_like(tokens)
+        out[order] = tokens
+        return out
