@@ -31,15 +31,31 @@ def seed(text: str) -> int:
     return count(text, minimum=0)
 
 
-def token_ids(text: str) -> list[int]:
-    """Comma-separated token ids (at least one)."""
+IMAGE_SLOT = "img"
+
+
+def token_ids(text: str) -> list[int | None]:
+    """Comma-separated token ids (at least one); ``img`` marks where an image goes (None, VL models)."""
     try:
-        ids = [int(part) for part in text.split(",") if part.strip()]
+        ids = [None if part.strip() == IMAGE_SLOT else int(part) for part in text.split(",") if part.strip()]
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"token ids must be comma-separated integers: {text!r}") from exc
+        raise argparse.ArgumentTypeError(
+            f"token ids must be comma-separated integers (or {IMAGE_SLOT!r} for an image): {text!r}") from exc
     if not ids:
         raise argparse.ArgumentTypeError("at least one token id is needed")
     return ids
+
+
+def image_size(text: str) -> tuple[int, int]:
+    """``HEIGHTxWIDTH`` in pixels, both positive."""
+    height, _, width = text.lower().partition("x")
+    try:
+        size = int(height), int(width)
+    except ValueError:
+        size = 0, 0
+    if min(size) < 1:
+        raise argparse.ArgumentTypeError(f"expected HEIGHTxWIDTH in pixels (e.g. 56x84), got {text!r}")
+    return size
 
 
 def subset_of(choices: Sequence[str]) -> Callable[[str], tuple[str, ...]]:

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..config import load_settings
 from ..model.init_model import PRESETS, STORAGE_DTYPES, preset, write_random_model
-from .args import token_ids
+from .args import image_size, token_ids
 
 MIN_COSINE = {"numpy": 0.99999, "cuda": 0.999}
 
@@ -37,7 +37,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_parity(args: argparse.Namespace) -> int:
     from ..tools.parity import run_parity
 
-    report = run_parity(args.model, args.token_ids, args.backend)
+    report = run_parity(args.model, args.token_ids, args.backend, image_size=args.image_size, seed=args.seed)
     if args.save_logits:
         np.save(args.save_logits, report.last_logits)
     threshold = args.min_cosine if args.min_cosine is not None else MIN_COSINE[report.backend]
@@ -45,8 +45,10 @@ def cmd_parity(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**report.to_dict(), "min_cosine": threshold, "passed": passed}, indent=2))
     else:
+        grids = ", ".join("x".join(map(str, grid)) for grid in report.image_grid_thw)
         print(f"parity of {report.model} on {report.backend} against transformers (fp32, CPU), "
-              f"{len(report.token_ids)} tokens")
+              f"{len(report.token_ids)} tokens" + (f", {len(report.image_grid_thw)} images (t x h x w patches: {grids})"
+                                                   if grids else ""))
         print(f"  logits                 cosine {report.logits.cosine:.12f}  max|err| {report.logits.max_abs_error:.3e}")
         for index, layer in enumerate(report.layers):
             label = "embeddings" if index == 0 else f"layer {index}" + (" (+norm)" if index == len(report.layers) - 1 else "")
@@ -98,7 +100,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("parity", help="compare our forward pass with HuggingFace transformers")
     p.add_argument("--model", required=True, type=Path)
     p.add_argument("--backend", choices=sorted(MIN_COSINE), default="numpy")
-    p.add_argument("--token-ids", required=True, type=token_ids)
+    p.add_argument("--token-ids", required=True, type=token_ids,
+                   help="prompt ids, comma-separated; 'img' places a random image (VL checkpoints)")
+    p.add_argument("--image-size", type=image_size, default=(56, 56), metavar="HxW",
+                   help="size of each random image before the image processor (default 56x56)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random images")
     p.add_argument("--save-logits", type=Path, help="write our last-position logits (float32 [vocab]) as .npy")
     p.add_argument("--min-cosine", type=float, help="pass bar (default 0.99999 numpy, 0.999 cuda)")
     p.add_argument("--json", action="store_true")

@@ -27,6 +27,7 @@ class Backend(ABC):
 
     def __init__(self, checkpoint: Checkpoint, arena: KVArena) -> None:
         self.config = checkpoint.config
+        self.mrope_section: tuple[int, ...] = self.config.vl.mrope_section if self.config.vl else ()
         self.arena = arena
         heads = (self.config.num_hidden_layers, self.config.num_key_value_heads)
         if arena.pages.heads != heads:
@@ -36,11 +37,14 @@ class Backend(ABC):
     @abstractmethod
     def forward(self, positions: np.ndarray, slots: np.ndarray, *, token_ids: np.ndarray | None = None,
                 embeddings: np.ndarray | None = None, collect_layers: bool = False,
-                collect_attention: bool = False) -> ForwardResult:
+                collect_attention: bool = False, rope_positions: np.ndarray | None = None) -> ForwardResult:
         """Run T new tokens (ids or [T, H] embeddings) at ``positions``, storing their K/V in ``slots``.
 
         Each new token attends to every valid slot whose position is not after its own, which
         includes the earlier new tokens: one rule for prefill, decode and a cache with holes.
+        ``rope_positions`` [3, T] are a VL model's M-RoPE ids (``vl_positions.rope_index``): the rotation
+        then uses them, banded by ``mrope_section``, while masking stays on ``positions`` (the order in
+        the arena). None rotates by ``positions``, the 1-D RoPE of a text decoder.
         ``collect_attention`` returns where the last new token looked (a measurement for the memory
         benchmark; only the numpy backend offers it, the cuda kernels never materialise the weights).
         """
@@ -55,7 +59,13 @@ class Backend(ABC):
 
     @abstractmethod
     def rotate_keys(self, slots: np.ndarray, shifts: np.ndarray) -> None:
-        """Rotate the cached keys of ``slots`` in every layer by ``shifts`` positions (RoPE composes)."""
+        """Rotate the cached keys of ``slots`` in every layer by ``shifts`` positions (RoPE composes).
+
+        This is exact under M-RoPE too, for a shift of all three ids alike: frequency i of a key at ids
+        (t, h, w) turned by ``id_band(i) * inv_freq[i]``, and each band, whichever id it reads, moves on by
+        ``delta * inv_freq[i]``; that is the 1-D rotation by ``delta``, so the key lands at
+        (t + delta, h + delta, w + delta) and the KV arena re-positions VL tokens as it does text.
+        """
 
     @abstractmethod
     def read_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -90,6 +100,17 @@ class Backend(ABC):
     @abstractmethod
     def state_bytes(self) -> tuple[int, int]:
         """(weight bytes, KV arena bytes) this backend holds."""
+
+    def _rope_ids(self, rope_positions: np.ndarray | None, tokens: int) -> np.ndarray | None:
+        """``rope_positions`` checked as [3, tokens] M-RoPE ids of a model that has them (None passes)."""
+        if rope_positions is None:
+            return None
+        if not self.mrope_section:
+            raise ValueError("rope_positions given, but this model has no M-RoPE (mrope_section): it is not a VL model")
+        ids = np.asarray(rope_positions)
+        if ids.shape != (3, tokens) or not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"rope_positions must be integer [3, {tokens}], got {ids.dtype} {list(ids.shape)}")
+        return ids.astype(np.int32)
 
     def _inputs(self, token_ids: np.ndarray | None, embeddings: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray | None]:
         if (token_ids is None) == (embeddings is None):

@@ -67,14 +67,16 @@ class NumpyBackend(Backend):
 
     def forward(self, positions: np.ndarray, slots: np.ndarray, *, token_ids: np.ndarray | None = None,
                 embeddings: np.ndarray | None = None, collect_layers: bool = False,
-                collect_attention: bool = False) -> ForwardResult:
+                collect_attention: bool = False, rope_positions: np.ndarray | None = None) -> ForwardResult:
         token_ids, embeddings = self._inputs(token_ids, embeddings)
         c = self.config
         positions = np.asarray(positions, dtype=np.int32)
         slots = np.asarray(slots, dtype=np.int32)
         x = self.embed[token_ids] if token_ids is not None else embeddings.copy()
         tokens = x.shape[0]
-        cos, sin = ops.rope_cos_sin(positions, self.inv_freq)
+        rope_ids = self._rope_ids(rope_positions, positions.size)
+        cos, sin = ops.rope_cos_sin(positions, self.inv_freq) if rope_ids is None else \
+            ops.mrope_cos_sin(rope_ids, self.inv_freq, self.mrope_section)
         self.arena.commit(slots, positions)
         new_rows = self.arena.pages.rows(slots)  # [layers, kv_heads, T]
         q_end, k_end = c.q_dim, c.q_dim + c.kv_dim

@@ -29,6 +29,22 @@ def rope_cos_sin(positions: np.ndarray, inv_freq: np.ndarray) -> tuple[np.ndarra
     return np.cos(angles), np.sin(angles)
 
 
+def mrope_cos_sin(rope_positions: np.ndarray, inv_freq: np.ndarray,
+                  mrope_section: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [T, D/2] of multimodal RoPE (Qwen2-VL's M-RoPE) for ids ``rope_positions`` [3, T].
+
+    The D/2 frequencies are cut into consecutive bands of ``mrope_section`` sizes; band b turns by
+    position component b % 3 (temporal, height, width), so frequency i rotates by
+    ``rope_positions[band(i)] * inv_freq[i]``. When all three ids are equal this is ``rope_cos_sin``.
+    """
+    if sum(mrope_section) != inv_freq.size:
+        raise ValueError(f"mrope_section {list(mrope_section)} sums to {sum(mrope_section)}, "
+                         f"not head_dim / 2 = {inv_freq.size}")
+    component = np.repeat(np.arange(len(mrope_section)) % 3, mrope_section)  # [D/2]: which id each frequency reads
+    angles = rope_positions.astype(np.float32)[component].T * inv_freq[None, :]
+    return np.cos(angles), np.sin(angles)
+
+
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """Rotate pairs (i, i + D/2) of x [T, heads, D] by the per-token angles in cos/sin [T, D/2].
 

@@ -1,19 +1,28 @@
 """Proof against HuggingFace: our forward pass vs ``transformers``' Qwen2 on the same weights.
 
+A Qwen2-VL / Qwen2.5-VL checkpoint is compared the same way on a prompt with images: deterministic random
+images go through transformers' ``Qwen2VLImageProcessor``, and the same pixel values feed their model and
+ours (our tower, our embedding of the prompt, our decoder with M-RoPE).
+
 torch and transformers are imported only here, and only when a parity check runs: the runtime
 never needs them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..model.arena import KVArena
+from ..model.backend import Backend, ForwardResult
 from ..model.backends import make_backend
-from ..model.checkpoint import load_checkpoint
+from ..model.checkpoint import Checkpoint, load_checkpoint
+from ..model.vl_config import VlConfig
+from ..model.vl_prompt import embed_vl_prompt, expand_prompt
+from ..model.vl_vision import VisionTower
 
 
 @dataclass
@@ -39,8 +48,9 @@ class ParityReport:
     token_ids: list[int]
     logits: Agreement
     layers: list[Agreement]
-    incremental: Agreement  # token-by-token decode with our cache vs our own full forward
+    incremental: Agreement  # token by token (images: one segment each) with our cache vs our own full forward
     last_logits: np.ndarray = field(repr=False)
+    image_grid_thw: list[list[int]] = field(default_factory=list)  # patch grid of each image (VL models)
 
     def worst_cosine(self) -> float:
         return min([self.logits.cosine, self.incremental.cosine] + [layer.cosine for layer in self.layers])
@@ -81,31 +91,128 @@ def reference_forward(model, token_ids: list[int], position_ids: list[int] | Non
     return out.logits[0].numpy(), [h[0].numpy() for h in out.hidden_states]
 
 
-def run_parity(model_dir: str | Path, token_ids: list[int], backend: str = "numpy") -> ParityReport:
-    """Compare logits and every layer's hidden state with HF, and incremental against full decoding."""
+def run_parity(model_dir: str | Path, token_ids: Sequence[int | None], backend: str = "numpy", *,
+               image_size: tuple[int, int] = (56, 56), seed: int = 0) -> ParityReport:
+    """Compare logits and every layer's hidden state with HF, and incremental against full decoding.
+
+    ``None`` entries of ``token_ids`` are images (a VL checkpoint only): each becomes vision start,
+    its pad tokens and vision end, with a random ``image_size`` (height, width) RGB image from ``seed``.
+    """
     if not token_ids:
         raise ValueError("parity needs at least one token id")
     checkpoint = load_checkpoint(model_dir, require_vla=False)
-    count = len(token_ids)
-    positions = np.arange(count, dtype=np.int32)
+    if checkpoint.config.vl is not None:
+        return _vl_parity(checkpoint, token_ids, backend, image_size, seed)
+    if any(token is None for token in token_ids):
+        raise ValueError(f"{model_dir} is a text-only Qwen2 checkpoint: the prompt's image slots need a VL one")
+    ids = np.asarray(token_ids)
+    positions = np.arange(ids.size, dtype=np.int32)
 
+    def feed(ours: Backend, part: slice, collect_layers: bool = False) -> ForwardResult:
+        return ours.forward(positions[part], positions[part], token_ids=ids[part], collect_layers=collect_layers)
+
+    ref_logits, ref_hidden = reference_forward(load_reference(model_dir), list(token_ids))
+    return _report(checkpoint, backend, ids, feed, [slice(i, i + 1) for i in range(ids.size)], ref_logits, ref_hidden)
+
+
+Feed = Callable[..., ForwardResult]
+"""(backend, a slice of the prompt, collect_layers=) -> that slice's forward at its sequence positions."""
+
+
+def _report(checkpoint: Checkpoint, backend: str, ids: np.ndarray, feed: Feed, segments: list[slice],
+            ref_logits: np.ndarray, ref_hidden: list[np.ndarray], grids: list[list[int]] | None = None) -> ParityReport:
+    """Our full forward against HF's, and ``segments`` fed one by one into a fresh arena against our full one."""
+    count = ids.size
     full = make_backend(backend, checkpoint, KVArena(count))
-    result = full.forward(positions, positions, token_ids=np.asarray(token_ids), collect_layers=True)
+    result = feed(full, slice(0, count), collect_layers=True)
     logits = full.logits(result.hidden)
-
     incremental = make_backend(backend, checkpoint, KVArena(count))
-    steps = [incremental.forward(positions[i:i + 1], positions[i:i + 1], token_ids=np.asarray(token_ids[i:i + 1])).hidden
-             for i in range(count)]
-    step_logits = incremental.logits(np.concatenate(steps))
-
-    ref_logits, ref_hidden = reference_forward(load_reference(model_dir), token_ids)
+    step_logits = incremental.logits(np.concatenate([feed(incremental, part).hidden for part in segments]))
     ours_hidden = result.layer_hidden[:-1] + [result.hidden]  # HF reports the last layer after the final norm
     return ParityReport(
-        model=str(model_dir),
+        model=str(checkpoint.path),
         backend=full.name,
-        token_ids=list(token_ids),
+        token_ids=ids.tolist(),
         logits=Agreement.of(logits, ref_logits),
         layers=[Agreement.of(a, b) for a, b in zip(ours_hidden, ref_hidden)],
         incremental=Agreement.of(step_logits, logits),
         last_logits=logits[-1].astype(np.float32),
+        image_grid_thw=grids or [],
     )
+
+
+def synthetic_images(count: int, size: tuple[int, int], seed: int) -> list[np.ndarray]:
+    """``count`` random RGB images [height, width, 3] uint8, the same for the same ``seed``."""
+    height, width = size
+    if height <= 0 or width <= 0:
+        raise ValueError(f"image size must be positive, got {height}x{width}")
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, (height, width, 3), dtype=np.uint8) for _ in range(count)]
+
+
+def processor_inputs(model_dir: Path, vl: VlConfig, images: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(pixel_values [patches, patch_dim] fp32, image_grid_thw [n, 3]) of ``images`` from transformers'
+    ``Qwen2VLImageProcessor``: the checkpoint's preprocessor_config.json if it has one, else HF's defaults
+    with the tower's patch geometry."""
+    from transformers import Qwen2VLImageProcessor
+
+    tower = vl.vision
+    if (model_dir / "preprocessor_config.json").is_file():
+        processor = Qwen2VLImageProcessor.from_pretrained(str(model_dir))
+    else:
+        processor = Qwen2VLImageProcessor(patch_size=tower.patch_size, temporal_patch_size=tower.temporal_patch_size,
+                                          merge_size=tower.spatial_merge_size)
+    geometry = {"patch_size": tower.patch_size, "temporal_patch_size": tower.temporal_patch_size,
+                "merge_size": tower.spatial_merge_size}
+    for key, want in geometry.items():
+        if getattr(processor, key) != want:
+            raise ValueError(f"{model_dir}: preprocessor_config.json {key} {getattr(processor, key)} does not match "
+                             f"the vision tower's {want}")
+    out = processor(images=images, return_tensors="np")
+    return np.asarray(out["pixel_values"], dtype=np.float32), np.asarray(out["image_grid_thw"], dtype=np.int64)
+
+
+def load_vl_reference(model_dir: str | Path, family: str):
+    """HF's Qwen2-VL or Qwen2.5-VL model in fp32 on CPU."""
+    import torch
+    from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    model_class = {"qwen2_vl": Qwen2VLForConditionalGeneration, "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration}[family]
+    return model_class.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+
+
+def reference_vl_forward(model, token_ids: np.ndarray, pixel_values: np.ndarray,
+                         image_grid_thw: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """HF logits [T, V] and the decoder's hidden states for one prompt with images (HF places the M-RoPE ids)."""
+    import torch
+
+    ids = torch.tensor(np.asarray(token_ids, dtype=np.int64)[None])
+    images = {}
+    if len(image_grid_thw):
+        images = dict(pixel_values=torch.from_numpy(pixel_values), image_grid_thw=torch.from_numpy(image_grid_thw))
+    with torch.no_grad():
+        out = model(input_ids=ids, mm_token_type_ids=(ids == model.config.image_token_id).int(),
+                    output_hidden_states=True, use_cache=False, **images)
+    return out.logits[0].numpy(), [h[0].numpy() for h in out.hidden_states]
+
+
+def _vl_parity(checkpoint: Checkpoint, prompt: Sequence[int | None], backend: str, image_size: tuple[int, int],
+               seed: int) -> ParityReport:
+    vl = checkpoint.config.vl
+    images = synthetic_images(sum(token is None for token in prompt), image_size, seed)
+    pixel_values, grids = processor_inputs(checkpoint.path, vl, images) if images else \
+        (np.zeros((0, vl.vision.patch_dim), np.float32), np.zeros((0, 3), np.int64))
+    ids = expand_prompt(prompt, grids, vl)
+    inputs = embed_vl_prompt(checkpoint, VisionTower.from_checkpoint(checkpoint).encode, ids, pixel_values, grids)
+    positions = np.arange(ids.size, dtype=np.int32)
+
+    def feed(ours: Backend, part: slice, collect_layers: bool = False) -> ForwardResult:
+        return ours.forward(positions[part], positions[part], embeddings=inputs.embeddings[part],
+                            rope_positions=inputs.rope_positions[:, part], collect_layers=collect_layers)
+
+    ref_logits, ref_hidden = reference_vl_forward(load_vl_reference(checkpoint.path, vl.family), ids, pixel_values, grids)
+    return _report(checkpoint, backend, ids, feed, inputs.segments(vl.image_token_id), ref_logits, ref_hidden,
+                   grids.tolist())
