@@ -98,7 +98,7 @@ def test_embedding_gather(kind: WeightKind) -> None:
     np.testing.assert_array_equal(out.copy_to_host(), ref.embedding_gather(table32, ids))
 
 
-@pytest.mark.parametrize("hidden", [50, 300])
+@pytest.mark.parametrize("hidden", [50, 300, 1100])  # 32, 64 and 128 threads per row
 def test_rmsnorm_matches_twin_and_float64(hidden: int) -> None:
     rng = _rng(3)
     x, weight = _randn(rng, 3, hidden), _randn(rng, hidden)
@@ -481,7 +481,7 @@ def test_attention_rejects_bad_grouping() -> None:
 # --- vision tower: LayerNorm, GELUs, multi-axis rotary, segment attention ---------------------
 
 
-@pytest.mark.parametrize("hidden", [50, 300])
+@pytest.mark.parametrize("hidden", [50, 300, 1100])  # 32, 64 and 128 threads per row
 def test_layernorm_matches_twin_torch_and_float64(hidden: int) -> None:
     torch = pytest.importorskip("torch")
     rng = _rng(30)

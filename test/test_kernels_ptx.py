@@ -132,8 +132,11 @@ def _exercise_launchers() -> None:
             None,
             _zeros((1, 40), f32),
         )
+    for hidden in (64, 1536):  # the norms' smallest and largest blocks (32 and 128 threads per row)
+        wide = _zeros((3, hidden))
+        K.rmsnorm(wide, _zeros(hidden, f32), 1e-6, wide)
+        K.layernorm(wide, _zeros(hidden, f32), _zeros(hidden, f32), 1e-6, wide)
     x = _zeros((3, 64))
-    K.rmsnorm(x, _zeros(64, f32), 1e-6, x)
     K.add_inplace(x, x)
     K.swiglu(_zeros((3, 64), f32), _zeros((3, 32), f32))
     inv_freq = _zeros(8, f32)
@@ -158,7 +161,6 @@ def _exercise_launchers() -> None:
                     num_splits=splits,
                 )
     # The vision tower's: LayerNorm, GELUs, multi-axis rotary, segment attention (head_dim 80: Qwen2-VL's ViT).
-    K.layernorm(x, _zeros(64, f32), _zeros(64, f32), 1e-6, x)
     K.gelu(x, x)
     K.quick_gelu(x, x)
     K.rope_axes(_zeros((3, 4, 16), f32), _zeros((3, 3), np.int32), _zeros(8, np.int32), inv_freq)
