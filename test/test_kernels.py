@@ -22,6 +22,7 @@ if not cuda.is_available():
 import vla_edge_ros.kernels as K  # noqa: E402
 from vla_edge_ros.kernels import reference as ref  # noqa: E402
 from vla_edge_ros.kernels.dtypes import WeightKind  # noqa: E402
+from vla_edge_ros.numerics import ops  # noqa: E402
 from vla_edge_ros.numerics.bf16 import bf16_bits, bf16_bits_to_float32  # noqa: E402
 
 F32 = np.float32
@@ -97,7 +98,7 @@ def test_embedding_gather(kind: WeightKind) -> None:
     np.testing.assert_array_equal(out.copy_to_host(), ref.embedding_gather(table32, ids))
 
 
-@pytest.mark.parametrize("hidden", [50, 300])
+@pytest.mark.parametrize("hidden", [50, 300, 1100])  # 32, 64 and 128 threads per row
 def test_rmsnorm_matches_twin_and_float64(hidden: int) -> None:
     rng = _rng(3)
     x, weight = _randn(rng, 3, hidden), _randn(rng, hidden)
@@ -475,6 +476,183 @@ def test_attention_rejects_bad_grouping() -> None:
     q, *rest = _shapes(q_heads=3)
     with pytest.raises(ValueError, match="group"):
         K.attention(_dev(q), *(_dev(a) for a in rest[:6]), _dev(rest[6]), 1.0, cuda.device_array((1, 3, 8), F32))
+
+
+# --- vision tower: LayerNorm, GELUs, multi-axis rotary, segment attention ---------------------
+
+
+@pytest.mark.parametrize("hidden", [50, 300, 1100])  # 32, 64 and 128 threads per row
+def test_layernorm_matches_twin_torch_and_float64(hidden: int) -> None:
+    torch = pytest.importorskip("torch")
+    rng = _rng(30)
+    x = _randn(rng, 3, hidden) * F32(3) + F32(20)  # a large mean next to the spread
+    weight, bias = _randn(rng, hidden), _randn(rng, hidden)
+    out = cuda.device_array((3, hidden), F32)
+    K.layernorm(_dev(x), _dev(weight), _dev(bias), 1e-6, out)
+    expected = ref.layernorm(x, weight, bias, 1e-6)
+    np.testing.assert_allclose(out.copy_to_host(), expected, **TOL)
+    x64 = x.astype(np.float64)
+    centred = x64 - x64.mean(-1, keepdims=True)
+    exact = centred / np.sqrt((centred**2).mean(-1, keepdims=True) + 1e-6) * weight + bias
+    np.testing.assert_allclose(expected, exact, rtol=1e-5, atol=1e-5)
+    torch_ln = torch.nn.functional.layer_norm(torch.from_numpy(x), (hidden,), torch.from_numpy(weight),
+                                              torch.from_numpy(bias), 1e-6).numpy()
+    np.testing.assert_allclose(expected, torch_ln, rtol=1e-5, atol=1e-5)
+
+
+def test_layernorm_in_place_and_rejects_a_missing_bias_shape() -> None:
+    rng = _rng(31)
+    x, weight, bias = _randn(rng, 2, 21), _randn(rng, 21), _randn(rng, 21)
+    dx = _dev(x)
+    K.layernorm(dx, _dev(weight), _dev(bias), 1e-5, dx)
+    np.testing.assert_allclose(dx.copy_to_host(), ref.layernorm(x, weight, bias, 1e-5), **TOL)
+    with pytest.raises(ValueError, match="bias"):
+        K.layernorm(dx, _dev(weight), _dev(bias[:20]), 1e-5, dx)
+
+
+def test_gelu_and_quick_gelu_match_twins_and_torch() -> None:
+    torch = pytest.importorskip("torch")
+    x = _randn(_rng(32), 3, 37) * F32(4)
+    xt = torch.from_numpy(x)
+    for launch, twin, oracle in ((K.gelu, ref.gelu, torch.nn.functional.gelu(xt)),
+                                 (K.quick_gelu, ref.quick_gelu, xt * torch.sigmoid(1.702 * xt))):
+        out = cuda.device_array(x.shape, F32)
+        launch(_dev(x), out)
+        np.testing.assert_allclose(out.copy_to_host(), twin(x), **TOL)
+        np.testing.assert_allclose(twin(x), oracle.numpy(), rtol=1e-5, atol=1e-6)
+        dx = _dev(x)
+        launch(dx, dx)  # in place
+        np.testing.assert_allclose(dx.copy_to_host(), twin(x), **TOL)
+    assert not np.allclose(ref.gelu(x), ref.quick_gelu(x), rtol=1e-3)  # really two different curves
+
+
+def test_pair_axes() -> None:
+    np.testing.assert_array_equal(K.pair_axes([2, 3, 1]), [0, 0, 1, 1, 1, 2])
+    assert K.pair_axes([4, 4]).dtype == np.int32
+    with pytest.raises(ValueError, match="sections"):
+        K.pair_axes([2, -1])
+
+
+def _vision_rotary_oracle(x: np.ndarray, rows: np.ndarray, cols: np.ndarray, theta: float) -> np.ndarray:
+    """HF's own Qwen2-VL vision rotary: the axial frequencies and apply_rotary_pos_emb_vision."""
+    torch = pytest.importorskip("torch")
+    vl = pytest.importorskip("transformers.models.qwen2_vl.modeling_qwen2_vl")
+    head_dim = x.shape[-1]
+    config = vl.Qwen2VLVisionConfig(embed_dim=head_dim * 2, num_heads=2)
+    config.rope_parameters = {"rope_type": "axial", "rope_theta": theta}
+    rotary = vl.Qwen2VLVisionRotaryEmbedding(config)
+    ids = torch.from_numpy(np.stack([rows, cols], axis=-1).astype(np.int64))  # [T, 2]
+    cos, sin = rotary(torch.from_numpy(x), ids)
+    xt = torch.from_numpy(x)
+    return vl.apply_rotary_pos_emb_vision(xt, xt, cos, sin)[0].numpy()
+
+
+def test_rope_axes_twin_matches_hf_vision_rotary_and_mrope() -> None:
+    torch = pytest.importorskip("torch")
+    vl = pytest.importorskip("transformers.models.qwen2_vl.modeling_qwen2_vl")
+    rng = _rng(33)
+    head_dim = 20
+    x = _randn(rng, 7, 3, head_dim)
+    rows, cols = rng.integers(0, 9, 7).astype(np.int32), rng.integers(0, 9, 7).astype(np.int32)
+    vision_freq = ops.rope_inv_freq(head_dim // 2, 10000.0)  # D/4 frequencies, shared by rows and columns
+    got = ref.rope_axes(x, np.stack([rows, cols]), K.pair_axes([head_dim // 4] * 2),
+                        np.concatenate([vision_freq, vision_freq]))
+    np.testing.assert_allclose(got, _vision_rotary_oracle(x, rows, cols, 10000.0), rtol=1e-6, atol=1e-6)
+
+    section = [4, 3, 3]  # t, h, w pairs of head_dim 20
+    config = vl.Qwen2VLTextConfig(hidden_size=head_dim * 3, num_attention_heads=3, num_key_value_heads=3,
+                                  rope_parameters={"rope_type": "default", "rope_theta": 1000.0,
+                                                   "mrope_section": section})
+    rotary = vl.Qwen2VLRotaryEmbedding(config)
+    ids = rng.integers(-3, 50, (3, 7)).astype(np.int32)
+    cos, sin = rotary(torch.from_numpy(x), torch.from_numpy(ids.astype(np.int64))[:, None, :])
+    xt = torch.from_numpy(x).transpose(0, 1)[None]  # [1, heads, T, D]
+    expected = vl.apply_rotary_pos_emb(xt, xt, cos, sin)[0][0].transpose(0, 1).numpy()
+    inv_freq = ops.rope_inv_freq(head_dim, 1000.0)
+    got = ref.rope_axes(x, ids, K.pair_axes(section), inv_freq)
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+    uniform = np.broadcast_to(ids[0], (3, 7))  # equal t/h/w ids: plain 1-D RoPE
+    np.testing.assert_allclose(ref.rope_axes(x, uniform, K.pair_axes(section), inv_freq),
+                               ref.rope(x, ids[0], inv_freq), rtol=1e-6, atol=1e-6)
+
+
+def test_rope_axes_matches_twin_in_place_and_out_of_place() -> None:
+    rng = _rng(34)
+    x = _randn(rng, 5, 2, HEAD_DIM)
+    ids = rng.integers(-4, 40, (3, 5)).astype(np.int32)
+    pair_axis = K.pair_axes([2, 3, 3])
+    expected = ref.rope_axes(x, ids, pair_axis, INV_FREQ)
+    dx, out = _dev(x), cuda.device_array(x.shape, F32)
+    K.rope_axes(dx, _dev(ids), _dev(pair_axis), _dev(INV_FREQ), out)
+    np.testing.assert_allclose(out.copy_to_host(), expected, **TOL)
+    np.testing.assert_array_equal(dx.copy_to_host(), x)
+    K.rope_axes(dx, _dev(ids), _dev(pair_axis), _dev(INV_FREQ))
+    np.testing.assert_allclose(dx.copy_to_host(), expected, **TOL)
+    with pytest.raises(ValueError, match="pair_axis"):
+        K.rope_axes(dx, _dev(ids), _dev(pair_axis[:-1]), _dev(INV_FREQ))
+
+
+def test_mrope_keys_move_by_a_uniform_shift_with_the_cache_shift() -> None:
+    """Shifting the t/h/w ids of a key by the same delta is what rope_cache_shift does to it."""
+    rng = _rng(35)
+    raw = _randn(rng, 6, 2, HEAD_DIM)
+    ids = rng.integers(0, 30, (3, 6)).astype(np.int32)
+    pair_axis = K.pair_axes([2, 3, 3])
+    deltas = np.array([-5, 3, 0, 7, -1, 2], np.int32)
+    cache = ref.rope_axes(raw, ids, pair_axis, INV_FREQ).transpose(1, 0, 2).copy()  # [Hkv, S, D]
+    dcache = _dev(cache)
+    K.rope_cache_shift(dcache, _dev(np.arange(6, dtype=np.int32)), _dev(deltas), _dev(INV_FREQ))
+    moved = ref.rope_axes(raw, ids + deltas[None, :], pair_axis, INV_FREQ).transpose(1, 0, 2)
+    np.testing.assert_allclose(dcache.copy_to_host(), moved, rtol=1e-5, atol=2e-5)
+
+
+def _dense_segments(q: np.ndarray, k: np.ndarray, v: np.ndarray, cu_seqlens: np.ndarray, scale: float) -> np.ndarray:
+    """float64 softmax under a dense [T, T] same-segment mask: the independent oracle."""
+    tokens = q.shape[0]
+    segment = np.full(tokens, -1)
+    for s, (start, end) in enumerate(zip(cu_seqlens[:-1], cu_seqlens[1:])):
+        segment[start:end] = s
+    mask = (segment[:, None] == segment[None, :]) & (segment[:, None] >= 0)
+    scores = np.einsum("thd,shd->hts", q.astype(np.float64), k.astype(np.float64)) * scale
+    scores = np.where(mask[None], scores, -np.inf)
+    peak = scores.max(-1, keepdims=True)
+    weights = np.exp(scores - np.where(np.isfinite(peak), peak, 0))
+    total = weights.sum(-1, keepdims=True)
+    return np.einsum("hts,shd->thd", weights / np.where(total > 0, total, 1), v.astype(np.float64))
+
+
+@pytest.mark.parametrize(
+    "cu_seqlens, heads, head_dim",
+    [([0, 5, 5, 41, 45], 2, 10), ([0, 20], 1, 80), ([0, 3, 9, 16, 17], 1, 6)],
+    ids=["empty-and-long-segments", "head_dim80", "segments-inside-one-tile"],
+)
+def test_segment_attention_matches_twin_and_dense_mask(cu_seqlens: list[int], heads: int, head_dim: int) -> None:
+    rng = _rng(36)
+    tokens = cu_seqlens[-1]
+    cu = np.array(cu_seqlens, np.int32)
+    q, k, v = (_randn(rng, tokens, heads, head_dim) * F32(2) for _ in range(3))
+    scale = head_dim**-0.5
+    out = cuda.device_array(q.shape, F32)
+    K.segment_attention(_dev(q), _dev(k), _dev(v), _dev(cu), scale, out)
+    got = out.copy_to_host()
+    np.testing.assert_allclose(got, ref.segment_attention(q, k, v, cu, scale), **TOL)
+    np.testing.assert_allclose(got, _dense_segments(q, k, v, cu, scale), **TOL)
+
+
+def test_segment_attention_leaves_uncovered_tokens_zero_and_checks_shapes() -> None:
+    rng = _rng(37)
+    q, k, v = (_randn(rng, 9, 1, 4) for _ in range(3))
+    cu = np.array([2, 6], np.int32)  # tokens 0, 1 and 6..8 lie in no segment
+    out = cuda.device_array(q.shape, F32)
+    K.segment_attention(_dev(q), _dev(k), _dev(v), _dev(cu), 0.5, out)
+    got = out.copy_to_host()
+    np.testing.assert_array_equal(got[[0, 1, 6, 7, 8]], 0.0)
+    np.testing.assert_allclose(got, ref.segment_attention(q, k, v, cu, 0.5), **TOL)
+    np.testing.assert_allclose(got, _dense_segments(q, k, v, cu, 0.5), **TOL)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        K.segment_attention(_dev(q), _dev(k), _dev(v), _dev(np.array([9], np.int32)), 0.5, out)
+    with pytest.raises(ValueError, match="k has"):
+        K.segment_attention(_dev(q), _dev(k[:8]), _dev(v), _dev(cu), 0.5, out)
 
 
 # --- argmax ----------------------------------------------------------------------------------

@@ -4,8 +4,9 @@ The CUDA simulator runs kernels as Python, so it cannot catch what only the real
 typing errors, unsupported features, silent fp64 arithmetic (a float64 literal or mixed int/float
 division), or small local arrays that did not become registers. Here every launcher is called on
 host arrays with the launch replaced by a PTX compilation of the kernel for the argument types the
-launcher chose, and the PTX is checked for `.f64` and `.local`. It needs NVVM and NVRTC (a CUDA
-toolkit) but no driver, and skips where they are missing. It runs in a subprocess because the
+launcher chose, and the PTX is checked for `.f64` and `.local`; where the toolkit's `ptxas` is on the
+PATH, the PTX is also assembled for the target and must not spill registers. It needs NVVM and NVRTC
+(a CUDA toolkit) but no driver, and skips where they are missing. It runs in a subprocess because the
 simulator, once chosen by another test module, is fixed for the whole process.
 """
 
@@ -13,8 +14,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import types
 from pathlib import Path
 
@@ -24,9 +27,10 @@ import pytest
 _SKIP = 77  # exit status of the subprocess when no CUDA compiler toolchain is available
 _CCS = ((9, 0), (8, 7))  # the subprocess's default: both
 _FORBIDDEN = re.compile(r"\.f64\b|\.local\b")
+_SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 # Accurate fp32 sin/cos (libdevice __nv_sinf/__nv_cosf, as HF's fp32 RoPE needs) carry a
 # large-argument reduction path that uses fp64 and a local array; it runs only for huge angles.
-_TRIG_KERNELS = {"_rope_kernel", "_cache_shift_kernel"}  # in kernels/rotary.py
+_TRIG_KERNELS = {"_rope_kernel", "_rope_axes_kernel", "_cache_shift_kernel"}  # in kernels/rotary.py
 
 
 # ~50 s of compiling per target on 2 cores: the default suite compiles for the robot's GPU (Orin), the
@@ -64,6 +68,21 @@ def _zeros(shape: int | tuple[int, ...], dtype: type | np.dtype = np.float32) ->
     return np.zeros(shape, dtype).view(_HostBuffer)
 
 
+def _spilled_bytes(ptx: str, cc: tuple[int, int]) -> int:
+    """Register spill bytes (stores + loads) ptxas reports for this PTX; 0 where ptxas is missing."""
+    ptxas = shutil.which("ptxas")
+    if ptxas is None:
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "kernel.ptx"
+        source.write_text(ptx)
+        done = subprocess.run([ptxas, f"-arch=sm_{cc[0]}{cc[1]}", "-v", str(source), "-o", str(Path(tmp) / "k.cubin")],
+                              capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"ptxas failed: {done.stderr[-2000:]}")
+    return sum(int(stores) + int(loads) for stores, loads in _SPILLS.findall(done.stderr))
+
+
 def _install_compile_only_launch(kernels_compiled: list[str], problems: list[str],
                                  ccs: tuple[tuple[int, int], ...]) -> None:
     """Make `kernel[grid, block, stream](*args)` compile PTX for each cc instead of launching."""
@@ -82,6 +101,9 @@ def _install_compile_only_launch(kernels_compiled: list[str], problems: list[str
             if bad and self.py_func.__name__ not in _TRIG_KERNELS:
                 lines = [ln.strip() for ln in ptx.splitlines() if _FORBIDDEN.search(ln)]
                 problems.append(f"{name} sm_{cc[0]}{cc[1]}: {bad}: {lines[:6]}")
+            spills = _spilled_bytes(ptx, cc)
+            if spills:
+                problems.append(f"{name} sm_{cc[0]}{cc[1]}: spills {spills} bytes of registers")
         kernels_compiled.append(name)
 
     dispatcher.CUDADispatcher.call = compile_instead
@@ -110,8 +132,11 @@ def _exercise_launchers() -> None:
             None,
             _zeros((1, 40), f32),
         )
+    for hidden in (64, 1536):  # the norms' smallest and largest blocks (32 and 128 threads per row)
+        wide = _zeros((3, hidden))
+        K.rmsnorm(wide, _zeros(hidden, f32), 1e-6, wide)
+        K.layernorm(wide, _zeros(hidden, f32), _zeros(hidden, f32), 1e-6, wide)
     x = _zeros((3, 64))
-    K.rmsnorm(x, _zeros(64, f32), 1e-6, x)
     K.add_inplace(x, x)
     K.swiglu(_zeros((3, 64), f32), _zeros((3, 32), f32))
     inv_freq = _zeros(8, f32)
@@ -135,6 +160,13 @@ def _exercise_launchers() -> None:
                     _zeros((tokens, 12, head_dim), f32),
                     num_splits=splits,
                 )
+    # The vision tower's: LayerNorm, GELUs, multi-axis rotary, segment attention (head_dim 80: Qwen2-VL's ViT).
+    K.gelu(x, x)
+    K.quick_gelu(x, x)
+    K.rope_axes(_zeros((3, 4, 16), f32), _zeros((3, 3), np.int32), _zeros(8, np.int32), inv_freq)
+    for head_dim in (16, 64, 80, 128):
+        qkv = [_zeros((40, 4, head_dim), f32) for _ in range(4)]
+        K.segment_attention(*qkv[:3], _zeros(4, np.int32), 0.1, qkv[3])
     K.argmax_rows(_zeros(1000, f32))
     K.cosine_similarities(_zeros((16, 64), f32), 9, _zeros(64, f32), _zeros(16, f32))
     for d_v in (1, 40, 1024):  # the step kernel is built per block size

@@ -126,13 +126,6 @@ def test_rope_positions_are_refused_on_a_text_model_and_in_a_wrong_shape(vl_mode
         vl.forward(np.array([0, 1]), np.array([0, 1]), token_ids=np.array([1, 2]), rope_positions=np.zeros((2, 2), int))
 
 
-def test_the_cuda_backend_refuses_mrope_for_now(vl_models):
-    checkpoint = load_checkpoint(vl_models(SMALL["qwen2_vl"]), require_vla=False)
-    backend = make_backend("cuda", checkpoint, KVArena(4))
-    with pytest.raises(NotImplementedError, match="M-RoPE"):
-        backend.forward(np.array([0]), np.array([0]), token_ids=np.array([1]), rope_positions=np.zeros((3, 1), int))
-
-
 def _assert_parity(report, layers: int) -> None:
     assert report.logits.cosine >= MIN_COSINE, report.logits
     assert len(report.layers) == layers + 1

@@ -31,6 +31,8 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from vla_edge_ros.kernels._launch import CudaFunction, DeviceArray, Stream, cdiv, check, check_array, dims
+from vla_edge_ros.kernels._softmax import NEG_INF as _NEG_INF
+from vla_edge_ros.kernels._softmax import online_softmax
 
 MAX_HEAD_DIM = 128
 """Largest head_dim whose tiles fit the 48 KiB of static shared memory a block may use."""
@@ -41,7 +43,6 @@ _DECODE_ROWS = 8  # row tile when every row fits in one small tile (decode)
 _PREFILL_ROWS = 16
 _TARGET_BLOCKS = 256  # split the entries until the grid has about this many blocks ...
 _MIN_SPLIT_ENTRIES = 2 * _CHUNK  # ... but give each block at least this many entries
-_NEG_INF = np.float32(-np.inf)
 
 
 @cuda.jit(device=True)
@@ -55,6 +56,7 @@ def _query_of_row(row, group, hk):
 def _attention_kernel(head_dim: int, tile_rows: int) -> CudaFunction:
     """The kernel for one (head_dim, tile_rows): shared arrays need compile-time sizes."""
     kv_shape = (_CHUNK, head_dim + 1)
+    update_rows, accumulate_rows = online_softmax(tile_rows, _CHUNK, head_dim, _THREADS)
 
     @cuda.jit(device=True)
     def locate_chunk(block_table, entry_slot, slot_pos, hk, c0, e_end, page_s, row_s, pos_s, tid):
@@ -145,31 +147,11 @@ def _attention_kernel(head_dim: int, tile_rows: int) -> CudaFunction:
             cuda.syncthreads()
 
             # One thread per row updates the running softmax while the others stage V.
-            if tid < tile_rows:
-                m_old = stat_s[0, tid]
-                m_new = m_old
-                for j in range(_CHUNK):
-                    m_new = max(m_new, p_s[tid, j])
-                total = float32(0)
-                for j in range(_CHUNK):
-                    score = p_s[tid, j]
-                    prob = float32(0) if score == _NEG_INF else math.exp(score - m_new)
-                    p_s[tid, j] = prob
-                    total += prob
-                rescale = float32(0) if m_old == _NEG_INF else math.exp(m_old - m_new)
-                stat_s[0, tid] = m_new
-                stat_s[1, tid] = stat_s[1, tid] * rescale + total
-                stat_s[2, tid] = rescale
+            update_rows(p_s, stat_s, tid)
             stage_chunk(v_pool, kv_s, page_s, row_s, pos_s, tid)
             cuda.syncthreads()
 
-            for p in range(tid, tile_rows * head_dim, _THREADS):
-                r = p // head_dim
-                d = p - r * head_dim
-                acc = o_s[r, d] * stat_s[2, r]
-                for j in range(_CHUNK):
-                    acc += p_s[r, j] * kv_s[j, d]
-                o_s[r, d] = acc
+            accumulate_rows(o_s, p_s, kv_s, stat_s, tid)
             cuda.syncthreads()
 
         for p in range(tid, tile_rows * head_dim, _THREADS):

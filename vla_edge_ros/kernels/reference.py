@@ -7,11 +7,14 @@ attention is written out loop by loop, an independent oracle for both the kernel
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from vla_edge_ros.numerics import ops
 
 F32 = np.float32
+_erf = np.vectorize(math.erf, otypes=[np.float64])  # NumPy has no erf; the twins' inputs are small
 
 
 def embedding_gather(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -24,6 +27,14 @@ def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return ops.rms_norm(x, weight, eps)
 
 
+def layernorm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+    """(x - mean) / sqrt(biased var + eps) * weight + bias, per row, in fp32 (two passes)."""
+    mean = x.mean(axis=-1, keepdims=True, dtype=F32)
+    centred = (x - mean).astype(F32)
+    var = (centred * centred).mean(axis=-1, keepdims=True, dtype=F32)
+    return (centred / np.sqrt(var + F32(eps)) * weight + bias).astype(F32)
+
+
 def linear(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
     """x @ w.T + bias."""
     out = x @ w.T
@@ -34,6 +45,12 @@ def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarr
     """Rotate x[T, heads, D] by positions[T], rotate_half convention, fp32 angles."""
     cos, sin = ops.rope_cos_sin(positions, inv_freq)
     return ops.apply_rope(x, cos, sin).astype(F32)
+
+
+def rope_axes(x: np.ndarray, ids: np.ndarray, pair_axis: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
+    """Rotate x[T, heads, D]: pair i of token t by ids[pair_axis[i], t] * inv_freq[i], fp32 angles."""
+    angles = ids[pair_axis, :].T.astype(F32) * inv_freq[None, :]  # [T, D/2]
+    return ops.apply_rope(x, np.cos(angles), np.sin(angles)).astype(F32)
 
 
 def rope_cache_shift(
@@ -96,11 +113,37 @@ def attention(
     return out
 
 
+def segment_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, cu_seqlens: np.ndarray,
+                      scale: float) -> np.ndarray:
+    """Per head, each token's softmax over the tokens of its own segment [cu[s], cu[s+1]), both
+    directions; tokens outside every segment get zeros. q, k, v [T, H, D]."""
+    out = np.zeros(q.shape, dtype=F32)
+    for start, end in zip(cu_seqlens[:-1], cu_seqlens[1:]):
+        if start == end:
+            continue
+        for h in range(q.shape[1]):
+            scores = (q[start:end, h] @ k[start:end, h].T) * F32(scale)
+            weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+            out[start:end, h] = (weights @ v[start:end, h]) / weights.sum(axis=-1, keepdims=True)
+    return out
+
+
 def swiglu(gate_up: np.ndarray) -> np.ndarray:
     """silu(gate) * up for the fused [T, 2I] gate/up projection."""
     inter = gate_up.shape[1] // 2
     gate, up = gate_up[:, :inter], gate_up[:, inter:]
     return (ops.silu(gate) * up).astype(F32)
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """Exact GELU, x/2 * (1 + erf(x / sqrt 2)), evaluated in float64 and rounded to fp32."""
+    x64 = x.astype(np.float64)
+    return (0.5 * x64 * (1.0 + _erf(x64 / np.sqrt(2.0)))).astype(F32)
+
+
+def quick_gelu(x: np.ndarray) -> np.ndarray:
+    """x * sigmoid(1.702 x)."""
+    return (x / (F32(1) + np.exp(F32(-1.702) * x))).astype(F32)
 
 
 def add(x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -3,11 +3,18 @@
 Rotations compose exactly, so after evicting tokens the cached keys are moved to their new
 positions by rotating them by the position delta, with the same device function that applied the
 original rotation. Angles are computed like HF: pos * inv_freq in fp32, then cos/sin in fp32.
+
+Multi-axis rotary (``rope_axes``) gives each token several position ids and each rotated pair the
+axis it reads: the ViT's 2-D rotary (the first half of the pairs turn with the patch row, the second
+half with its column) and the decoder's M-RoPE (``mrope_section`` splits the pairs between the
+temporal, height and width ids). A uniform shift of every axis is a 1-D rotation by that shift, so
+cached M-RoPE keys still move with ``rope_cache_shift``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 from numba import cuda, float32
@@ -41,6 +48,19 @@ def _rope_kernel(x, positions, inv_freq, out):
         h = th % heads
         t = th // heads
         _rotate_pair(x, out, t, h, i, positions[t], inv_freq)
+
+
+@cuda.jit
+def _rope_axes_kernel(x, ids, pair_axis, inv_freq, out):
+    half = inv_freq.shape[0]
+    heads = x.shape[1]
+    idx = cuda.grid(1)
+    if idx < x.shape[0] * heads * half:
+        i = idx % half
+        th = idx // half
+        h = th % heads
+        t = th // heads
+        _rotate_pair(x, out, t, h, i, ids[pair_axis[i], t], inv_freq)
 
 
 @cuda.jit
@@ -78,6 +98,39 @@ def rope(
     n = tokens * heads * (head_dim // 2)
     if n:
         _rope_kernel[cdiv(n, _THREADS), _THREADS, stream](x, positions, inv_freq, target)
+
+
+def pair_axes(sections: Sequence[int]) -> np.ndarray:
+    """The axis each rotated pair reads, int32 [sum(sections)]: consecutive runs of sections[a] pairs
+    read axis a (M-RoPE's ``mrope_section``; [D/4, D/4] for the ViT's row/column rotary)."""
+    check(all(s >= 0 for s in sections), f"rotary sections must be >= 0, got {list(sections)}")
+    return np.repeat(np.arange(len(sections), dtype=np.int32), list(sections))
+
+
+def rope_axes(
+    x: DeviceArray,
+    ids: DeviceArray,
+    pair_axis: DeviceArray,
+    inv_freq: DeviceArray,
+    out: DeviceArray | None = None,
+    stream: Stream = 0,
+) -> None:
+    """Rotate x[T, heads, D]: pair (i, i + D/2) of token t turns by ids[pair_axis[i], t] * inv_freq[i].
+
+    ids [A, T] int32 holds each token's position on A axes; pair_axis [D/2] int32 (see ``pair_axes``)
+    must lie in [0, A). In place unless `out` is given.
+    """
+    tokens, heads, head_dim = dims(x, "x", 3)
+    axes = dims(ids, "ids", 2)[0]
+    check_array(x, "x", (tokens, heads, head_dim), (np.float32,))
+    check_array(ids, "ids", (axes, tokens), (np.int32,))
+    _check_inv_freq(inv_freq, head_dim)
+    check_array(pair_axis, "pair_axis", (head_dim // 2,), (np.int32,))
+    target = x if out is None else out
+    check_array(target, "out", (tokens, heads, head_dim), (np.float32,))
+    n = tokens * heads * (head_dim // 2)
+    if n:
+        _rope_axes_kernel[cdiv(n, _THREADS), _THREADS, stream](x, ids, pair_axis, inv_freq, target)
 
 
 def rope_cache_shift(

@@ -1,6 +1,11 @@
-"""Which compute backend runs the decoder: ``numpy`` anywhere, ``cuda`` on an NVIDIA GPU, ``auto`` picks."""
+"""Which compute backend runs the decoder (and a VL checkpoint's vision tower): ``numpy`` anywhere, ``cuda`` on an
+NVIDIA GPU, ``auto`` picks."""
 
 from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
 
 from ..config import choices_of
 from .arena import KVArena
@@ -8,6 +13,12 @@ from .backend import Backend
 from .checkpoint import Checkpoint
 
 BACKENDS = choices_of("reasoning", "backend")  # auto, numpy, cuda
+
+
+class VisionEncoder(Protocol):
+    """What both vision towers offer: image patches [N, patch_dim] and their grids [n, 3] -> decoder tokens."""
+
+    def encode(self, patches: np.ndarray, grid_thw: np.ndarray) -> np.ndarray: ...
 
 
 def cuda_simulated() -> bool:
@@ -42,14 +53,32 @@ def resolve_backend(name: str) -> str:
     return name
 
 
+def _on_cuda(name: str) -> bool:
+    """Whether backend ``name`` runs on CUDA; refuses 'cuda' where no GPU (or simulator) is usable."""
+    if resolve_backend(name) != "cuda":
+        return False
+    if not (cuda_available() or cuda_simulated()):
+        raise ValueError("backend 'cuda' was requested but no CUDA GPU is usable here; use 'auto' or 'numpy'")
+    return True
+
+
 def make_backend(name: str, checkpoint: Checkpoint, arena: KVArena) -> Backend:
     """Build the requested backend over ``arena``."""
-    if resolve_backend(name) == "cuda":
-        if not (cuda_available() or cuda_simulated()):
-            raise ValueError("backend 'cuda' was requested but no CUDA GPU is usable here; use 'auto' or 'numpy'")
+    if _on_cuda(name):
         from ..model.cuda_backend import CudaBackend
 
         return CudaBackend(checkpoint, arena)
     from ..model.numpy_backend import NumpyBackend
 
     return NumpyBackend(checkpoint, arena)
+
+
+def make_vision_tower(name: str, checkpoint: Checkpoint) -> VisionEncoder:
+    """A VL checkpoint's vision tower on the requested backend: ``CudaVisionTower`` or numpy's ``VisionTower``."""
+    if _on_cuda(name):
+        from ..model.cuda_vision import CudaVisionTower
+
+        return CudaVisionTower.from_checkpoint(checkpoint)
+    from ..model.vl_vision import VisionTower
+
+    return VisionTower.from_checkpoint(checkpoint)

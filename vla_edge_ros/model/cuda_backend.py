@@ -6,7 +6,8 @@ live in one pool of pages on the device (``model/pages.py``); the attention kern
 head's entries through its block table, uploaded with the lengths and entry slots every forward. No
 cuBLAS, no torch. Activation buffers are allocated once for the largest forward seen and reused, so a decode
 step allocates nothing. Under ``NUMBA_ENABLE_CUDASIM=1`` the same code runs on the CPU (slowly),
-which is how the tests prove it without a GPU.
+which is how the tests prove it without a GPU. A VL checkpoint's M-RoPE (``rope_positions``) rotates with
+``rope_axes``; its cached keys move with the same 1-D ``rope_cache_shift`` as text (``Backend.rotate_keys``).
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ from ..numerics import ops
 from .arena import KVArena
 from .backend import Backend, ForwardResult
 from .checkpoint import Checkpoint
-
-_KINDS = {"F32": kernels.WeightKind.FP32, "F16": kernels.WeightKind.FP16, "BF16": kernels.WeightKind.BF16}
+from .cuda_weights import device_matrix, device_vector
 
 
 @dataclass
@@ -42,16 +42,12 @@ class _Layer:
 
 def _matrix(checkpoint: Checkpoint, *names: str):
     """Upload weight matrices in storage precision, fused along the output dim when several."""
-    stored = [checkpoint.tensors[name] for name in names]
-    if len({t.dtype for t in stored}) == 1:
-        return kernels.to_device_weight(np.concatenate([t.array for t in stored]), _KINDS[stored[0].dtype])
-    return kernels.to_device_weight(np.concatenate([t.to_float32() for t in stored]), kernels.WeightKind.FP32)
+    return device_matrix(*(checkpoint.tensors[name] for name in names))
 
 
 def _vector(checkpoint: Checkpoint, name: str):
     """Norm weights and biases go up as fp32: exact and tiny."""
-    tensor = checkpoint.tensors[name]
-    return kernels.to_device_vector(tensor.array, _KINDS[tensor.dtype])
+    return device_vector(checkpoint.tensors[name])
 
 
 def _layer(checkpoint: Checkpoint, p: str) -> _Layer:
@@ -105,6 +101,8 @@ class CudaBackend(Backend):
         self.v_rows = self.v_pool.reshape(shape[0] * shape[1], c.head_dim)
         self._iota = cuda.to_device(np.arange(1, dtype=np.int32))
         self.inv_freq = cuda.to_device(ops.rope_inv_freq(c.head_dim, c.rope_theta))
+        # M-RoPE: which of the temporal, height and width ids each rotated pair reads (VL models only)
+        self.mrope_axis = cuda.to_device(kernels.pair_axes(self.mrope_section)) if self.mrope_section else None
         self.scale = float(1.0 / np.sqrt(c.head_dim))
         self.scratch = kernels.AttentionScratch()
         self.workspace: _Workspace | None = None
@@ -119,13 +117,12 @@ class CudaBackend(Backend):
                 collect_attention: bool = False, rope_positions: np.ndarray | None = None) -> ForwardResult:
         if collect_attention:
             raise NotImplementedError("attention weights are only collected by the numpy backend")
-        if rope_positions is not None:
-            raise NotImplementedError("M-RoPE (rope_positions) is not in the cuda backend yet: use the numpy backend")
         token_ids, embeddings = self._inputs(token_ids, embeddings)
         c = self.config
         positions = np.ascontiguousarray(positions, dtype=np.int32)
         slots = np.ascontiguousarray(slots, dtype=np.int32)
         tokens = positions.size
+        rope_ids = self._rope_ids(rope_positions, tokens)
         ws = self._buffers(tokens)
         x, h, tmp = ws.x[:tokens], ws.h[:tokens], ws.tmp[:tokens]
         q, k, v = ws.q[:tokens], ws.k[:tokens], ws.v[:tokens]
@@ -139,6 +136,7 @@ class CudaBackend(Backend):
         else:
             x.copy_to_device(np.ascontiguousarray(embeddings))
         positions_dev = cuda.to_device(positions)
+        rope_ids_dev = None if rope_ids is None else cuda.to_device(np.ascontiguousarray(rope_ids))
         self.arena.commit(slots, positions)
         table = self.arena.pages
         new_rows = cuda.to_device(np.ascontiguousarray(table.rows(slots).transpose(0, 2, 1), dtype=np.int32))
@@ -152,8 +150,8 @@ class CudaBackend(Backend):
             kernels.linear(h, layer.q_weight, layer.q_bias, q)
             kernels.linear(h, layer.k_weight, layer.k_bias, k)
             kernels.linear(h, layer.v_weight, layer.v_bias, v)
-            kernels.rope(q_heads, positions_dev, self.inv_freq)
-            kernels.rope(k_heads, positions_dev, self.inv_freq)
+            self._rotate(q_heads, positions_dev, rope_ids_dev)
+            self._rotate(k_heads, positions_dev, rope_ids_dev)
             kernels.copy_rows(k_new, v_new, self._indices(new_kv), self.k_rows, self.v_rows,
                               new_rows[index].reshape(new_kv))
             kernels.attention(q_heads, self.k_pool, self.v_pool, block_table[index], lengths[index], entry_slot,
@@ -169,6 +167,13 @@ class CudaBackend(Backend):
                 layer_hidden.append(x.copy_to_host())
         kernels.rmsnorm(x, self.final_norm, c.rms_norm_eps, h)
         return ForwardResult(h.copy_to_host(), layer_hidden)
+
+    def _rotate(self, heads, positions, rope_ids) -> None:
+        """RoPE by ``positions``, or M-RoPE by the [3, T] ``rope_ids`` banded by ``mrope_section``."""
+        if rope_ids is None:
+            kernels.rope(heads, positions, self.inv_freq)
+        else:
+            kernels.rope_axes(heads, rope_ids, self.mrope_axis, self.inv_freq)
 
     def _logits_device(self, hidden: np.ndarray, rows: slice):
         hidden = cuda.to_device(np.ascontiguousarray(np.atleast_2d(hidden), dtype=np.float32))

@@ -94,6 +94,36 @@ def window_order(grid_thw: np.ndarray, merge: int, window_units: int) -> tuple[n
     return np.concatenate(orders), np.concatenate(([0], np.cumsum(patches_per_window)))
 
 
+@dataclass
+class TowerInputs:
+    """A batch of images as the blocks run it (every tower implementation prepares it here, on the host)."""
+
+    patches: np.ndarray  # [N, patch_dim] fp32, in block order (window order when ``order`` is not None)
+    positions: np.ndarray  # [N, 2] (row, col) of each patch, in block order
+    frames: np.ndarray  # segment bounds of full attention (one segment per frame)
+    windows: np.ndarray  # segment bounds of window attention (``frames`` for a tower without windows)
+    order: np.ndarray | None  # merged token i of block order is output token order[i]; None: not reordered
+
+
+def tower_inputs(config: VisionTowerConfig, patches: np.ndarray, grid_thw: np.ndarray) -> TowerInputs:
+    """Check ``patches`` [N, patch_dim] against ``grid_thw`` and lay them out for the blocks: rotary positions,
+    attention segments and, for windows, whole merged tokens reordered so that each window is one run."""
+    merge, unit = config.spatial_merge_size, config.merge_unit
+    grid = check_grid(grid_thw, merge)
+    patches = np.asarray(patches)
+    total = int(grid.prod(axis=1).sum())
+    if patches.ndim != 2 or patches.shape != (total, config.patch_dim) or not np.issubdtype(patches.dtype, np.floating):
+        raise VisionInputError(f"patches must be a float [{total}, {config.patch_dim}] array for grid_thw "
+                               f"{grid.tolist()}, got shape {patches.shape} dtype {patches.dtype}")
+    positions = vision_positions(grid, merge)
+    frames = frame_bounds(grid, merge)
+    order, windows = window_order(grid, merge, config.window_units) if config.window_units else (None, frames)
+    if order is not None:
+        rows = (order[:, None] * unit + np.arange(unit)).ravel()
+        patches, positions = patches[rows], positions[rows]
+    return TowerInputs(patches.astype(np.float32), positions, frames, windows, order)
+
+
 def _t(weight: np.ndarray) -> np.ndarray:
     """An [out, in] HF weight as a contiguous [in, out] matrix (rows @ it runs at full BLAS speed)."""
     return np.ascontiguousarray(weight.T)
@@ -176,34 +206,23 @@ class VisionTower:
         """[N / merge^2, decoder hidden] fp32 tokens of the images ``grid_thw`` whose patches are ``patches``
         [N, C*T*P*P] (HF's pixel_values and image_grid_thw); images follow each other in both."""
         c = self.config
-        merge, unit = c.spatial_merge_size, c.merge_unit
-        grid = check_grid(grid_thw, merge)
-        patches = np.asarray(patches)
-        total = int(grid.prod(axis=1).sum())
-        if patches.ndim != 2 or patches.shape != (total, c.patch_dim) or not np.issubdtype(patches.dtype, np.floating):
-            raise VisionInputError(f"patches must be a float [{total}, {c.patch_dim}] array for grid_thw "
-                                   f"{grid.tolist()}, got shape {patches.shape} dtype {patches.dtype}")
-        positions = vision_positions(grid, merge)
-        frames = frame_bounds(grid, merge)
-        order, windows = window_order(grid, merge, c.window_units) if c.window_units else (None, frames)
-        if order is not None:  # reorder whole merged tokens so that each window is one run
-            rows = (order[:, None] * unit + np.arange(unit)).ravel()
-            patches, positions = patches[rows], positions[rows]
-        x = patches.astype(np.float32) @ self.patch_t
-        cos, sin = ops.rope_cos_sin_2d(positions[:, 0], positions[:, 1], self.inv_freq)
+        inputs = tower_inputs(c, patches, grid_thw)
+        total = inputs.patches.shape[0]
+        x = inputs.patches @ self.patch_t
+        cos, sin = ops.rope_cos_sin_2d(inputs.positions[:, 0], inputs.positions[:, 1], self.inv_freq)
         heads, dim = c.num_heads, c.head_dim
         for index, block in enumerate(self.blocks):
             h = self._norm(x, block.norm1, block.norm1_bias)
             qkv = (h @ block.qkv_t + block.qkv_bias).reshape(total, 3, heads, dim)
             q = ops.apply_rope(qkv[:, 0], cos, sin)
             k = ops.apply_rope(qkv[:, 1], cos, sin)
-            bounds = windows if c.windowed(index) else frames
+            bounds = inputs.windows if c.windowed(index) else inputs.frames
             x += ops.segment_attention(q, k, qkv[:, 2], bounds, self.scale) @ block.proj_t + block.proj_bias
             x += self._mlp(self._norm(x, block.norm2, block.norm2_bias), block)
-        merged = self._norm(x, self.merger_norm, self.merger_norm_bias).reshape(total // unit, c.merged_dim)
+        merged = self._norm(x, self.merger_norm, self.merger_norm_bias).reshape(total // c.merge_unit, c.merged_dim)
         tokens = ops.gelu(merged @ self.merger_fc1_t + self.merger_fc1_bias) @ self.merger_fc2_t + self.merger_fc2_bias
-        if order is None:
+        if inputs.order is None:
             return tokens
         out = np.empty_like(tokens)
-        out[order] = tokens
+        out[inputs.order] = tokens
         return out

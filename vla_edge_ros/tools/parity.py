@@ -18,11 +18,10 @@ import numpy as np
 
 from ..model.arena import KVArena
 from ..model.backend import Backend, ForwardResult
-from ..model.backends import make_backend
+from ..model.backends import make_backend, make_vision_tower
 from ..model.checkpoint import Checkpoint, load_checkpoint
 from ..model.vl_config import VlConfig
 from ..model.vl_prompt import embed_vl_prompt, expand_prompt
-from ..model.vl_vision import VisionTower
 
 
 @dataclass
@@ -207,7 +206,7 @@ def _vl_parity(checkpoint: Checkpoint, prompt: Sequence[int | None], backend: st
     pixel_values, grids = processor_inputs(checkpoint.path, vl, images) if images else \
         (np.zeros((0, vl.vision.patch_dim), np.float32), np.zeros((0, 3), np.int64))
     ids = expand_prompt(prompt, grids, vl)
-    inputs = embed_vl_prompt(checkpoint, VisionTower.from_checkpoint(checkpoint).encode, ids, pixel_values, grids)
+    inputs = embed_vl_prompt(checkpoint, make_vision_tower(backend, checkpoint).encode, ids, pixel_values, grids)
     positions = np.arange(ids.size, dtype=np.int32)
 
     def feed(ours: Backend, part: slice, collect_layers: bool = False) -> ForwardResult:
