@@ -154,6 +154,9 @@ def processor_inputs(model_dir: Path, vl: VlConfig, images: list[np.ndarray]) ->
     """(pixel_values [patches, patch_dim] fp32, image_grid_thw [n, 3]) of ``images`` from transformers'
     ``Qwen2VLImageProcessor``: the checkpoint's preprocessor_config.json if it has one, else HF's defaults
     with the tower's patch geometry."""
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()  # without torchvision HF falls back to its PIL processor, and says so
     from transformers import Qwen2VLImageProcessor
 
     tower = vl.vision
