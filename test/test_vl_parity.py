@@ -221,3 +221,13 @@ def test_image_slots_on_a_text_checkpoint_exit_2_in_one_line(tiny_model, capsys)
     assert main(["parity", "--model", str(tiny_model), "--token-ids", "1,img"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "image slots need a VL one" in err
+
+
+def test_a_preprocessor_config_with_another_patch_geometry_is_refused(vl_models, tmp_path):
+    from hf_vl_models import copy_model
+    from transformers import Qwen2VLImageProcessor
+
+    model_dir = copy_model(vl_models(SMALL["qwen2_vl"]), tmp_path / "copy")
+    Qwen2VLImageProcessor(patch_size=14, temporal_patch_size=2, merge_size=2).save_pretrained(str(model_dir))
+    with pytest.raises(ValueError, match="patch_size 14 does not match the vision tower's 4"):
+        run_parity(model_dir, ONE_IMAGE)
