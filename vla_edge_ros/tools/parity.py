@@ -153,20 +153,22 @@ def processor_inputs(model_dir: Path, vl: VlConfig, images: list[np.ndarray]) ->
     """(pixel_values [patches, patch_dim] fp32, image_grid_thw [n, 3]) of ``images`` from transformers'
     ``Qwen2VLImageProcessor``: the checkpoint's preprocessor_config.json if it has one, else HF's defaults
     with the tower's patch geometry."""
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()  # without torchvision HF falls back to its PIL processor, and says so
     from transformers import Qwen2VLImageProcessor
 
     tower = vl.vision
-    if (model_dir / "preprocessor_config.json").is_file():
-        processor = Qwen2VLImageProcessor.from_pretrained(str(model_dir))
-    else:
-        processor = Qwen2VLImageProcessor(patch_size=tower.patch_size, temporal_patch_size=tower.temporal_patch_size,
-                                          merge_size=tower.spatial_merge_size)
     geometry = {"patch_size": tower.patch_size, "temporal_patch_size": tower.temporal_patch_size,
                 "merge_size": tower.spatial_merge_size}
-    for key, want in geometry.items():
-        if getattr(processor, key) != want:
-            raise ValueError(f"{model_dir}: preprocessor_config.json {key} {getattr(processor, key)} does not match "
-                             f"the vision tower's {want}")
+    if not (model_dir / "preprocessor_config.json").is_file():
+        processor = Qwen2VLImageProcessor(**geometry)
+    else:
+        processor = Qwen2VLImageProcessor.from_pretrained(str(model_dir))
+        for key, want in geometry.items():
+            if getattr(processor, key) != want:
+                raise ValueError(f"{model_dir}: preprocessor_config.json {key} {getattr(processor, key)} does not "
+                                 f"match the vision tower's {want}")
     out = processor(images=images, return_tensors="np")
     return np.asarray(out["pixel_values"], dtype=np.float32), np.asarray(out["image_grid_thw"], dtype=np.int64)
 
