@@ -52,8 +52,8 @@ def micro_model(tmp_path_factory):
     return write_random_model(tmp_path_factory.mktemp("vl") / "micro", config, seed=1)
 
 
-def _engine(model, capacity: int, policy=None, cap: int = CAP) -> VlaEngine:
-    engine = VlaEngine(with_frame_geometry(load_checkpoint(model), cap), backend="numpy",
+def _engine(model, capacity: int, policy=None, cap: int = CAP, backend: str = "numpy") -> VlaEngine:
+    engine = VlaEngine(with_frame_geometry(load_checkpoint(model), cap), backend=backend,
                        kv_capacity_tokens=capacity, policy=policy)
     engine.set_prompt(PROMPT)
     return engine
@@ -299,9 +299,20 @@ def test_memory_state_round_trip_is_byte_exact(vl_model, policy):
         larger.load_memory_state(state)
 
 
-def test_a_vl_checkpoint_refuses_the_cuda_backend(vl_model):
-    with pytest.raises(ValueError, match="M-RoPE is not in the cuda backend"):
-        VlaEngine(with_frame_geometry(load_checkpoint(vl_model), CAP), backend="cuda", kv_capacity_tokens=96)
+@pytest.mark.slow
+def test_the_cuda_backend_decodes_the_same_actions_through_evictions(micro_model):
+    """The cuda backend (simulated here) with its tower and M-RoPE: the same bins, ids and keys as numpy while
+    fifo evicts and compaction re-packs."""
+    engines = [_engine(micro_model, 5 + 2 * 6 + 7, cap=56 * 56, backend=name) for name in ("numpy", "cuda")]
+    camera = SyntheticCamera(height=32, width=32, seed=10)
+    for _ in range(4):
+        frame = camera.frame()
+        results = [engine.step(frame) for engine in engines]
+        assert results[0].tokens == results[1].tokens
+    assert engines[1].policy.evictions == 2
+    slots = [engine.arena.slots_in_order() for engine in engines]
+    np.testing.assert_array_equal(*(e.arena.rope_positions[:, s] for e, s in zip(engines, slots)))
+    np.testing.assert_allclose(*(e.backend.read_kv(s)[0] for e, s in zip(engines, slots)), rtol=1e-3, atol=1e-4)
 
 
 def test_vl_config_round_trips_through_config_json(tmp_path):

@@ -32,11 +32,12 @@ from ..memory.fifo import FifoPolicy
 from ..model.action_head import ActionHead
 from ..model.arena import KVArena, repack_rope_ids
 from ..model.backend import ForwardResult
-from ..model.backends import make_backend, resolve_backend
+from ..model.backends import make_backend, make_vision_tower
 from ..model.checkpoint import Checkpoint
 from ..model.layout import arena_capacity, kv_bytes_per_token, scratch_tokens
 from ..model.vision import FrameEncoder
 from ..model.vl_frames import VlFrameEncoder, text_rope_ids
+from ..model.vl_preprocess import ImageProcessing
 
 PREFILL_CHUNK_TOKENS = 1024  # prompt tokens per forward pass: bounds the attention workspace
 
@@ -90,8 +91,6 @@ class VlaEngine:
         self.checkpoint = checkpoint
         self.config = config
         self.mrope = config.vl is not None
-        if self.mrope and resolve_backend(backend) == "cuda":
-            raise ValueError("a VL checkpoint runs on the numpy backend: M-RoPE is not in the cuda backend yet")
         self.tokens_per_frame = config.vision.tokens_per_frame
         scratch = scratch_tokens(config)
         if kv_capacity_tokens < arena_capacity(config, 1, 1):
@@ -104,8 +103,9 @@ class VlaEngine:
         self.kv_bytes_per_token = kv_bytes_per_token(config)
         self.backend = make_backend(backend, checkpoint, self.arena)
         self.memory = MemoryContext(checkpoint, self.arena, self.backend.read_kv, self.backend.name)
-        self.encoder: FrameEncoder | VlFrameEncoder = (VlFrameEncoder.from_checkpoint(checkpoint) if self.mrope
-                                                       else FrameEncoder.from_checkpoint(checkpoint))
+        self.encoder: FrameEncoder | VlFrameEncoder = (
+            VlFrameEncoder(checkpoint, ImageProcessing.load(checkpoint.path), make_vision_tower(backend, checkpoint))
+            if self.mrope else FrameEncoder.from_checkpoint(checkpoint))
         weight = bias = None
         if config.action.head == "linear":
             weight, bias = checkpoint.float32("action_head.weight"), checkpoint.float32("action_head.bias")

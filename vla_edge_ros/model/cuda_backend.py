@@ -137,7 +137,7 @@ class CudaBackend(Backend):
             x.copy_to_device(np.ascontiguousarray(embeddings))
         positions_dev = cuda.to_device(positions)
         rope_ids_dev = None if rope_ids is None else cuda.to_device(np.ascontiguousarray(rope_ids))
-        self.arena.commit(slots, positions)
+        self.arena.commit(slots, positions, rope_ids)
         table = self.arena.pages
         new_rows = cuda.to_device(np.ascontiguousarray(table.rows(slots).transpose(0, 2, 1), dtype=np.int32))
         block_table, lengths = cuda.to_device(table.block_table), cuda.to_device(table.lengths)

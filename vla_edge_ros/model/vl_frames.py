@@ -27,8 +27,8 @@ from .checkpoint import Checkpoint
 from .config import ModelConfigError, VisionConfig
 from .vision import FrameError, resize_frame
 from .vl_positions import rope_index
+from .backends import VisionEncoder
 from .vl_preprocess import ImageProcessing, preprocess
-from .vl_vision import VisionTower
 
 MARKER_TOKENS = 2  # vision start and vision end around each frame's visual tokens
 
@@ -78,7 +78,8 @@ def with_frame_geometry(checkpoint: Checkpoint, max_pixels: int) -> Checkpoint:
 class VlFrameEncoder:
     """HxWx3 uint8 frame -> [tokens_per_frame, hidden] embeddings of one image segment, and its M-RoPE ids."""
 
-    def __init__(self, checkpoint: Checkpoint, processing: ImageProcessing, tower: VisionTower) -> None:
+    def __init__(self, checkpoint: Checkpoint, processing: ImageProcessing, tower: VisionEncoder) -> None:
+        """``tower``: the checkpoint's vision tower on the engine's backend (``backends.make_vision_tower``)."""
         config = checkpoint.config
         vl = config.vl
         if vl is None:
@@ -100,10 +101,6 @@ class VlFrameEncoder:
         layout = np.r_[vl.vision_start_token_id, np.full(n, vl.image_token_id), vl.vision_end_token_id]
         self._rope_offsets = rope_index(layout, self.grid_thw, image_token_id=vl.image_token_id,
                                         spatial_merge_size=processing.merge_size)  # from id 0
-
-    @classmethod
-    def from_checkpoint(cls, checkpoint: Checkpoint) -> VlFrameEncoder:
-        return cls(checkpoint, ImageProcessing.load(checkpoint.path), VisionTower.from_checkpoint(checkpoint))
 
     @property
     def tokens(self) -> int:
