@@ -29,7 +29,7 @@ def test_replay_a_bag_through_a_vl_checkpoint(vl_setup, capsys):
     assert main(["make-bag", "--scenario", "moving", "--out", str(bag), "--seconds", "0.5", "--size", "64x48"]) == 0
     assert main(["replay", str(bag), "--config", str(config), "--policy", "fifo",
                  "--cost", "fixed:encode=8ms,decode=1ms", "--out", str(root / "bad")]) == 2  # the tower needs a cost
-    assert "lacks vision" in capsys.readouterr().err
+    assert "lacks vision" in capsys.readouterr().err and not (root / "bad" / "units").exists()  # refused up front
     assert main(["replay", str(bag), "--config", str(config), "--policy", "fifo,dms", "--cost", VL_COSTS,
                  "--out", str(root / "replay")]) == 0
     report = json.loads((root / "replay" / "report.json").read_text())
@@ -40,6 +40,8 @@ def test_replay_a_bag_through_a_vl_checkpoint(vl_setup, capsys):
 
 def test_evaluate_closes_the_loop_on_a_vl_checkpoint(vl_setup):
     root, config = vl_setup
+    assert main(["evaluate", "--config", str(config), "--task", "reach", "--policy", "fifo", "--budgets", "4",
+                 "--episodes", "1", "--cost", "fixed:encode=8ms,decode=1ms", "--out", str(root / "bad")]) == 2
     assert main(["evaluate", "--config", str(config), "--task", "reach", "--policy", "fifo", "--budgets", "4",
                  "--episodes", "1", "--time-limit-s", "1", "--cost", VL_COSTS, "--out", str(root / "eval")]) == 0
     report = json.loads((root / "eval" / "evaluate.json").read_text())

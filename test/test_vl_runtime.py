@@ -457,3 +457,25 @@ def test_the_linear_action_head_reads_the_segment_s_last_hidden_state(tmp_path):
     assert tokens == [] and action.shape == (3,)
     np.testing.assert_array_equal(action, engine.head.from_hidden(prefill.hidden))
     assert engine.step(SyntheticCamera(height=48, width=64, seed=9).frame()).action.shape == (3,)
+
+
+def test_a_restarted_vl_engine_restores_its_episode_from_the_encrypted_store(vl_model, tmp_path):
+    from vla_edge_ros.kv_store import save_memory
+
+    key = tmp_path / "kv.key"
+    assert main(["kv-store", "keygen", "--out", str(key)]) == 0
+    store = {"kv_store.dir": str(tmp_path / "store"), "kv_store.key_file": str(key)}
+    first = load_engine(_vl_settings(vl_model, **store))
+    camera = SyntheticCamera(height=48, width=64, seed=11)
+    for _ in range(8):  # past the arena's 6 frames: evictions and re-packed ids
+        first.engine.step(camera.frame())
+    save_memory(first.engine, first.store, "episode")
+    second = load_engine(_vl_settings(vl_model, **store))
+    assert (second.prompt_from_store, second.memory_restored) == (True, True)
+    saved, restored = first.engine.memory_state(), second.engine.memory_state()
+    assert all(saved[name].tobytes() == restored[name].tobytes() for name in saved)
+    frame = camera.frame()
+    assert second.engine.step(frame).tokens == first.engine.step(frame).tokens
+    # another pixel cap: the stored episode's frames do not fit, it starts afresh (and says so in the store)
+    other = load_engine(_vl_settings(vl_model, vision_max_pixels=84 * 84, **store))
+    assert (other.prompt_from_store, other.memory_restored) == (True, False)

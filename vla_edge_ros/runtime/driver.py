@@ -35,7 +35,7 @@ from .admission import AdmissionGate
 from .block_costs import CostModel, VirtualTimer
 from .clock import VirtualClock, WallClock
 from .frame_buffer import Frame, FrameBuffer
-from .reasoner import CycleResult, Reasoner
+from .reasoner import CycleResult, Reasoner, block_kinds
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class Driver:
         self.gate = AdmissionGate.from_settings(settings["reasoning"], clock=clock)
         self.reasoner = Reasoner(engine, self.gate, None if costs is None else VirtualTimer(clock, costs))
         if costs is not None:
-            costs.require(self.reasoner.block_kinds)
+            costs.require(block_kinds(engine.config))
         self.knobs = OutputKnobs.of(settings["action_publisher"])
         self.output = ActionOutput(self.knobs)
         self.buffer = FrameBuffer(*frame_size)

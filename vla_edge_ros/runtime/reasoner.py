@@ -18,7 +18,14 @@ from typing import Protocol
 import numpy as np
 
 from ..engine.vla_engine import VlaEngine
+from ..model.config import ModelConfig
 from .admission import AdmissionGate, BlockKind, Verdict
+
+
+def block_kinds(config: ModelConfig) -> tuple[BlockKind, ...]:
+    """The blocks a cycle runs for a model of ``config``, in order (what a fixed cost model must price)."""
+    first = (BlockKind.VISION_ENCODE,) if config.vl is not None else ()
+    return first + (BlockKind.ENCODE_PREFILL, BlockKind.DECODE)
 
 
 class BlockTimer(Protocol):
@@ -57,12 +64,6 @@ class Reasoner:
         self.engine = engine
         self.gate = gate
         self.timer = timer or RealTime()
-
-    @property
-    def block_kinds(self) -> tuple[BlockKind, ...]:
-        """The blocks a cycle runs on this engine, in order (what a fixed cost model must price)."""
-        first = (BlockKind.VISION_ENCODE,) if self.engine.mrope else ()
-        return first + (BlockKind.ENCODE_PREFILL, BlockKind.DECODE)
 
     def cycle(self, image: np.ndarray, receive_ns: int) -> CycleResult:
         gate, timer = self.gate, self.timer

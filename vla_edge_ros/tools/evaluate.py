@@ -56,6 +56,7 @@ from ..runtime.block_costs import CostModel
 from ..runtime.clock import VirtualClock
 from ..runtime.driver import Driver
 from ..runtime.loader import load_engine, load_model
+from ..runtime.reasoner import block_kinds
 from ..worlds.sim.world import VELOCITY_COMMANDS, CueReachEnv, TaskSpec, velocity_command
 from .parallel import Job, Unit, UnitsFailed, run_figures, run_units
 
@@ -409,6 +410,7 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
                          f"({', '.join(VELOCITY_COMMANDS)}), not action_publisher.command_type {command_type!r}")
     order, added = run_order(variants)
     checkpoint = load_model(settings)
+    costs.require(block_kinds(checkpoint.config))
     aura_budget = aura_budget_frames(checkpoint) if any(v.startswith("aura") for v in order) else None
     notes = [f"{AURA_NOTE} ({aura_budget} frames)"] if aura_budget else []
     if added:

@@ -15,6 +15,7 @@ from ...bags.reader import Bag, BagError
 from ...config import Settings
 from ...runtime.block_costs import CostModel
 from ...runtime.loader import load_model
+from ...runtime.reasoner import block_kinds
 from ..parallel import Job, RunSummary, Unit, run_units
 from .bag_summary import topic_summary
 from .commands import RecordedCommands
@@ -101,6 +102,7 @@ def replay_bags(bags: Sequence[BagInput], outs: Sequence[Path], settings: Settin
     its ``out`` as soon as its units are in (here, while the workers replay the other bags); returns (reports
     by bag, failures by bag, how the run went), in the order of ``bags``. A bag whose runs failed, or none of
     whose frames decoded, is a failure; the others are reported."""
+    costs.require(block_kinds(load_model(settings).config))  # before any unit: a missing cost fails them all
     context = ReplayContext(settings, costs, realtime)
     identity = hashlib.sha256(json.dumps([SCHEMA, settings.values, costs.describe(), realtime,
                                           [str(b.path) for b in bags]], sort_keys=True, default=str).encode()).hexdigest()
