@@ -1,5 +1,5 @@
 """The VLA engine: the model and a memory policy over one KV arena."""
 
-from .vla_engine import FramePrefill, StepResult, VlaEngine
+from .vla_engine import EncodedFrame, FramePrefill, StepResult, VlaEngine
 
-__all__ = ["FramePrefill", "StepResult", "VlaEngine"]
+__all__ = ["EncodedFrame", "FramePrefill", "StepResult", "VlaEngine"]
