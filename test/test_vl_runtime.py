@@ -41,6 +41,19 @@ def vl_model(tmp_path_factory):
     return write_random_model(tmp_path_factory.mktemp("vl") / "vl", preset("qwen2-vl-tiny", layers=2), seed=0)
 
 
+def _qwen25(layers: int):
+    """qwen2-vl-tiny's decoder under a small Qwen2.5-VL tower: RMSNorm, SwiGLU, 2 x 2 windows but in block 1."""
+    config = preset("qwen2-vl-tiny", layers=layers)
+    return replace(config, vl=VlConfig(VisionTowerConfig(
+        family="qwen2_5_vl", depth=2, embed_dim=64, num_heads=4, mlp_dim=96, out_hidden_size=256, window_size=56,
+        fullatt_block_indexes=(1,), hidden_act="silu"), (8, 12, 12), IMAGE, START, END))
+
+
+@pytest.fixture(scope="module")
+def vl25_model(tmp_path_factory):
+    return write_random_model(tmp_path_factory.mktemp("vl") / "vl25", _qwen25(2), seed=0)
+
+
 @pytest.fixture(scope="module")
 def micro_model(tmp_path_factory):
     """A VL model small enough to stream thousands of frames: 1 layer of width 64, a 1-block tower."""
@@ -149,21 +162,26 @@ def test_a_frame_is_one_image_segment(vl_model):
     assert prefill.next_rope_position == 5 + 1 + 4 + 1  # start, 4 ids of the 4 x 4 image, end: then text
 
 
-def test_steps_match_transformers_greedy_decoding(vl_model):
-    """Two frames (no eviction): the bins decoded equal transformers' Qwen2-VL greedy bins over the same prompt,
-    frames (as image segments) and action tokens, the frames' pixels preprocessed by transformers itself."""
+@pytest.mark.parametrize("model_fixture, count", [("vl_model", 2), ("vl25_model", 1)])
+def test_steps_match_transformers_greedy_decoding(request, model_fixture, count):
+    """Frames without eviction: the bins decoded equal transformers' Qwen2-VL / Qwen2.5-VL greedy bins over the same
+    prompt, frames (as image segments) and action tokens, the frames' pixels preprocessed by transformers itself."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    engine = _engine(vl_model, 96)
+    model_dir = request.getfixturevalue(model_fixture)
+    engine = _engine(model_dir, 96)
     camera = SyntheticCamera(height=48, width=64, seed=2)
-    frames = [camera.frame() for _ in range(2)]
-    for frame in frames:
-        result = engine.step(frame)
-    model = transformers.Qwen2VLForConditionalGeneration.from_pretrained(str(vl_model), dtype=torch.float32).eval()
-    processor = transformers.AutoImageProcessor.from_pretrained(str(vl_model))
+    frames = [camera.frame() for _ in range(count)]
+    for frame in frames[:-1]:
+        engine.step(frame)
+    prefill = engine.add_frame(frames[-1])
+    ours = engine.backend.logits(prefill.hidden[None])[0]
+    _, decoded = engine.decode_action(prefill)
+    model = transformers.AutoModelForImageTextToText.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    processor = transformers.AutoImageProcessor.from_pretrained(str(model_dir))
     images = processor(images=[engine.encoder.square(f) for f in frames], return_tensors="pt")
-    assert images["image_grid_thw"].tolist() == [[1, 8, 8]] * 2
-    ids = list(_layout(2, 4))
+    assert images["image_grid_thw"].tolist() == [[1, 8, 8]] * count
+    ids = list(_layout(count, 4))
     tokens = []
     with torch.no_grad():
         for _ in range(engine.config.action.dof):
@@ -171,9 +189,11 @@ def test_steps_match_transformers_greedy_decoding(vl_model):
             logits = model(input_ids=input_ids, mm_token_type_ids=(input_ids == IMAGE).int(),
                            pixel_values=images["pixel_values"],
                            image_grid_thw=images["image_grid_thw"]).logits[0, -1].numpy()
+            if not tokens:  # the frame's last token: every logit, not only the argmax
+                np.testing.assert_allclose(ours, logits, rtol=0, atol=1e-5 * np.abs(logits).max())
             tokens.append(engine.head.first_bin_token + int(np.argmax(logits[engine.head.bin_rows])))
             ids.append(tokens[-1])
-    assert result.tokens == tokens
+    assert decoded == tokens
 
 
 # -- evictions stay exact --------------------------------------------------------------------------------
@@ -316,11 +336,7 @@ def test_the_cuda_backend_decodes_the_same_actions_through_evictions(micro_model
 
 
 def test_vl_config_round_trips_through_config_json(tmp_path):
-    config = preset("qwen2-vl-tiny")
-    qwen25 = replace(config, vl=VlConfig(VisionTowerConfig(
-        family="qwen2_5_vl", depth=2, embed_dim=64, num_heads=4, mlp_dim=96, out_hidden_size=256, window_size=56,
-        fullatt_block_indexes=(1,), hidden_act="silu"), (8, 12, 12), IMAGE, START, END))
-    for model in (config, qwen25):
+    for model in (preset("qwen2-vl-tiny"), _qwen25(4)):
         loaded = load_checkpoint(write_random_model(tmp_path / model.vl.family, model, seed=0)).config
         assert loaded.vl == model.vl and replace(loaded, vision=model.vision) == model
 
