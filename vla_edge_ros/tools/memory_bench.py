@@ -92,7 +92,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import MemoryKnobs
+from ..config import MemoryKnobs, default_of
 from ..engine.vla_engine import VlaEngine
 from ..memory import POLICIES, AuraPolicy, DmsPolicy, MemoryPolicy, make_policy
 from ..memory.aura import frame_feature
@@ -102,6 +102,7 @@ from ..model.init_model import preset, write_random_model
 from ..model.layout import arena_capacity, kv_bytes_per_token
 from ..model.memory_tensors import feature_layout
 from ..model.vision import FrameEncoder
+from ..model.vl_frames import with_frame_geometry
 from ..worlds.scenes import COMPRESSION, MAX_CLASSES, OVERHEAD, PROTOTYPE, TEST, CueScene, scene_seed
 from .parallel import Job, Unit, UnitsFailed, run_figures, run_units
 
@@ -557,7 +558,8 @@ def prepare(context: BenchContext) -> dict[str, Any]:
     if model_dir is None:
         state["scratch"] = tempfile.TemporaryDirectory(prefix="vla-memory-bench-")  # removed with the state
         model_dir = write_random_model(Path(state["scratch"].name) / "tiny", preset("tiny"), seed=MODEL_SEED)
-    state["checkpoint"] = load_checkpoint(model_dir)
+    # a VL checkpoint's frames at the schema's default pixel cap, as the runtime would see them
+    state["checkpoint"] = with_frame_geometry(load_checkpoint(model_dir), default_of("reasoning", "vision_max_pixels"))
     return state
 
 
