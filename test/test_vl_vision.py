@@ -15,7 +15,8 @@ from hf_vl_models import (VARIANTS, copy_model, load_hf_vl_model, reshard, write
 from vla_edge_ros.model.checkpoint import CheckpointError, load_checkpoint, vl_shapes
 from vla_edge_ros.model.config import ModelConfigError, load_model_config
 from vla_edge_ros.model.safetensors_io import StoredTensor, read_safetensors, write_safetensors
-from vla_edge_ros.model.vl_vision import VisionInputError, VisionTower, frame_bounds, vision_positions, window_order
+from vla_edge_ros.model.vl_vision import (VisionInputError, VisionTower, frame_bounds, vision_layout, vision_positions,
+                                         window_order)
 from vla_edge_ros.numerics import ops
 
 TINY = ("qwen2_vl_tiny", "qwen2_5_vl_tiny")
@@ -221,6 +222,13 @@ def test_positions_follow_the_merge_window_order():
     assert frame_bounds(np.array([[2, 2, 4], [1, 4, 2]]), 2).tolist() == [0, 8, 16, 24]
 
 
+def test_a_tower_without_windows_keeps_the_processor_order(vl_dirs):
+    config = load_model_config(vl_dirs["qwen2_vl_tiny"]).vl.vision
+    layout = vision_layout(config, np.array([[1, 4, 6], [2, 2, 2]]))
+    assert layout.rows is None and layout.order is None and layout.windows is layout.frames
+    assert layout.frames.tolist() == [0, 24, 28, 32] and layout.patches == 32
+
+
 def test_windows_cover_each_frame_with_partial_edges():
     # 6x6 patches -> 3x3 merged tokens; windows of 2x2 tokens: {0,1,3,4}, {2,5}, {6,7}, {8}; then image 2
     order, bounds = window_order(np.array([[1, 6, 6], [1, 2, 2]]), 2, 2)
@@ -302,6 +310,10 @@ def test_qwen2_5_windows_change_the_output_and_match_transformers(vl_dirs):
     tower = VisionTower.from_checkpoint(checkpoint)
     order, bounds = window_order(np.array(grid), 2, tower.config.window_units)
     assert len(bounds) - 1 == 12 + 2 and (order != np.arange(order.size)).any()
+    layout = vision_layout(tower.config, np.array(grid))
+    assert layout.order.tolist() == order.tolist() and layout.windows.tolist() == bounds.tolist()
+    assert layout.restore(layout.order[:, None])[:, 0].tolist() == list(range(order.size))
+    assert layout.bounds(tower.config, 0) is layout.windows and layout.bounds(tower.config, 1) is layout.frames
     patches = _patches(np.random.default_rng(7), grid, tower.config.patch_dim)
     out = tower.encode(patches, np.array(grid))
     reference = _hf_tower(load_hf_vl_model(vl_dirs["qwen2_5_vl_tiny"]), patches, grid)
