@@ -15,8 +15,8 @@ from hf_vl_models import (VARIANTS, copy_model, load_hf_vl_model, reshard, write
 from vla_edge_ros.model.checkpoint import CheckpointError, load_checkpoint, vl_shapes
 from vla_edge_ros.model.config import ModelConfigError, load_model_config
 from vla_edge_ros.model.safetensors_io import StoredTensor, read_safetensors, write_safetensors
-from vla_edge_ros.model.vl_vision import (VisionInputError, VisionTower, frame_bounds, vision_layout, vision_positions,
-                                         window_order)
+from vla_edge_ros.model.vl_vision import (VisionInputError, VisionTower, frame_bounds, merged_token_counts,
+                                         vision_layout, vision_positions, window_order)
 from vla_edge_ros.numerics import ops
 
 TINY = ("qwen2_vl_tiny", "qwen2_5_vl_tiny")
@@ -220,6 +220,7 @@ def test_positions_follow_the_merge_window_order():
     rows_cols = vision_positions(np.array([[1, 2, 4]]), 2)
     assert rows_cols.tolist() == [[0, 0], [0, 1], [1, 0], [1, 1], [0, 2], [0, 3], [1, 2], [1, 3]]
     assert frame_bounds(np.array([[2, 2, 4], [1, 4, 2]]), 2).tolist() == [0, 8, 16, 24]
+    assert merged_token_counts(np.array([[2, 2, 4], [1, 4, 6]]), 2).tolist() == [4, 6]
 
 
 def test_a_tower_without_windows_keeps_the_processor_order(vl_dirs):
