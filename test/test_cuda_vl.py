@@ -26,7 +26,7 @@ from vla_edge_ros.model.backends import make_backend, make_vision_tower  # noqa:
 from vla_edge_ros.model.checkpoint import CheckpointError, load_checkpoint  # noqa: E402
 from vla_edge_ros.model.cuda_vision import CudaVisionTower  # noqa: E402
 from vla_edge_ros.model.vl_positions import rope_index  # noqa: E402
-from vla_edge_ros.model.vl_vision import VisionInputError, VisionTower, tower_inputs  # noqa: E402
+from vla_edge_ros.model.vl_vision import VisionInputError, VisionTower, vision_layout  # noqa: E402
 from vla_edge_ros.tools.parity import Agreement, run_parity  # noqa: E402
 
 TINY = {"qwen2_vl": "qwen2_vl_tiny", "qwen2_5_vl": "qwen2_5_vl_tiny"}
@@ -74,7 +74,7 @@ def test_cuda_tower_matches_the_numpy_tower_and_transformers(vl_dirs, family):
     tower = make_vision_tower("cuda", checkpoint)
     assert isinstance(tower, CudaVisionTower)
     patches = _patches(grid, tower.config.patch_dim)
-    order = tower_inputs(tower.config, patches, np.array(grid)).order
+    order = vision_layout(tower.config, np.array(grid)).order
     assert order is None if family == "qwen2_vl" else (order != np.arange(order.size)).any()
     out = tower.encode(patches, np.array(grid))
     numpy_out = VisionTower.from_checkpoint(checkpoint).encode(patches, np.array(grid))

@@ -8,8 +8,9 @@ Qwen2 checkpoint loads as is. The VLA parts live under names of our own:
 - ``action_head.weight`` [dof, hidden], ``action_head.bias`` [dof]: only for the ``linear`` head.
 
 A Qwen2-VL / Qwen2.5-VL checkpoint is stored in one of two key layouts: the hub's legacy one
-(``visual.*``, ``model.layers.*``, ``model.embed_tokens.weight``, ``model.norm.weight``) or the one of
-transformers >= 4.52 (``model.visual.*``, ``model.language_model.*``); ``lm_head.weight`` in both. The
+(``visual.*``, ``model.layers.*``, ``model.embed_tokens.weight``, ``model.norm.weight``; transformers 5
+saves it too) or the module paths transformers 4.52-4.57 saved (``model.visual.*``,
+``model.language_model.*``); ``lm_head.weight`` in both. The
 loader renames the latter to the former, so inside the engine the decoder's tensors have the plain Qwen2
 names every backend reads and the tower's are ``visual.*`` (see ``vl_shapes``); errors still name a
 tensor by the key the files use. A VL checkpoint's frame encoder is its tower: it has no ``vision.*``.
@@ -143,7 +144,7 @@ def _weight_files(model_dir: Path) -> list[Path]:
     raise CheckpointError(f"{model_dir}: no model.safetensors or model.safetensors.index.json")
 
 
-# transformers >= 4.52's prefixes -> the legacy ones the engine uses (longest first: both start "model.")
+# transformers 4.52-4.57 saved these module-path prefixes; the engine uses the hub's (on the right)
 _VL_PREFIXES = (("model.visual.", "visual."), ("model.language_model.", "model."))
 
 

@@ -128,7 +128,8 @@ class ModelConfig:
             raise ModelConfigError("config.json: vla.action.q01 must be below q99 in every dimension")
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """The ``config.json`` content HuggingFace ``Qwen2Config`` reads (plus our ``vla`` section)."""
+        """The ``config.json`` content HuggingFace ``Qwen2Config`` reads (plus our ``vla`` section); with ``vl``,
+        what ``Qwen2VLConfig`` / ``Qwen2_5_VLConfig`` read, in the hub's flat layout."""
         return {
             "architectures": ["Qwen2ForCausalLM"],
             "model_type": "qwen2",
@@ -147,6 +148,7 @@ class ModelConfig:
             "use_sliding_window": False,
             "attention_dropout": 0.0,
             "vla": {"vision": asdict(self.vision), "action": asdict(self.action)},
+            **(self.vl.to_hf_dict() if self.vl is not None else {}),
         }
 
 

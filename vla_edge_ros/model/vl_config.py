@@ -84,6 +84,20 @@ class VisionTowerConfig:
         """Whether ``block`` attends within windows rather than within the whole image."""
         return block not in self.fullatt_block_indexes
 
+    def to_hf_dict(self) -> dict[str, Any]:
+        """This tower as the ``vision_config`` its family's HF config reads."""
+        common = dict(depth=self.depth, num_heads=self.num_heads, patch_size=self.patch_size,
+                      temporal_patch_size=self.temporal_patch_size, spatial_merge_size=self.spatial_merge_size,
+                      in_channels=self.in_channels, hidden_act=self.hidden_act,
+                      rope_parameters={"rope_type": "axial", "rope_theta": self.rope_theta})
+        if self.family == "qwen2_vl":
+            ratio = self.mlp_dim / self.embed_dim
+            return dict(common, embed_dim=self.embed_dim, hidden_size=self.out_hidden_size,
+                        mlp_ratio=int(ratio) if ratio.is_integer() else ratio)
+        return dict(common, hidden_size=self.embed_dim, intermediate_size=self.mlp_dim,
+                    out_hidden_size=self.out_hidden_size, window_size=self.window_size,
+                    fullatt_block_indexes=list(self.fullatt_block_indexes))
+
     def validate(self) -> None:
         for name in ("depth", "embed_dim", "num_heads", "mlp_dim", "out_hidden_size", "patch_size",
                      "temporal_patch_size", "spatial_merge_size", "in_channels"):
@@ -116,6 +130,15 @@ class VlConfig:
     @property
     def family(self) -> str:
         return self.vision.family
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The top-level entries a hub (flat layout) ``config.json`` adds to a Qwen2 one for this VL model."""
+        architecture = {"qwen2_vl": "Qwen2VLForConditionalGeneration",
+                        "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}[self.family]
+        return {"architectures": [architecture], "model_type": self.family,
+                "rope_scaling": {"type": "mrope", "mrope_section": list(self.mrope_section)},
+                "vision_config": self.vision.to_hf_dict(), "image_token_id": self.image_token_id,
+                "vision_start_token_id": self.vision_start_token_id, "vision_end_token_id": self.vision_end_token_id}
 
     def validate(self, hidden_size: int, head_dim: int, vocab_size: int) -> None:
         """Refuse a tower or M-RoPE split that does not fit the decoder."""
