@@ -7,18 +7,29 @@ Qwen2 checkpoint loads as is. The VLA parts live under names of our own:
   ``vision.pos_embed`` [tokens_per_frame, hidden]: the frame encoder;
 - ``action_head.weight`` [dof, hidden], ``action_head.bias`` [dof]: only for the ``linear`` head.
 
+A Qwen2-VL / Qwen2.5-VL checkpoint is stored in one of two key layouts: the hub's legacy one
+(``visual.*``, ``model.layers.*``, ``model.embed_tokens.weight``, ``model.norm.weight``; transformers 5
+saves it too) or the module paths transformers 4.52-4.57 saved (``model.visual.*``,
+``model.language_model.*``); ``lm_head.weight`` in both. The
+loader renames the latter to the former, so inside the engine the decoder's tensors have the plain Qwen2
+names every backend reads and the tower's are ``visual.*`` (see ``vl_shapes``); errors still name a
+tensor by the key the files use. A VL checkpoint's frame encoder is its tower: it has no ``vision.*``.
+
 Every expected tensor is checked for presence and shape before anything runs, and the error names it.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from .config import ModelConfig, load_model_config
+from .vl_config import VisionTowerConfig
 from .safetensors_io import SafetensorsError, StoredTensor, read_safetensors
 
 SUPPORTED_DTYPES = ("F32", "F16", "BF16")
@@ -53,10 +64,37 @@ def language_model_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def vla_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of the frame encoder and (for the linear head) action head tensors."""
-    h, vision = config.hidden_size, config.vision
+def vl_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor of a VL checkpoint's vision tower (none for a plain Qwen2 one)."""
+    if config.vl is None:
+        return {}
+    v: VisionTowerConfig = config.vl.vision
+    e, m, merged = v.embed_dim, v.mlp_dim, v.merged_dim
+    qwen2_vl = v.family == "qwen2_vl"  # LayerNorm (weight and bias) and fc1/fc2; else RMSNorm and SwiGLU
+    norm = ("weight", "bias") if qwen2_vl else ("weight",)
     shapes: dict[str, tuple[int, ...]] = {
+        "visual.patch_embed.proj.weight": (e, v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size)}
+    for block in range(v.depth):
+        p = f"visual.blocks.{block}."
+        shapes.update({f"{p}{n}.{part}": (e,) for n in ("norm1", "norm2") for part in norm})
+        shapes.update({p + "attn.qkv.weight": (3 * e, e), p + "attn.qkv.bias": (3 * e,),
+                       p + "attn.proj.weight": (e, e), p + "attn.proj.bias": (e,)})
+        mlp = {"fc1": (m, e), "fc2": (e, m)} if qwen2_vl else {"gate_proj": (m, e), "up_proj": (m, e), "down_proj": (e, m)}
+        for name, shape in mlp.items():
+            shapes[f"{p}mlp.{name}.weight"] = shape
+            shapes[f"{p}mlp.{name}.bias"] = shape[:1]
+    shapes.update({f"visual.merger.ln_q.{part}": (e,) for part in norm})
+    shapes.update({"visual.merger.mlp.0.weight": (merged, merged), "visual.merger.mlp.0.bias": (merged,),
+                   "visual.merger.mlp.2.weight": (v.out_hidden_size, merged),
+                   "visual.merger.mlp.2.bias": (v.out_hidden_size,)})
+    return shapes
+
+
+def vla_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of the frame encoder (not in a VL checkpoint, whose tower is its frame encoder) and
+    (for the linear head) action head tensors."""
+    h, vision = config.hidden_size, config.vision
+    shapes: dict[str, tuple[int, ...]] = {} if config.vl is not None else {
         "vision.patch_proj.weight": (h, vision.patch_dim),
         "vision.patch_proj.bias": (h,),
         "vision.pos_embed": (vision.tokens_per_frame, h),
@@ -106,16 +144,50 @@ def _weight_files(model_dir: Path) -> list[Path]:
     raise CheckpointError(f"{model_dir}: no model.safetensors or model.safetensors.index.json")
 
 
-def check_tensors(tensors: dict[str, StoredTensor], shapes: dict[str, tuple[int, ...]], model_dir: Path) -> None:
+# transformers 4.52-4.57 saved these module-path prefixes; the engine uses the hub's (on the right)
+_VL_PREFIXES = (("model.visual.", "visual."), ("model.language_model.", "model."))
+
+
+def _vl_stored_name(name: str, new_layout: bool) -> str:
+    """The key under which internal tensor ``name`` is (or would be) stored in a VL checkpoint's files."""
+    if new_layout:
+        for new, legacy in _VL_PREFIXES:
+            if name.startswith(legacy):
+                return new + name[len(legacy):]
+    return name
+
+
+def normalize_vl_names(tensors: dict[str, StoredTensor], model_dir: Path) -> tuple[dict[str, StoredTensor], bool]:
+    """A VL checkpoint's tensors under the legacy names, and whether its files use the newer layout."""
+    renamed: dict[str, StoredTensor] = {}
+    stored_as: dict[str, str] = {}
+    new_layout = False
+    for key, tensor in tensors.items():
+        name = key
+        for new, legacy in _VL_PREFIXES:
+            if key.startswith(new):
+                name, new_layout = legacy + key[len(new):], True
+                break
+        if name in renamed:
+            raise CheckpointError(f"{model_dir}: tensors {stored_as[name]!r} and {key!r} are the same weight "
+                                  "in the two key layouts; a checkpoint must hold one")
+        renamed[name], stored_as[name] = tensor, key
+    return renamed, new_layout
+
+
+def check_tensors(tensors: dict[str, StoredTensor], shapes: dict[str, tuple[int, ...]], model_dir: Path,
+                  stored_name: Callable[[str], str] = str) -> None:
+    """Presence, shape and dtype of each tensor in ``shapes``; errors name it as ``stored_name`` maps it."""
     for name, shape in shapes.items():
+        key = stored_name(name)
         if name not in tensors:
-            raise CheckpointError(f"{model_dir}: tensor {name!r} is missing (expected shape {list(shape)})")
+            raise CheckpointError(f"{model_dir}: tensor {key!r} is missing (expected shape {list(shape)})")
         tensor = tensors[name]
         if tensor.shape != shape:
             raise CheckpointError(
-                f"{model_dir}: tensor {name!r} has shape {list(tensor.shape)}, expected {list(shape)}")
+                f"{model_dir}: tensor {key!r} has shape {list(tensor.shape)}, expected {list(shape)}")
         if tensor.dtype not in SUPPORTED_DTYPES:
-            raise CheckpointError(f"{model_dir}: tensor {name!r} is stored as {tensor.dtype}; "
+            raise CheckpointError(f"{model_dir}: tensor {key!r} is stored as {tensor.dtype}; "
                                   f"supported: {', '.join(SUPPORTED_DTYPES)}")
 
 
@@ -129,11 +201,16 @@ def load_checkpoint(model_dir: str | Path, *, require_vla: bool = True) -> Check
             tensors.update(read_safetensors(file))
         except (SafetensorsError, OSError) as exc:
             raise CheckpointError(str(exc)) from exc
-    check_tensors(tensors, language_model_shapes(config), model_dir)
+    stored_name: Callable[[str], str] = str
+    if config.vl is not None:
+        tensors, new_layout = normalize_vl_names(tensors, model_dir)
+        stored_name = partial(_vl_stored_name, new_layout=new_layout)
+        check_tensors(tensors, vl_shapes(config), model_dir, stored_name)
+    check_tensors(tensors, language_model_shapes(config), model_dir, stored_name)
     vla = vla_shapes(config)
     has_vla = all(name in tensors for name in vla)
     if require_vla or any(name in tensors for name in vla):
         config.validate_vla()
-        check_tensors(tensors, vla, model_dir)
+        check_tensors(tensors, vla, model_dir, stored_name)
         has_vla = True
     return Checkpoint(model_dir, config, tensors, has_vla)

@@ -3,6 +3,10 @@
 Only what the engine actually implements is accepted. Anything that would change the forward pass
 in a way we do not reproduce (another model type, rope scaling, sliding-window attention) is refused
 here with the offending key named, so a checkpoint can never run silently wrong.
+
+A Qwen2-VL / Qwen2.5-VL ``config.json`` (``model_type`` qwen2_vl / qwen2_5_vl, either layout) gives the
+decoder's fields from its text part and the tower and M-RoPE in ``ModelConfig.vl`` (``vl_config.py``);
+a plain Qwen2 checkpoint has ``vl`` None.
 """
 
 from __future__ import annotations
@@ -13,11 +17,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .config_error import ModelConfigError
+from .vl_config import VL_FAMILIES, VlConfig, split_vl_config
+
 NUM_ACTION_BINS = 256
-
-
-class ModelConfigError(ValueError):
-    """A model directory or config.json that the engine cannot run faithfully."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,7 @@ class ModelConfig:
     max_position_embeddings: int = 32768
     vision: VisionConfig = field(default_factory=VisionConfig)
     action: ActionConfig = field(default_factory=ActionConfig)
+    vl: VlConfig | None = None  # the ViT tower and M-RoPE of a Qwen2-VL / Qwen2.5-VL checkpoint
 
     @property
     def q_dim(self) -> int:
@@ -96,6 +100,8 @@ class ModelConfig:
                 f"num_key_value_heads ({self.num_key_value_heads})")
         if self.head_dim % 2:
             raise ModelConfigError(f"config.json: head_dim must be even for RoPE, got {self.head_dim}")
+        if self.vl is not None:
+            self.vl.validate(self.hidden_size, self.head_dim, self.vocab_size)
 
     def validate_vla(self) -> None:
         """Refuse a frame encoder or action head that cannot work with this decoder."""
@@ -122,7 +128,8 @@ class ModelConfig:
             raise ModelConfigError("config.json: vla.action.q01 must be below q99 in every dimension")
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """The ``config.json`` content HuggingFace ``Qwen2Config`` reads (plus our ``vla`` section)."""
+        """The ``config.json`` content HuggingFace ``Qwen2Config`` reads (plus our ``vla`` section); with ``vl``,
+        what ``Qwen2VLConfig`` / ``Qwen2_5_VLConfig`` read, in the hub's flat layout."""
         return {
             "architectures": ["Qwen2ForCausalLM"],
             "model_type": "qwen2",
@@ -141,6 +148,7 @@ class ModelConfig:
             "use_sliding_window": False,
             "attention_dropout": 0.0,
             "vla": {"vision": asdict(self.vision), "action": asdict(self.action)},
+            **(self.vl.to_hf_dict() if self.vl is not None else {}),
         }
 
 
@@ -189,7 +197,7 @@ def _vla_section(raw: dict[str, Any], source: Path) -> tuple[VisionConfig, Actio
 
 
 def load_model_config(model_dir: str | Path) -> ModelConfig:
-    """Read and validate ``model_dir/config.json``."""
+    """Read and validate ``model_dir/config.json`` (Qwen2, or Qwen2-VL / Qwen2.5-VL in either layout)."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ModelConfigError(f"model directory {model_dir} does not exist")
@@ -203,31 +211,37 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
     if not isinstance(raw, dict):
         raise ModelConfigError(f"{source}: top level must be a JSON object")
     model_type = raw.get("model_type")
-    if model_type != "qwen2":
-        raise ModelConfigError(f"{source}: model_type {model_type!r} is not supported (only 'qwen2')")
+    if model_type in VL_FAMILIES:
+        text, vl = split_vl_config(raw, source)
+    elif model_type == "qwen2":
+        text, vl = raw, None
+    else:
+        raise ModelConfigError(
+            f"{source}: model_type {model_type!r} is not supported (only 'qwen2', {', '.join(map(repr, VL_FAMILIES))})")
     for key, why in _UNSUPPORTED_IF_SET.items():
-        if raw.get(key):
-            raise ModelConfigError(f"{source}: {key}={raw[key]!r} set, but {why}")
-    hidden_act = raw.get("hidden_act", "silu")
+        if text.get(key):
+            raise ModelConfigError(f"{source}: {key}={text[key]!r} set, but {why}")
+    hidden_act = text.get("hidden_act", "silu")
     if hidden_act != "silu":
         raise ModelConfigError(f"{source}: hidden_act {hidden_act!r} is not supported (only 'silu')")
-    heads = int(_required(raw, "num_attention_heads", source))
-    hidden = int(_required(raw, "hidden_size", source))
+    heads = int(_required(text, "num_attention_heads", source))
+    hidden = int(_required(text, "hidden_size", source))
     vision, action = _vla_section(raw, source)
     config = ModelConfig(
         hidden_size=hidden,
-        intermediate_size=int(_required(raw, "intermediate_size", source)),
-        num_hidden_layers=int(_required(raw, "num_hidden_layers", source)),
+        intermediate_size=int(_required(text, "intermediate_size", source)),
+        num_hidden_layers=int(_required(text, "num_hidden_layers", source)),
         num_attention_heads=heads,
-        num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
-        vocab_size=int(_required(raw, "vocab_size", source)),
-        head_dim=int(raw.get("head_dim") or hidden // max(heads, 1)),
-        rope_theta=_rope_theta(raw),
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
+        num_key_value_heads=int(text.get("num_key_value_heads") or heads),
+        vocab_size=int(_required(text, "vocab_size", source)),
+        head_dim=int(text.get("head_dim") or hidden // max(heads, 1)),
+        rope_theta=_rope_theta(text),
+        rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
+        max_position_embeddings=int(text.get("max_position_embeddings", 32768)),
         vision=vision,
         action=action,
+        vl=vl,
     )
     config.validate()
     return config
