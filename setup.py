@@ -38,6 +38,7 @@ setup(
         "opencv-python-headless>=4.8",
         "rosbags>=0.11",
         "matplotlib>=3.7",  # replay and evaluate plots
+        "pillow>=9.1",  # Qwen2-VL preprocessing resizes with Pillow, as transformers does (Image.Resampling: 9.1)
         "numba>=0.60",  # the cuda backend's kernels (auto picks numpy without a GPU)
         "numba-cuda>=0.20",
         "tqdm>=4.60",  # progress bars (train, and the units of replay, evaluate, memory-bench)

@@ -109,6 +109,9 @@ def test_descriptors_carry_description_range_and_read_only(reasoning):
     assert describe("model_dir").read_only
     assert "one of auto, numpy, cuda" in describe("backend").additional_constraints
     assert "each in [0, 2.14748e+09]" in describe("prompt_token_ids").additional_constraints
+    cap = describe("vision_max_pixels")  # a schema parameter needs no ROS code of its own to be declared
+    assert cap.read_only and "pixels" in cap.description
+    assert (cap.integer_range[0].from_value, cap.integer_range[0].to_value) == (784, 8192 * 8192)
 
 
 def test_command_line_overrides_apply_to_live_parameters_and_never_to_read_only_ones():

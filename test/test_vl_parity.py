@@ -9,13 +9,16 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from hf_vl_models import write_hf_vl_model  # noqa: E402
+from hf_vl_models import write_hf_vl_model, write_legacy_layout, write_module_key_layout  # noqa: E402
 from vla_edge_ros.cli import main  # noqa: E402
 from vla_edge_ros.model.arena import KVArena  # noqa: E402
 from vla_edge_ros.model.backends import make_backend  # noqa: E402
 from vla_edge_ros.model.checkpoint import load_checkpoint  # noqa: E402
 from vla_edge_ros.model.vl_positions import rope_index  # noqa: E402
-from vla_edge_ros.tools.parity import Agreement, load_vl_reference, run_parity  # noqa: E402
+from vla_edge_ros.model.vl_prompt import embed_vl_prompt, expand_prompt  # noqa: E402
+from vla_edge_ros.model.vl_vision import VisionTower  # noqa: E402
+from vla_edge_ros.tools.parity import (Agreement, load_vl_reference, processor_inputs, run_parity,  # noqa: E402
+                                       synthetic_images)
 
 MIN_COSINE = 0.99999
 SMALL = {"qwen2_vl": "qwen2_vl_tiny", "qwen2_5_vl": "qwen2_5_vl_tiny"}
@@ -56,7 +59,8 @@ def _mixed_prompt(checkpoint, grids: list[tuple[int, int, int]]) -> tuple[np.nda
     merge = vl.vision.spatial_merge_size
     ids = [7, 8]
     for t, h, w in grids:
-        ids += [vl.vision_start_token_id] + [vl.image_token_id] * (t * h * w // merge ** 2) + [vl.vision_end_token_id, 9]
+        pads = [vl.image_token_id] * (t * h * w // merge ** 2)
+        ids += [vl.vision_start_token_id] + pads + [vl.vision_end_token_id, 9]
     ids = np.asarray(ids)
     return ids, rope_index(ids, np.asarray(grids), image_token_id=vl.image_token_id, spatial_merge_size=merge)
 
@@ -123,6 +127,7 @@ def test_rope_positions_are_refused_on_a_text_model_and_in_a_wrong_shape(vl_mode
 
 
 def _assert_parity(report, layers: int) -> None:
+    assert report.pixels.max_abs_error == 0.0  # our preprocessing is transformers' PIL path, bit for bit
     assert report.logits.cosine >= MIN_COSINE, report.logits
     assert len(report.layers) == layers + 1
     for index, layer in enumerate(report.layers):
@@ -143,6 +148,41 @@ def test_vl_forward_matches_transformers(vl_models, family, prompt, images):
     _assert_parity(report, config.num_hidden_layers)
 
 
+def test_text_between_images_of_an_odd_size_matches_transformers(vl_models):
+    model_dir = vl_models(SMALL["qwen2_5_vl"])
+    report = run_parity(model_dir, [7, None, 8, 9, 10, None, 11], image_size=(30, 110), seed=4)
+    assert len(report.image_grid_thw) == 2
+    _assert_parity(report, 2)
+
+
+@pytest.mark.parametrize("layout", [write_legacy_layout, write_module_key_layout], ids=["hub_flat", "module_keys"])
+def test_other_checkpoint_layouts_match_transformers(vl_models, tmp_path, layout):
+    """The hub's flat config (rope_scaling mrope) and transformers 4.52-4.57's tensor keys run the same."""
+    model_dir = layout(vl_models(SMALL["qwen2_vl"]), tmp_path / "copy")
+    _assert_parity(run_parity(model_dir, ONE_IMAGE, image_size=(28, 28)), 2)
+
+
+def test_token_by_token_into_scattered_slots_equals_the_full_forward(vl_models):
+    """Every token alone (image pads too), into slots out of sequence order: masking reads positions, the
+    rotation the M-RoPE ids, so the arena's layout does not matter."""
+    model_dir = vl_models(SMALL["qwen2_vl"])
+    checkpoint = load_checkpoint(model_dir, require_vla=False)
+    vl = checkpoint.config.vl
+    pixel_values, grids = processor_inputs(model_dir, vl, synthetic_images(2, (56, 84), seed=2))
+    ids = expand_prompt([7, None, 8, None, 9], grids, vl)
+    prompt = embed_vl_prompt(checkpoint, VisionTower.from_checkpoint(checkpoint).encode, ids, pixel_values, grids)
+    count = ids.size
+    positions = np.arange(count, dtype=np.int32)
+    full = make_backend("numpy", checkpoint, KVArena(count))
+    whole = full.logits(full.forward(positions, positions, embeddings=prompt.embeddings,
+                                     rope_positions=prompt.rope_positions).hidden)
+    slots = np.random.default_rng(0).permutation(count).astype(np.int32)
+    steps = make_backend("numpy", checkpoint, KVArena(count))
+    hidden = [steps.forward(positions[i:i + 1], slots[i:i + 1], embeddings=prompt.embeddings[i:i + 1],
+                            rope_positions=prompt.rope_positions[:, i:i + 1]).hidden for i in range(count)]
+    np.testing.assert_allclose(steps.logits(np.concatenate(hidden)), whole, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("prompt", [ONE_IMAGE, THREE_FRAMES], ids=["one_image", "three_frames"])
 def test_qwen2_vl_2b_slice_matches_transformers(vl_models, prompt):
@@ -159,21 +199,29 @@ def test_parity_command_on_a_vl_checkpoint(vl_models, capsys):
     assert out.count("cosine 0.99999") + out.count("cosine 1.0000") >= 4  # logits, layers, incremental
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--token-ids", "7,img,99999"], "token ids in [0,"),
-    (["--token-ids", "7,img", "--image-size", "0x28"], "HEIGHTxWIDTH"),
-])
-def test_parity_command_refuses_bad_vl_input_in_one_line(vl_models, capsys, argv, message):
-    code = None
-    try:
-        code = main(["parity", "--model", str(vl_models(SMALL["qwen2_vl"]))] + argv)
-    except SystemExit as exc:  # argparse's own refusal: usage, then the error
-        code = exc.code
+def test_parity_command_refuses_a_bad_vl_prompt_in_one_line(vl_models, capsys):
+    assert main(["parity", "--model", str(vl_models(SMALL["qwen2_vl"])), "--token-ids", "7,img,99999"]) == 2
     err = capsys.readouterr().err
-    assert code == 2 and message in err
+    assert err.count("\n") == 1 and "token ids in [0, 320)" in err
+
+
+def test_a_bad_image_size_is_refused_by_the_parser(capsys):
+    with pytest.raises(SystemExit):
+        main(["parity", "--model", "x", "--token-ids", "7,img", "--image-size", "0x28"])
+    assert "HEIGHTxWIDTH" in capsys.readouterr().err
 
 
 def test_image_slots_on_a_text_checkpoint_exit_2_in_one_line(tiny_model, capsys):
     assert main(["parity", "--model", str(tiny_model), "--token-ids", "1,img"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "image slots need a VL one" in err
+
+
+def test_a_preprocessor_config_with_another_patch_geometry_is_refused(vl_models, tmp_path):
+    from hf_vl_models import copy_model
+    from transformers import Qwen2VLImageProcessor
+
+    model_dir = copy_model(vl_models(SMALL["qwen2_vl"]), tmp_path / "copy")
+    Qwen2VLImageProcessor(patch_size=14, temporal_patch_size=2, merge_size=2).save_pretrained(str(model_dir))
+    with pytest.raises(ValueError, match="patch_size 14 does not match the vision tower's 4"):
+        run_parity(model_dir, ONE_IMAGE)

@@ -121,6 +121,12 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
         Param("model_dir", "models/sim", "Local HuggingFace Qwen2 directory (config.json + safetensors); a "
               "relative path resolves against the YAML file's directory, then the package's share directory "
               "(the default is the trained policy that ships there).", path=True),
+        Param("vision_max_pixels", 224 * 224, "Qwen2-VL / Qwen2.5-VL checkpoints: the most pixels a camera frame "
+              "is resized to before the vision tower (sides multiples of 28, aspect ratio kept, as transformers' "
+              "image processor with this as max_pixels, or the checkpoint's own max_pixels if lower). It fixes "
+              "the tokens of every frame_height x frame_width frame at most this / 784 (one token per 28x28 "
+              "pixels after the 2x2 merge); the default gives at most 64 (54 for 640x480). Unused by other "
+              "checkpoints.", minimum=28 * 28, maximum=8192 * 8192),
         Param("backend", "auto", "Compute backend: auto picks cuda when a GPU is present, else numpy.",
               choices=("auto", "numpy", "cuda")),
         Param("blas_threads", 1, "Threads of the BLAS library under the numpy backend. 1 keeps cycle times "

@@ -25,7 +25,7 @@ ImageEncoder = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 def expand_prompt(pieces: Sequence[int | None], image_grid_thw: np.ndarray, vl: VlConfig) -> np.ndarray:
-    """Token ids of a prompt whose ``None`` entries are images: each becomes vision start, its pad tokens, vision end."""
+    """Token ids of a prompt whose ``None`` entries are images: each becomes vision start, pads, vision end."""
     slots, grids = sum(piece is None for piece in pieces), np.asarray(image_grid_thw).reshape(-1, 3)
     if slots != len(grids):
         raise ValueError(f"the prompt has {slots} image slots but {len(grids)} images were given")
@@ -61,8 +61,9 @@ def embed_vl_prompt(checkpoint: Checkpoint, encode: ImageEncoder, token_ids: np.
         raise ValueError(f"{checkpoint.path} is not a VL checkpoint: it has no vision tower for images")
     ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
     vocab = checkpoint.config.vocab_size
-    if ids.size == 0 or ids.min() < 0 or ids.max() >= vocab:
-        raise ValueError(f"a VL prompt needs token ids in [0, {vocab}), got {ids.tolist()}")
+    outside = ids[(ids < 0) | (ids >= vocab)]
+    if ids.size == 0 or outside.size:
+        raise ValueError(f"a VL prompt needs token ids in [0, {vocab}), got {np.unique(outside).tolist() or 'none'}")
     grids = np.asarray(image_grid_thw, dtype=np.int64).reshape(-1, 3)
     rope = rope_index(ids, grids, image_token_id=vl.image_token_id, spatial_merge_size=vl.vision.spatial_merge_size)
     table = checkpoint.tensors["model.embed_tokens.weight"]

@@ -1,8 +1,9 @@
 """Proof against HuggingFace: our forward pass vs ``transformers``' Qwen2 on the same weights.
 
 A Qwen2-VL / Qwen2.5-VL checkpoint is compared the same way on a prompt with images: deterministic random
-images go through transformers' ``Qwen2VLImageProcessor``, and the same pixel values feed their model and
-ours (our tower, our embedding of the prompt, our decoder with M-RoPE).
+images go through transformers' ``Qwen2VLImageProcessor`` into their model, and through our
+``vl_preprocess`` into ours (our tower, our embedding of the prompt, our decoder with M-RoPE); the two
+sets of pixel values are compared too.
 
 torch and transformers are imported only here, and only when a parity check runs: the runtime
 never needs them.
@@ -11,7 +12,7 @@ never needs them.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from ..model.backend import Backend, ForwardResult
 from ..model.backends import make_backend, make_vision_tower
 from ..model.checkpoint import Checkpoint, load_checkpoint
 from ..model.vl_config import VlConfig
+from ..model.vl_preprocess import PREPROCESSOR_CONFIG, ImageProcessing, preprocess
 from ..model.vl_prompt import embed_vl_prompt, expand_prompt
 
 
@@ -50,9 +52,11 @@ class ParityReport:
     incremental: Agreement  # token by token (images: one segment each) with our cache vs our own full forward
     last_logits: np.ndarray = field(repr=False)
     image_grid_thw: list[list[int]] = field(default_factory=list)  # patch grid of each image (VL models)
+    pixels: Agreement | None = None  # our preprocessing's pixel values vs transformers' (VL models with images)
 
     def worst_cosine(self) -> float:
-        return min([self.logits.cosine, self.incremental.cosine] + [layer.cosine for layer in self.layers])
+        pixels = [self.pixels.cosine] if self.pixels is not None else []
+        return min([self.logits.cosine, self.incremental.cosine] + [layer.cosine for layer in self.layers] + pixels)
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -119,7 +123,7 @@ Feed = Callable[..., ForwardResult]
 
 
 def _report(checkpoint: Checkpoint, backend: str, ids: np.ndarray, feed: Feed, segments: list[slice],
-            ref_logits: np.ndarray, ref_hidden: list[np.ndarray], grids: list[list[int]] | None = None) -> ParityReport:
+            ref_logits: np.ndarray, ref_hidden: list[np.ndarray]) -> ParityReport:
     """Our full forward against HF's, and ``segments`` fed one by one into a fresh arena against our full one."""
     count = ids.size
     full = make_backend(backend, checkpoint, KVArena(count))
@@ -136,7 +140,6 @@ def _report(checkpoint: Checkpoint, backend: str, ids: np.ndarray, feed: Feed, s
         layers=[Agreement.of(a, b) for a, b in zip(ours_hidden, ref_hidden)],
         incremental=Agreement.of(step_logits, logits),
         last_logits=logits[-1].astype(np.float32),
-        image_grid_thw=grids or [],
     )
 
 
@@ -153,20 +156,22 @@ def processor_inputs(model_dir: Path, vl: VlConfig, images: list[np.ndarray]) ->
     """(pixel_values [patches, patch_dim] fp32, image_grid_thw [n, 3]) of ``images`` from transformers'
     ``Qwen2VLImageProcessor``: the checkpoint's preprocessor_config.json if it has one, else HF's defaults
     with the tower's patch geometry."""
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()  # without torchvision HF falls back to its PIL processor, and says so
     from transformers import Qwen2VLImageProcessor
 
     tower = vl.vision
-    if (model_dir / "preprocessor_config.json").is_file():
-        processor = Qwen2VLImageProcessor.from_pretrained(str(model_dir))
-    else:
-        processor = Qwen2VLImageProcessor(patch_size=tower.patch_size, temporal_patch_size=tower.temporal_patch_size,
-                                          merge_size=tower.spatial_merge_size)
     geometry = {"patch_size": tower.patch_size, "temporal_patch_size": tower.temporal_patch_size,
                 "merge_size": tower.spatial_merge_size}
-    for key, want in geometry.items():
-        if getattr(processor, key) != want:
-            raise ValueError(f"{model_dir}: preprocessor_config.json {key} {getattr(processor, key)} does not match "
-                             f"the vision tower's {want}")
+    if not (model_dir / PREPROCESSOR_CONFIG).is_file():
+        processor = Qwen2VLImageProcessor(**geometry)
+    else:
+        processor = Qwen2VLImageProcessor.from_pretrained(str(model_dir))
+        for key, want in geometry.items():
+            if getattr(processor, key) != want:
+                raise ValueError(f"{model_dir}: preprocessor_config.json {key} {getattr(processor, key)} does not "
+                                 f"match the vision tower's {want}")
     out = processor(images=images, return_tensors="np")
     return np.asarray(out["pixel_values"], dtype=np.float32), np.asarray(out["image_grid_thw"], dtype=np.int64)
 
@@ -179,7 +184,8 @@ def load_vl_reference(model_dir: str | Path, family: str):
 
     logging.set_verbosity_error()
     logging.disable_progress_bar()
-    model_class = {"qwen2_vl": Qwen2VLForConditionalGeneration, "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration}[family]
+    model_class = {"qwen2_vl": Qwen2VLForConditionalGeneration,
+                   "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration}[family]
     return model_class.from_pretrained(str(model_dir), dtype=torch.float32).eval()
 
 
@@ -198,12 +204,30 @@ def reference_vl_forward(model, token_ids: np.ndarray, pixel_values: np.ndarray,
     return out.logits[0].numpy(), [h[0].numpy() for h in out.hidden_states]
 
 
+def our_image_inputs(model_dir: Path, vl: VlConfig, images: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(pixel_values, image_grid_thw) of ``images`` from our ``vl_preprocess``, with the checkpoint's
+    preprocessor_config.json, or transformers' defaults with the tower's patch geometry when it has none."""
+    tower = vl.vision
+    processing = ImageProcessing.load(model_dir) if (model_dir / PREPROCESSOR_CONFIG).is_file() else \
+        ImageProcessing(patch_size=tower.patch_size, temporal_patch_size=tower.temporal_patch_size,
+                        merge_size=tower.spatial_merge_size)
+    frames = [preprocess(image, processing) for image in images]
+    return np.concatenate([patches for patches, _ in frames]), np.array([grid for _, grid in frames], dtype=np.int64)
+
+
 def _vl_parity(checkpoint: Checkpoint, prompt: Sequence[int | None], backend: str, image_size: tuple[int, int],
                seed: int) -> ParityReport:
     vl = checkpoint.config.vl
     images = synthetic_images(sum(token is None for token in prompt), image_size, seed)
-    pixel_values, grids = processor_inputs(checkpoint.path, vl, images) if images else \
-        (np.zeros((0, vl.vision.patch_dim), np.float32), np.zeros((0, 3), np.int64))
+    pixel_values, grids = np.zeros((0, vl.vision.patch_dim), np.float32), np.zeros((0, 3), np.int64)
+    ref_pixels, pixels = pixel_values, None
+    if images:
+        ref_pixels, ref_grids = processor_inputs(checkpoint.path, vl, images)
+        pixel_values, grids = our_image_inputs(checkpoint.path, vl, images)
+        if not np.array_equal(grids, ref_grids):
+            raise RuntimeError(f"our preprocessing cuts the images into grids {grids.tolist()}, transformers' into "
+                               f"{ref_grids.tolist()}: the two models would not see the same image")
+        pixels = Agreement.of(pixel_values, ref_pixels)
     ids = expand_prompt(prompt, grids, vl)
     inputs = embed_vl_prompt(checkpoint, make_vision_tower(backend, checkpoint).encode, ids, pixel_values, grids)
     positions = np.arange(ids.size, dtype=np.int32)
@@ -212,6 +236,7 @@ def _vl_parity(checkpoint: Checkpoint, prompt: Sequence[int | None], backend: st
         return ours.forward(positions[part], positions[part], embeddings=inputs.embeddings[part],
                             rope_positions=inputs.rope_positions[:, part], collect_layers=collect_layers)
 
-    ref_logits, ref_hidden = reference_vl_forward(load_vl_reference(checkpoint.path, vl.family), ids, pixel_values, grids)
-    return _report(checkpoint, backend, ids, feed, inputs.segments(vl.image_token_id), ref_logits, ref_hidden,
-                   grids.tolist())
+    reference = load_vl_reference(checkpoint.path, vl.family)
+    ref_logits, ref_hidden = reference_vl_forward(reference, ids, ref_pixels, grids)
+    report = _report(checkpoint, backend, ids, feed, inputs.segments(vl.image_token_id), ref_logits, ref_hidden)
+    return replace(report, image_grid_thw=grids.tolist(), pixels=pixels)
