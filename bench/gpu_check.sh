@@ -2,8 +2,9 @@
 # The one prepared script for a lent NVIDIA GPU (an H200): every GPU check, each figure printed.
 #   bash bench/gpu_check.sh          (from anywhere; about 5 minutes, most of it model writing and JIT)
 # 1. every kernel (decoder and memory policies), the CUDA backend's parity tests and every memory
-#    policy through the CUDA backend (dms also with decoded tokens), on the real GPU (CI runs them on
-#    the simulator)
+#    policy through the CUDA backend (dms also with decoded tokens), the CUDA vision tower and M-RoPE
+#    decoder of Qwen2-VL / Qwen2.5-VL (test_cuda_vl.py, with the 2B-width slice), on the real GPU (CI runs
+#    them on the simulator)
 # 2. vla-edge parity --backend cuda against transformers (bar: cosine >= 0.999) on the tiny default
 #    and on a 2-layer slice of the Qwen2.5-1.5B shape, bf16 weights
 # 3. bench/bench_gpu.py: the full 1.5B shape, prefill 64 + decode 8, against torch eager and the HBM floor
@@ -23,6 +24,9 @@ step() { echo; echo "== $*"; "$@" || { echo "FAILED: $*"; status=1; }; }
 step python3 -m pytest -q -p no:cacheprovider -c "$repo/pytest.ini" -m "not soak" "$repo/test/test_kernels.py" \
   "$repo/test/test_kernels_memory.py" "$repo/test/test_parity.py" "$repo/test/test_memory_policies.py" \
   -k "kernels or cuda"
+# Qwen2-VL / Qwen2.5-VL: the CUDA vision tower and M-RoPE decoder against numpy and transformers, every tier,
+# with the 2B-width slice (ViT head_dim 80) that only a real GPU runs
+step python3 -m pytest -q -p no:cacheprovider -c "$repo/pytest.ini" -m "not soak" "$repo/test/test_cuda_vl.py"
 # dms with decoded action tokens on the CUDA backend: marked slow for the simulator, seconds on a GPU
 step python3 -m pytest -q -p no:cacheprovider -c "$repo/pytest.ini" -m slow "$repo/test/test_dms.py" -k cuda
 ids=$(python3 -c 'print(",".join(str(7 * i % 1500 + 3) for i in range(48)))')

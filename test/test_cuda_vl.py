@@ -22,11 +22,11 @@ cuda = pytest.importorskip("numba.cuda", reason="numba-cuda is not installed")
 
 from hf_vl_models import load_hf_vl_model, write_hf_vl_model  # noqa: E402
 from vla_edge_ros.model.arena import KVArena  # noqa: E402
-from vla_edge_ros.model.backends import make_backend, make_vision_tower  # noqa: E402
+from vla_edge_ros.model.backends import cuda_simulated, make_backend, make_vision_tower  # noqa: E402
 from vla_edge_ros.model.checkpoint import CheckpointError, load_checkpoint  # noqa: E402
 from vla_edge_ros.model.cuda_vision import CudaVisionTower  # noqa: E402
 from vla_edge_ros.model.vl_positions import rope_index  # noqa: E402
-from vla_edge_ros.model.vl_vision import VisionInputError, VisionTower, tower_inputs  # noqa: E402
+from vla_edge_ros.model.vl_vision import VisionInputError, VisionTower, vision_layout  # noqa: E402
 from vla_edge_ros.tools.parity import Agreement, run_parity  # noqa: E402
 
 TINY = {"qwen2_vl": "qwen2_vl_tiny", "qwen2_5_vl": "qwen2_5_vl_tiny"}
@@ -74,7 +74,7 @@ def test_cuda_tower_matches_the_numpy_tower_and_transformers(vl_dirs, family):
     tower = make_vision_tower("cuda", checkpoint)
     assert isinstance(tower, CudaVisionTower)
     patches = _patches(grid, tower.config.patch_dim)
-    order = tower_inputs(tower.config, patches, np.array(grid)).order
+    order = vision_layout(tower.config, np.array(grid)).order
     assert order is None if family == "qwen2_vl" else (order != np.arange(order.size)).any()
     out = tower.encode(patches, np.array(grid))
     numpy_out = VisionTower.from_checkpoint(checkpoint).encode(patches, np.array(grid))
@@ -206,3 +206,19 @@ def test_cuda_tower_windows_with_partial_edges_match_transformers(vl_dirs):
     tower = CudaVisionTower.from_checkpoint(load_checkpoint(model_dir))
     patches = _patches(grid, tower.config.patch_dim, seed=7)
     assert _cosine(tower.encode(patches, np.array(grid)), _hf_tower(model_dir, patches, grid)) >= 0.99999
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(cuda_simulated(), reason="real GPU only (bench/gpu_check.sh): 1280-wide GEMMs take hours simulated")
+def test_qwen2_vl_2b_slice_on_the_gpu_matches_transformers(tmp_path):
+    """Qwen2-VL-2B's real widths (ViT 1280 x 16 heads of 80, decoder 1536), 2 blocks each, bf16: the CUDA tower
+    on a 224x224 frame and a 4x6-patch one, then a prompt with one image end to end."""
+    model_dir = write_hf_vl_model(tmp_path / "slice", "qwen2_vl_2b_slice")
+    tower = CudaVisionTower.from_checkpoint(load_checkpoint(model_dir))
+    assert tower.config.head_dim == 80
+    grid = [[1, 16, 16], [1, 4, 6]]
+    patches = _patches(grid, tower.config.patch_dim)
+    out = tower.encode(patches, np.array(grid))
+    assert out.shape == (70, 1536) and _cosine(out, _hf_tower(model_dir, patches, grid)) >= 0.99999
+    report = run_parity(model_dir, ONE_IMAGE, backend="cuda", image_size=(56, 56))
+    assert report.logits.cosine >= CUDA_MIN_COSINE and report.incremental.cosine >= CUDA_MIN_COSINE

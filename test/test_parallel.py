@@ -96,7 +96,10 @@ def test_resume_keeps_finished_units_of_the_same_job_only(tmp_path):
     assert other.resumed == 0 and other.results["u003"]["square"] == 18
 
 
-def test_ctrl_c_stops_every_worker_and_leaves_whole_units_for_resume(tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ctrl_c_stops_every_worker_and_leaves_whole_units_for_resume(tmp_path, workers):
+    """With workers, and in this process (1), where a unit's failure is caught and the run goes on: the stop
+    request is not a unit failure."""
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(HERE)!r})
@@ -106,7 +109,7 @@ def test_ctrl_c_stops_every_worker_and_leaves_whole_units_for_resume(tmp_path):
         from vla_edge_ros.runtime.stop_signals import Interrupted, StopSignals
         with StopSignals.installed():
             try:
-                run_units(job(), units(40, sleep=0.2), Path({str(tmp_path)!r}), workers=2)
+                run_units(job(), units(40, sleep=0.2), Path({str(tmp_path)!r}), workers={workers})
             except Interrupted:
                 sys.exit(3)
     """)

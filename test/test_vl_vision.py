@@ -15,7 +15,8 @@ from hf_vl_models import (VARIANTS, copy_model, load_hf_vl_model, reshard, write
 from vla_edge_ros.model.checkpoint import CheckpointError, load_checkpoint, vl_shapes
 from vla_edge_ros.model.config import ModelConfigError, load_model_config
 from vla_edge_ros.model.safetensors_io import StoredTensor, read_safetensors, write_safetensors
-from vla_edge_ros.model.vl_vision import VisionInputError, VisionTower, frame_bounds, vision_positions, window_order
+from vla_edge_ros.model.vl_vision import (VisionInputError, VisionTower, frame_bounds, merged_token_counts,
+                                         vision_layout, vision_positions, window_order)
 from vla_edge_ros.numerics import ops
 
 TINY = ("qwen2_vl_tiny", "qwen2_5_vl_tiny")
@@ -219,6 +220,14 @@ def test_positions_follow_the_merge_window_order():
     rows_cols = vision_positions(np.array([[1, 2, 4]]), 2)
     assert rows_cols.tolist() == [[0, 0], [0, 1], [1, 0], [1, 1], [0, 2], [0, 3], [1, 2], [1, 3]]
     assert frame_bounds(np.array([[2, 2, 4], [1, 4, 2]]), 2).tolist() == [0, 8, 16, 24]
+    assert merged_token_counts(np.array([[2, 2, 4], [1, 4, 6]]), 2).tolist() == [4, 6]
+
+
+def test_a_tower_without_windows_keeps_the_processor_order(vl_dirs):
+    config = load_model_config(vl_dirs["qwen2_vl_tiny"]).vl.vision
+    layout = vision_layout(config, np.array([[1, 4, 6], [2, 2, 2]]))
+    assert layout.rows is None and layout.order is None and layout.windows is layout.frames
+    assert layout.frames.tolist() == [0, 24, 28, 32] and layout.patches == 32
 
 
 def test_windows_cover_each_frame_with_partial_edges():
@@ -302,6 +311,10 @@ def test_qwen2_5_windows_change_the_output_and_match_transformers(vl_dirs):
     tower = VisionTower.from_checkpoint(checkpoint)
     order, bounds = window_order(np.array(grid), 2, tower.config.window_units)
     assert len(bounds) - 1 == 12 + 2 and (order != np.arange(order.size)).any()
+    layout = vision_layout(tower.config, np.array(grid))
+    assert layout.order.tolist() == order.tolist() and layout.windows.tolist() == bounds.tolist()
+    assert layout.restore(layout.order[:, None])[:, 0].tolist() == list(range(order.size))
+    assert layout.bounds(tower.config, 0) is layout.windows and layout.bounds(tower.config, 1) is layout.frames
     patches = _patches(np.random.default_rng(7), grid, tower.config.patch_dim)
     out = tower.encode(patches, np.array(grid))
     reference = _hf_tower(load_hf_vl_model(vl_dirs["qwen2_5_vl_tiny"]), patches, grid)

@@ -62,6 +62,8 @@ def cmd_parity(args: argparse.Namespace) -> int:
         images = f", {len(report.image_grid_thw)} images (t x h x w patches: {grids})" if grids else ""
         print(f"parity of {report.model} on {report.backend} against transformers (fp32, CPU), "
               f"{len(report.token_ids)} tokens{images}")
+        if report.pixels is not None:
+            print(f"  pixel values           cosine {report.pixels.cosine:.12f}  max|err| {report.pixels.max_abs_error:.3e}")
         print(f"  logits                 cosine {report.logits.cosine:.12f}  max|err| {report.logits.max_abs_error:.3e}")
         for index, layer in enumerate(report.layers):
             label = "embeddings" if index == 0 else f"layer {index}" + (" (+norm)" if index == len(report.layers) - 1 else "")

@@ -28,7 +28,7 @@ from vla_edge_ros.kernels.norm import layernorm, rmsnorm
 from vla_edge_ros.kernels.rotary import pair_axes, rope, rope_axes, rope_cache_shift
 from vla_edge_ros.kernels.segment_attention import segment_attention
 
-KERNEL_VERSION = "qwen2-f32kv-paged-2"
+KERNEL_VERSION = "qwen2-f32kv-paged-3"
 """Changes whenever kernel numerics or the KV layout change; part of persisted-KV fingerprints."""
 
 __all__ = [

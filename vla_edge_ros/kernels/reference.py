@@ -7,14 +7,11 @@ attention is written out loop by loop, an independent oracle for both the kernel
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from vla_edge_ros.numerics import ops
 
 F32 = np.float32
-_erf = np.vectorize(math.erf, otypes=[np.float64])  # NumPy has no erf; the twins' inputs are small
 
 
 def embedding_gather(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -28,11 +25,8 @@ def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 
 
 def layernorm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
-    """(x - mean) / sqrt(biased var + eps) * weight + bias, per row, in fp32 (two passes)."""
-    mean = x.mean(axis=-1, keepdims=True, dtype=F32)
-    centred = (x - mean).astype(F32)
-    var = (centred * centred).mean(axis=-1, keepdims=True, dtype=F32)
-    return (centred / np.sqrt(var + F32(eps)) * weight + bias).astype(F32)
+    """(x - mean) / sqrt(biased var + eps) * weight + bias, per row, in fp32."""
+    return ops.layer_norm(x, weight, bias, eps).astype(F32)
 
 
 def linear(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
@@ -136,14 +130,13 @@ def swiglu(gate_up: np.ndarray) -> np.ndarray:
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
-    """Exact GELU, x/2 * (1 + erf(x / sqrt 2)), evaluated in float64 and rounded to fp32."""
-    x64 = x.astype(np.float64)
-    return (0.5 * x64 * (1.0 + _erf(x64 / np.sqrt(2.0)))).astype(F32)
+    """Exact GELU, x/2 * (1 + erf(x / sqrt 2))."""
+    return ops.gelu(x).astype(F32)
 
 
 def quick_gelu(x: np.ndarray) -> np.ndarray:
     """x * sigmoid(1.702 x)."""
-    return (x / (F32(1) + np.exp(F32(-1.702) * x))).astype(F32)
+    return ops.quick_gelu(x).astype(F32)
 
 
 def add(x: np.ndarray, y: np.ndarray) -> np.ndarray:

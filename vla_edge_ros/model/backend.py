@@ -62,9 +62,10 @@ class Backend(ABC):
         """Rotate the cached keys of ``slots`` in every layer by ``shifts`` positions (RoPE composes).
 
         This is exact under M-RoPE too, for a shift of all three ids alike: frequency i of a key at ids
-        (t, h, w) turned by ``id_band(i) * inv_freq[i]``, and each band, whichever id it reads, moves on by
-        ``delta * inv_freq[i]``; that is the 1-D rotation by ``delta``, so the key lands at
-        (t + delta, h + delta, w + delta) and the KV arena re-positions VL tokens as it does text.
+        (t, h, w) was turned by ``id(i) * inv_freq[i]``, ``id(i)`` the t, h or w its ``mrope_section`` band
+        reads. Adding ``delta`` to all three adds ``delta * inv_freq[i]`` to every frequency whatever its
+        band, which is the 1-D rotation by ``delta``: the key lands at (t + delta, h + delta, w + delta),
+        and the KV arena re-positions VL tokens as it does text.
         """
 
     @abstractmethod

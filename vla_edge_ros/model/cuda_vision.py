@@ -1,6 +1,6 @@
 """The Qwen2-VL / Qwen2.5-VL vision tower on the GPU: ``vl_vision.VisionTower``'s forward pass as kernels.
 
-The host only lays the batch out (``vl_vision.tower_inputs``: rotary positions, attention segments, the
+The host only lays the batch out (``vl_vision.VisionLayout``: rotary positions, attention segments, the
 window order) and uploads it with the patches; every step then runs on the device:
 
 1. patch embedding: ``linear`` with the Conv3d kernel read as an [embed, patch_dim] matrix;
@@ -29,7 +29,7 @@ from ..numerics import ops
 from .checkpoint import Checkpoint, CheckpointError
 from .cuda_weights import device_matrix, device_vector
 from .vl_config import VisionTowerConfig
-from .vl_vision import tower_inputs
+from .vl_vision import vision_layout
 
 
 @dataclass
@@ -148,18 +148,19 @@ class CudaVisionTower:
         """[N / merge^2, decoder hidden] fp32 tokens of the images ``grid_thw`` whose patches are ``patches``
         [N, C*T*P*P] (HF's pixel_values and image_grid_thw); images follow each other in both."""
         c = self.config
-        inputs = tower_inputs(c, patches, grid_thw)
-        total = inputs.patches.shape[0]
+        layout = vision_layout(c, grid_thw)
+        sequence = layout.sequence(patches, c)
+        total = layout.patches
         ws = self._buffers(total)
         x, h, tmp = ws.x[:total], ws.h[:total], ws.tmp[:total]
         q, k, v, attn = ws.q[:total], ws.k[:total], ws.v[:total], ws.attn[:total]
         heads = (total, c.num_heads, c.head_dim)
         q_heads, k_heads, v_heads, attn_heads = (a.reshape(*heads) for a in (q, k, v, attn))
-        ids = cuda.to_device(np.ascontiguousarray(inputs.positions.T, dtype=np.int32))  # [2, N]: rows, cols
-        frames = cuda.to_device(inputs.frames.astype(np.int32))
-        windows = cuda.to_device(inputs.windows.astype(np.int32))
+        ids = cuda.to_device(np.ascontiguousarray(layout.positions.T, dtype=np.int32))  # [2, N]: rows, cols
+        frames = cuda.to_device(layout.frames.astype(np.int32))
+        windows = cuda.to_device(layout.windows.astype(np.int32))
 
-        kernels.linear(cuda.to_device(inputs.patches), self.patch_embed, None, x)
+        kernels.linear(cuda.to_device(sequence), self.patch_embed, None, x)
         for index, block in enumerate(self.blocks):
             self._norm(x, block.norm1, block.norm1_bias, h)
             for weight, bias, out in zip(block.qkv, block.qkv_bias, (q, k, v)):
@@ -180,11 +181,11 @@ class CudaVisionTower:
         kernels.linear(h.reshape(count, c.merged_dim), self.merger_fc1, self.merger_fc1_bias, merged)
         kernels.gelu(merged, merged)
         kernels.linear(merged, self.merger_fc2, self.merger_fc2_bias, tokens)
-        if inputs.order is None:
+        if layout.order is None:
             return tokens.copy_to_host()
         out = ws.out[:count]
         source = np.empty(count, np.int32)
-        source[inputs.order] = np.arange(count, dtype=np.int32)  # output token j is block-order token source[j]
+        source[layout.order] = np.arange(count, dtype=np.int32)  # output token j is sequence token source[j]
         kernels.embedding_gather(tokens, cuda.to_device(source), out)
         return out.copy_to_host()
 

@@ -18,6 +18,10 @@ The forward pass:
    then the window order is undone.
 
 qwen2_vl uses LayerNorm and a QuickGELU MLP; qwen2_5_vl RMSNorm and a SwiGLU MLP with biases.
+
+The index arithmetic (positions, segment bounds, window order) depends on the grid alone and lives in
+``VisionLayout`` (``vision_layout``), so another implementation of the tower (the CUDA kernels) shares it;
+``VisionTower``'s stages (``embed``, ``rotary``, ``block``, ``merge``) are each a reference for one.
 """
 
 from __future__ import annotations
@@ -94,34 +98,59 @@ def window_order(grid_thw: np.ndarray, merge: int, window_units: int) -> tuple[n
     return np.concatenate(orders), np.concatenate(([0], np.cumsum(patches_per_window)))
 
 
-@dataclass
-class TowerInputs:
-    """A batch of images as the blocks run it (every tower implementation prepares it here, on the host)."""
+@dataclass(frozen=True)
+class VisionLayout:
+    """Where each patch sits in the tower's sequence, from ``grid_thw`` alone (host-side index arithmetic
+    that any implementation of the tower shares).
 
-    patches: np.ndarray  # [N, patch_dim] fp32, in block order (window order when ``order`` is not None)
-    positions: np.ndarray  # [N, 2] (row, col) of each patch, in block order
-    frames: np.ndarray  # segment bounds of full attention (one segment per frame)
+    The sequence is the processor's patch order, or for a windowed tower (qwen2_5_vl) that order regrouped
+    window by window, whole merged tokens at a time (``rows``: patch permutation, ``order``: the merged-token
+    permutation it comes from).
+    """
+
+    grid: np.ndarray  # [images, 3] int64
+    positions: np.ndarray  # [N, 2] (row, col) of each patch of the sequence
+    frames: np.ndarray  # segment bounds of full attention (one per frame)
     windows: np.ndarray  # segment bounds of window attention (``frames`` for a tower without windows)
-    order: np.ndarray | None  # merged token i of block order is output token order[i]; None: not reordered
+    rows: np.ndarray | None  # patch i of the sequence is input patch rows[i]; None: unpermuted
+    order: np.ndarray | None  # merged token j of the sequence is output token order[j]; None: unpermuted
+
+    @property
+    def patches(self) -> int:
+        return int(self.positions.shape[0])
+
+    def bounds(self, config: VisionTowerConfig, block: int) -> np.ndarray:
+        """The attention segments of ``block``."""
+        return self.windows if config.windowed(block) else self.frames
+
+    def sequence(self, patches: np.ndarray, config: VisionTowerConfig) -> np.ndarray:
+        """``patches`` [N, patch_dim] (the processor's order) checked against the grid, as fp32 in sequence order."""
+        patches = np.asarray(patches)
+        if patches.ndim != 2 or patches.shape != (self.patches, config.patch_dim) or \
+                not np.issubdtype(patches.dtype, np.floating):
+            raise VisionInputError(f"patches must be a float [{self.patches}, {config.patch_dim}] array for grid_thw "
+                                   f"{self.grid.tolist()}, got shape {patches.shape} dtype {patches.dtype}")
+        return (patches if self.rows is None else patches[self.rows]).astype(np.float32)
+
+    def restore(self, tokens: np.ndarray) -> np.ndarray:
+        """Merged tokens of the sequence back in the images' order."""
+        if self.order is None:
+            return tokens
+        out = np.empty_like(tokens)
+        out[self.order] = tokens
+        return out
 
 
-def tower_inputs(config: VisionTowerConfig, patches: np.ndarray, grid_thw: np.ndarray) -> TowerInputs:
-    """Check ``patches`` [N, patch_dim] against ``grid_thw`` and lay them out for the blocks: rotary positions,
-    attention segments and, for windows, whole merged tokens reordered so that each window is one run."""
-    merge, unit = config.spatial_merge_size, config.merge_unit
+def vision_layout(config: VisionTowerConfig, grid_thw: np.ndarray) -> VisionLayout:
+    """The ``VisionLayout`` of images ``grid_thw`` in tower ``config`` (refuses a bad grid)."""
+    merge = config.spatial_merge_size
     grid = check_grid(grid_thw, merge)
-    patches = np.asarray(patches)
-    total = int(grid.prod(axis=1).sum())
-    if patches.ndim != 2 or patches.shape != (total, config.patch_dim) or not np.issubdtype(patches.dtype, np.floating):
-        raise VisionInputError(f"patches must be a float [{total}, {config.patch_dim}] array for grid_thw "
-                               f"{grid.tolist()}, got shape {patches.shape} dtype {patches.dtype}")
-    positions = vision_positions(grid, merge)
-    frames = frame_bounds(grid, merge)
-    order, windows = window_order(grid, merge, config.window_units) if config.window_units else (None, frames)
-    if order is not None:
-        rows = (order[:, None] * unit + np.arange(unit)).ravel()
-        patches, positions = patches[rows], positions[rows]
-    return TowerInputs(patches.astype(np.float32), positions, frames, windows, order)
+    positions, frames = vision_positions(grid, merge), frame_bounds(grid, merge)
+    if not config.window_units:
+        return VisionLayout(grid, positions, frames, frames, None, None)
+    order, windows = window_order(grid, merge, config.window_units)
+    rows = (order[:, None] * config.merge_unit + np.arange(config.merge_unit)).ravel()
+    return VisionLayout(grid, positions[rows], frames, windows, rows, order)
 
 
 def _t(weight: np.ndarray) -> np.ndarray:
@@ -202,27 +231,38 @@ class VisionTower:
             hidden = ops.silu(gate) * up
         return hidden @ block.down_t + block.down_bias
 
+    def rotary(self, layout: VisionLayout) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin [N, head_dim / 2] of the sequence's 2-D rotary angles."""
+        return ops.rope_cos_sin_2d(layout.positions[:, 0], layout.positions[:, 1], self.inv_freq)
+
+    def embed(self, patches: np.ndarray, layout: VisionLayout) -> np.ndarray:
+        """[N, embed_dim]: the patch embedding (Conv3d with stride = kernel, as one GEMM) in sequence order."""
+        return layout.sequence(patches, self.config) @ self.patch_t
+
+    def block(self, index: int, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+        """Block ``index`` applied to x [N, embed_dim] (updated in place and returned)."""
+        c, block = self.config, self.blocks[index]
+        h = self._norm(x, block.norm1, block.norm1_bias)
+        qkv = (h @ block.qkv_t + block.qkv_bias).reshape(x.shape[0], 3, c.num_heads, c.head_dim)
+        q = ops.apply_rope(qkv[:, 0], cos, sin)
+        k = ops.apply_rope(qkv[:, 1], cos, sin)
+        x += ops.segment_attention(q, k, qkv[:, 2], bounds, self.scale) @ block.proj_t + block.proj_bias
+        x += self._mlp(self._norm(x, block.norm2, block.norm2_bias), block)
+        return x
+
+    def merge(self, x: np.ndarray) -> np.ndarray:
+        """[N / merge^2, out_hidden_size]: the merger (norm, merge_unit patches side by side, Linear -> GELU ->
+        Linear), in sequence order."""
+        c = self.config
+        merged = self._norm(x, self.merger_norm, self.merger_norm_bias).reshape(-1, c.merged_dim)
+        return ops.gelu(merged @ self.merger_fc1_t + self.merger_fc1_bias) @ self.merger_fc2_t + self.merger_fc2_bias
+
     def encode(self, patches: np.ndarray, grid_thw: np.ndarray) -> np.ndarray:
         """[N / merge^2, decoder hidden] fp32 tokens of the images ``grid_thw`` whose patches are ``patches``
         [N, C*T*P*P] (HF's pixel_values and image_grid_thw); images follow each other in both."""
-        c = self.config
-        inputs = tower_inputs(c, patches, grid_thw)
-        total = inputs.patches.shape[0]
-        x = inputs.patches @ self.patch_t
-        cos, sin = ops.rope_cos_sin_2d(inputs.positions[:, 0], inputs.positions[:, 1], self.inv_freq)
-        heads, dim = c.num_heads, c.head_dim
-        for index, block in enumerate(self.blocks):
-            h = self._norm(x, block.norm1, block.norm1_bias)
-            qkv = (h @ block.qkv_t + block.qkv_bias).reshape(total, 3, heads, dim)
-            q = ops.apply_rope(qkv[:, 0], cos, sin)
-            k = ops.apply_rope(qkv[:, 1], cos, sin)
-            bounds = inputs.windows if c.windowed(index) else inputs.frames
-            x += ops.segment_attention(q, k, qkv[:, 2], bounds, self.scale) @ block.proj_t + block.proj_bias
-            x += self._mlp(self._norm(x, block.norm2, block.norm2_bias), block)
-        merged = self._norm(x, self.merger_norm, self.merger_norm_bias).reshape(total // c.merge_unit, c.merged_dim)
-        tokens = ops.gelu(merged @ self.merger_fc1_t + self.merger_fc1_bias) @ self.merger_fc2_t + self.merger_fc2_bias
-        if inputs.order is None:
-            return tokens
-        out = np.empty_like(tokens)
-        out[inputs.order] = tokens
-        return out
+        layout = vision_layout(self.config, grid_thw)
+        x = self.embed(patches, layout)
+        cos, sin = self.rotary(layout)
+        for index in range(self.config.depth):
+            x = self.block(index, x, cos, sin, layout.bounds(self.config, index))
+        return layout.restore(self.merge(x))

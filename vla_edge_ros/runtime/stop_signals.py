@@ -25,8 +25,11 @@ from types import FrameType
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-class Interrupted(Exception):
-    """A signal that ended the process before it was running (or a second one while it stopped)."""
+class Interrupted(BaseException):
+    """A signal that ended the process before it was running (or a second one while it stopped).
+
+    A BaseException, like KeyboardInterrupt: a handler that reports a failed unit of work and goes on
+    (``except Exception``) must not swallow a request to stop the whole process."""
 
 
 class StopSignals:

@@ -1,8 +1,9 @@
 """Proof against HuggingFace: our forward pass vs ``transformers``' Qwen2 on the same weights.
 
 A Qwen2-VL / Qwen2.5-VL checkpoint is compared the same way on a prompt with images: deterministic random
-images go through transformers' ``Qwen2VLImageProcessor``, and the same pixel values feed their model and
-ours (our tower, our embedding of the prompt, our decoder with M-RoPE).
+images go through transformers' ``Qwen2VLImageProcessor`` into their model, and through our
+``vl_preprocess`` into ours (our tower, our embedding of the prompt, our decoder with M-RoPE); the two
+sets of pixel values are compared too.
 
 torch and transformers are imported only here, and only when a parity check runs: the runtime
 never needs them.
@@ -11,7 +12,7 @@ never needs them.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from ..model.backend import Backend, ForwardResult
 from ..model.backends import make_backend, make_vision_tower
 from ..model.checkpoint import Checkpoint, load_checkpoint
 from ..model.vl_config import VlConfig
+from ..model.vl_preprocess import PREPROCESSOR_CONFIG, ImageProcessing, preprocess
 from ..model.vl_prompt import embed_vl_prompt, expand_prompt
 
 
@@ -50,9 +52,11 @@ class ParityReport:
     incremental: Agreement  # token by token (images: one segment each) with our cache vs our own full forward
     last_logits: np.ndarray = field(repr=False)
     image_grid_thw: list[list[int]] = field(default_factory=list)  # patch grid of each image (VL models)
+    pixels: Agreement | None = None  # our preprocessing's pixel values vs transformers' (VL models with images)
 
     def worst_cosine(self) -> float:
-        return min([self.logits.cosine, self.incremental.cosine] + [layer.cosine for layer in self.layers])
+        pixels = [self.pixels.cosine] if self.pixels is not None else []
+        return min([self.logits.cosine, self.incremental.cosine] + [layer.cosine for layer in self.layers] + pixels)
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -119,7 +123,7 @@ Feed = Callable[..., ForwardResult]
 
 
 def _report(checkpoint: Checkpoint, backend: str, ids: np.ndarray, feed: Feed, segments: list[slice],
-            ref_logits: np.ndarray, ref_hidden: list[np.ndarray], grids: list[list[int]] | None = None) -> ParityReport:
+            ref_logits: np.ndarray, ref_hidden: list[np.ndarray]) -> ParityReport:
     """Our full forward against HF's, and ``segments`` fed one by one into a fresh arena against our full one."""
     count = ids.size
     full = make_backend(backend, checkpoint, KVArena(count))
@@ -136,7 +140,6 @@ def _report(checkpoint: Checkpoint, backend: str, ids: np.ndarray, feed: Feed, s
         layers=[Agreement.of(a, b) for a, b in zip(ours_hidden, ref_hidden)],
         incremental=Agreement.of(step_logits, logits),
         last_logits=logits[-1].astype(np.float32),
-        image_grid_thw=grids or [],
     )
 
 
@@ -161,7 +164,7 @@ def processor_inputs(model_dir: Path, vl: VlConfig, images: list[np.ndarray]) ->
     tower = vl.vision
     geometry = {"patch_size": tower.patch_size, "temporal_patch_size": tower.temporal_patch_size,
                 "merge_size": tower.spatial_merge_size}
-    if not (model_dir / "preprocessor_config.json").is_file():
+    if not (model_dir / PREPROCESSOR_CONFIG).is_file():
         processor = Qwen2VLImageProcessor(**geometry)
     else:
         processor = Qwen2VLImageProcessor.from_pretrained(str(model_dir))
@@ -201,12 +204,30 @@ def reference_vl_forward(model, token_ids: np.ndarray, pixel_values: np.ndarray,
     return out.logits[0].numpy(), [h[0].numpy() for h in out.hidden_states]
 
 
+def our_image_inputs(model_dir: Path, vl: VlConfig, images: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(pixel_values, image_grid_thw) of ``images`` from our ``vl_preprocess``, with the checkpoint's
+    preprocessor_config.json, or transformers' defaults with the tower's patch geometry when it has none."""
+    tower = vl.vision
+    processing = ImageProcessing.load(model_dir) if (model_dir / PREPROCESSOR_CONFIG).is_file() else \
+        ImageProcessing(patch_size=tower.patch_size, temporal_patch_size=tower.temporal_patch_size,
+                        merge_size=tower.spatial_merge_size)
+    frames = [preprocess(image, processing) for image in images]
+    return np.concatenate([patches for patches, _ in frames]), np.array([grid for _, grid in frames], dtype=np.int64)
+
+
 def _vl_parity(checkpoint: Checkpoint, prompt: Sequence[int | None], backend: str, image_size: tuple[int, int],
                seed: int) -> ParityReport:
     vl = checkpoint.config.vl
     images = synthetic_images(sum(token is None for token in prompt), image_size, seed)
-    pixel_values, grids = processor_inputs(checkpoint.path, vl, images) if images else \
-        (np.zeros((0, vl.vision.patch_dim), np.float32), np.zeros((0, 3), np.int64))
+    pixel_values, grids = np.zeros((0, vl.vision.patch_dim), np.float32), np.zeros((0, 3), np.int64)
+    ref_pixels, pixels = pixel_values, None
+    if images:
+        ref_pixels, ref_grids = processor_inputs(checkpoint.path, vl, images)
+        pixel_values, grids = our_image_inputs(checkpoint.path, vl, images)
+        if not np.array_equal(grids, ref_grids):
+            raise RuntimeError(f"our preprocessing cuts the images into grids {grids.tolist()}, transformers' into "
+                               f"{ref_grids.tolist()}: the two models would not see the same image")
+        pixels = Agreement.of(pixel_values, ref_pixels)
     ids = expand_prompt(prompt, grids, vl)
     inputs = embed_vl_prompt(checkpoint, make_vision_tower(backend, checkpoint).encode, ids, pixel_values, grids)
     positions = np.arange(ids.size, dtype=np.int32)
@@ -216,6 +237,6 @@ def _vl_parity(checkpoint: Checkpoint, prompt: Sequence[int | None], backend: st
                             rope_positions=inputs.rope_positions[:, part], collect_layers=collect_layers)
 
     reference = load_vl_reference(checkpoint.path, vl.family)
-    ref_logits, ref_hidden = reference_vl_forward(reference, ids, pixel_values, grids)
-    return _report(checkpoint, backend, ids, feed, inputs.segments(vl.image_token_id), ref_logits, ref_hidden,
-                   grids.tolist())
+    ref_logits, ref_hidden = reference_vl_forward(reference, ids, ref_pixels, grids)
+    report = _report(checkpoint, backend, ids, feed, inputs.segments(vl.image_token_id), ref_logits, ref_hidden)
+    return replace(report, image_grid_thw=grids.tolist(), pixels=pixels)
