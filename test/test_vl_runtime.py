@@ -21,6 +21,7 @@ from vla_edge_ros.model.numpy_backend import NumpyBackend
 from vla_edge_ros.model.vl_config import VisionTowerConfig, VlConfig
 from vla_edge_ros.model.vl_frames import frame_side, text_rope_ids, with_frame_geometry
 from vla_edge_ros.model.vl_positions import rope_index
+from vla_edge_ros.model.vision import FrameError
 from vla_edge_ros.model.vl_preprocess import ImageProcessing
 from vla_edge_ros.numerics import ops
 from vla_edge_ros.runtime.admission import BlockKind, Decision, Verdict
@@ -160,6 +161,11 @@ def test_a_frame_is_one_image_segment(vl_model):
     fresh = _fresh_layer0_keys(engine, np.stack([embed[START], embed[END]]), ids[:, [5, 22]])
     np.testing.assert_allclose(keys[0], fresh, rtol=1e-5, atol=1e-5)  # the markers' own embeddings
     assert prefill.next_rope_position == 5 + 1 + 4 + 1  # start, 4 ids of the 4 x 4 image, end: then text
+    state = engine.memory_state()
+    for bad in (np.zeros((48, 64), np.uint8), np.zeros((0, 64, 3), np.uint8), np.zeros((48, 64, 3), np.float32)):
+        with pytest.raises(FrameError):
+            engine.add_frame(bad)
+    assert all(np.array_equal(v, engine.memory_state()[k]) for k, v in state.items())  # refused: nothing changed
 
 
 @pytest.mark.parametrize("model_fixture, count", [("vl_model", 2), ("vl25_model", 1)])
@@ -323,9 +329,9 @@ def test_memory_state_round_trip_is_byte_exact(vl_model, policy):
 def test_the_cuda_backend_decodes_the_same_actions_through_evictions(micro_model):
     """The cuda backend (simulated here) with its tower and M-RoPE: the same bins, ids and keys as numpy while
     fifo evicts and compaction re-packs."""
-    engines = [_engine(micro_model, 5 + 2 * 6 + 7, cap=56 * 56, backend=name) for name in ("numpy", "cuda")]
+    engines = [_engine(micro_model, 5 + 6 + 7, cap=56 * 56, backend=name) for name in ("numpy", "cuda")]
     camera = SyntheticCamera(height=32, width=32, seed=10)
-    for _ in range(4):
+    for _ in range(3):  # an arena of one frame: the second and third evict the one before
         frame = camera.frame()
         results = [engine.step(frame) for engine in engines]
         assert results[0].tokens == results[1].tokens

@@ -20,6 +20,16 @@ class FrameError(ValueError):
     """An image the encoder cannot use (wrong shape, dtype or size)."""
 
 
+def check_frame(image: np.ndarray) -> None:
+    """FrameError unless ``image`` is a non-empty HxWx3 uint8 array: what every frame encoder takes."""
+    if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+        shape = getattr(image, "shape", None)
+        dtype = getattr(image, "dtype", type(image).__name__)
+        raise FrameError(f"frame must be an HxWx3 uint8 array, got shape {shape} dtype {dtype}")
+    if image.shape[0] == 0 or image.shape[1] == 0:
+        raise FrameError(f"frame is empty: shape {image.shape}")
+
+
 def resize_frame(image: np.ndarray, size: int) -> np.ndarray:
     """The frame at the encoder's SxS (area interpolation); training resizes its demonstrations with it too."""
     if image.shape[:2] == (size, size):
@@ -44,12 +54,7 @@ class FrameEncoder:
 
     def preprocess(self, image: np.ndarray) -> np.ndarray:
         """Validate, resize and normalise to [S, S, 3] fp32."""
-        if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
-            shape = getattr(image, "shape", None)
-            dtype = getattr(image, "dtype", type(image).__name__)
-            raise FrameError(f"frame must be an HxWx3 uint8 array, got shape {shape} dtype {dtype}")
-        if image.shape[0] == 0 or image.shape[1] == 0:
-            raise FrameError(f"frame is empty: shape {image.shape}")
+        check_frame(image)
         return (resize_frame(image, self.vision.image_size).astype(np.float32) - self.mean) * self.inv_std
 
     def encode(self, image: np.ndarray) -> np.ndarray:

@@ -23,11 +23,11 @@ from dataclasses import replace
 
 import numpy as np
 
+from .backends import VisionEncoder
 from .checkpoint import Checkpoint
 from .config import ModelConfigError, VisionConfig
-from .vision import FrameError, resize_frame
+from .vision import check_frame, resize_frame
 from .vl_positions import rope_index
-from .backends import VisionEncoder
 from .vl_preprocess import ImageProcessing, preprocess
 
 MARKER_TOKENS = 2  # vision start and vision end around each frame's visual tokens
@@ -102,22 +102,13 @@ class VlFrameEncoder:
         self._rope_offsets = rope_index(layout, self.grid_thw, image_token_id=vl.image_token_id,
                                         spatial_merge_size=processing.merge_size)  # from id 0
 
-    @property
-    def tokens(self) -> int:
-        return self._rope_offsets.shape[1]
-
     def rope_ids(self, first: int) -> np.ndarray:
         """M-RoPE ids [3, tokens] of a frame segment whose vision start marker gets id ``first``."""
         return self._rope_offsets + np.int32(first)
 
     def square(self, image: np.ndarray) -> np.ndarray:
         """The frame resized to S x S (area interpolation, as the built-in encoder resizes), validated."""
-        if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
-            shape = getattr(image, "shape", None)
-            dtype = getattr(image, "dtype", type(image).__name__)
-            raise FrameError(f"frame must be an HxWx3 uint8 array, got shape {shape} dtype {dtype}")
-        if image.shape[0] == 0 or image.shape[1] == 0:
-            raise FrameError(f"frame is empty: shape {image.shape}")
+        check_frame(image)
         return resize_frame(image, self.side)
 
     def encode(self, image: np.ndarray) -> np.ndarray:
