@@ -92,6 +92,7 @@ def test_cuda_tower_matches_the_numpy_tower_and_transformers(vl_dirs, family):
 
 def test_cuda_tower_holds_the_weights_in_storage_precision_and_refuses_bad_input(vl_dirs, tiny_model):
     checkpoint = load_checkpoint(vl_dirs("qwen2_5_vl"))  # stored as bf16
+    assert isinstance(make_vision_tower("numpy", checkpoint), VisionTower)
     tower = CudaVisionTower.from_checkpoint(checkpoint)
     stored = sum(t.array.nbytes for n, t in checkpoint.tensors.items() if n.startswith("visual.") and t.array.ndim > 1)
     vectors = sum(t.array.size * 4 for n, t in checkpoint.tensors.items() if n.startswith("visual.") and t.array.ndim == 1)
