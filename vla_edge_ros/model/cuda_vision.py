@@ -74,7 +74,8 @@ class CudaVisionTower:
         """Upload the ``visual.*`` tensors of ``checkpoint`` (named as ``checkpoint.vl_shapes`` names them)."""
         self.config = c = config
         if c.head_dim > kernels.MAX_HEAD_DIM:
-            raise ValueError(f"the cuda vision tower supports head_dim <= {kernels.MAX_HEAD_DIM}, this one has {c.head_dim}")
+            raise ValueError(
+                f"the cuda vision tower supports head_dim <= {kernels.MAX_HEAD_DIM}, this one has {c.head_dim}")
         t = checkpoint.tensors
         self.layer_norm = c.family == "qwen2_vl"
         self.patch_embed = device_matrix(t["visual.patch_embed.proj.weight"], shape=(c.embed_dim, c.patch_dim))
