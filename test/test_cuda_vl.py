@@ -90,6 +90,21 @@ def test_cuda_tower_matches_the_numpy_tower_and_transformers(vl_dirs, family):
         np.testing.assert_allclose(again, expected, rtol=0, atol=1e-5 * np.abs(again).max())
 
 
+@pytest.mark.slow  # about a minute simulated: the merger's 640-wide GEMMs
+def test_cuda_tower_at_the_real_head_dim_of_80(tmp_path):
+    """Qwen2-VL-2B's ViT head_dim (80: rotary quarters of 20, attention tiles that are no power of two)."""
+    model_dir = write_hf_vl_model(tmp_path / "head80", "qwen2_vl_head80")
+    checkpoint = load_checkpoint(model_dir)
+    tower = CudaVisionTower.from_checkpoint(checkpoint)
+    assert tower.config.head_dim == 80
+    grid = [[1, 2, 4]]
+    patches = _patches(grid, tower.config.patch_dim, seed=5)
+    out = tower.encode(patches, np.array(grid))
+    numpy_out = VisionTower.from_checkpoint(checkpoint).encode(patches, np.array(grid))
+    np.testing.assert_allclose(out, numpy_out, rtol=0, atol=1e-5 * np.abs(numpy_out).max())
+    assert _cosine(out, _hf_tower(model_dir, patches, grid)) >= 0.99999
+
+
 def test_cuda_tower_holds_the_weights_in_storage_precision_and_refuses_bad_input(vl_dirs, tiny_model):
     checkpoint = load_checkpoint(vl_dirs("qwen2_5_vl"))  # stored as bf16
     assert isinstance(make_vision_tower("numpy", checkpoint), VisionTower)
