@@ -8,6 +8,8 @@
 # 2. vla-edge parity --backend cuda against transformers (bar: cosine >= 0.999) on the tiny default
 #    and on a 2-layer slice of the Qwen2.5-1.5B shape, bf16 weights
 # 3. bench/bench_gpu.py: the full 1.5B shape, prefill 64 + decode 8, against torch eager and the HBM floor
+# 4. bench/bench_gpu_vision.py: the Qwen2-VL / Qwen2.5-VL vision towers on one 224x224 frame against
+#    transformers on the same GPU (fp32 and bf16)
 # Needs python3 with numba-cuda, torch (CUDA), transformers, numpy, pyyaml, opencv; installs nothing online.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -35,4 +37,6 @@ step python3 -m vla_edge_ros parity --model "$work/tiny" --backend cuda --token-
 step python3 -m vla_edge_ros init-model --out "$work/q2" --preset qwen2.5-1.5b-shape --layers 2
 step python3 -m vla_edge_ros parity --model "$work/q2" --backend cuda --token-ids "$ids"
 step python3 "$repo/bench/bench_gpu.py"
+# the vision tower on one 224x224 frame, 8 of the real 32 blocks (time per block scales linearly)
+step python3 "$repo/bench/bench_gpu_vision.py" --depth 8
 exit $status

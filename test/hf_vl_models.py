@@ -44,6 +44,14 @@ VARIANTS: dict[str, dict] = {
         vision=dict(depth=3, hidden_size=24, num_heads=3, intermediate_size=44, out_hidden_size=48, patch_size=2,
                     temporal_patch_size=2, spatial_merge_size=2, window_size=8, fullatt_block_indexes=[1]),
         tie_word_embeddings=False),
+    # The real ViT's head_dim of 80 (two heads) at a width the CUDA simulator runs in seconds.
+    "qwen2_vl_head80": dict(
+        family="qwen2_vl", dtype="bfloat16",
+        text=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=1, vocab_size=320, mrope_section=[2, 3, 3]),
+        vision=dict(depth=1, embed_dim=160, num_heads=2, mlp_ratio=1, hidden_size=32, patch_size=2,
+                    temporal_patch_size=2, spatial_merge_size=2),
+        tie_word_embeddings=True),
     # Qwen2-VL-2B's real widths (ViT 1280 x 16 heads, MLP 5120, patch 14; decoder 1536, 12 / 2 heads of 128,
     # MLP 8960, M-RoPE 16/24/24), 2 blocks each and a small vocabulary.
     "qwen2_vl_2b_slice": dict(

@@ -18,7 +18,7 @@ import pytest  # noqa: E402
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
-cuda = pytest.importorskip("numba.cuda", reason="numba-cuda is not installed")
+pytest.importorskip("numba.cuda", reason="numba-cuda is not installed")
 
 from hf_vl_models import load_hf_vl_model, write_hf_vl_model  # noqa: E402
 from vla_edge_ros.model.arena import KVArena  # noqa: E402
@@ -86,15 +86,32 @@ def test_cuda_tower_matches_the_numpy_tower_and_transformers(vl_dirs, family):
     if family == "qwen2_vl":  # a smaller batch then runs on views of the same buffers
         one_token = patches[:tower.config.merge_unit]
         again = tower.encode(one_token, np.array([[1, 2, 2]]))
-        np.testing.assert_allclose(again, VisionTower.from_checkpoint(checkpoint).encode(one_token, np.array([[1, 2, 2]])),
-                                   rtol=0, atol=1e-5 * np.abs(again).max())
+        expected = VisionTower.from_checkpoint(checkpoint).encode(one_token, np.array([[1, 2, 2]]))
+        np.testing.assert_allclose(again, expected, rtol=0, atol=1e-5 * np.abs(again).max())
+
+
+@pytest.mark.slow  # about a minute simulated: the merger's 640-wide GEMMs
+def test_cuda_tower_at_the_real_head_dim_of_80(tmp_path):
+    """Qwen2-VL-2B's ViT head_dim (80: rotary quarters of 20, attention tiles that are no power of two)."""
+    model_dir = write_hf_vl_model(tmp_path / "head80", "qwen2_vl_head80")
+    checkpoint = load_checkpoint(model_dir)
+    tower = CudaVisionTower.from_checkpoint(checkpoint)
+    assert tower.config.head_dim == 80
+    grid = [[1, 2, 4]]
+    patches = _patches(grid, tower.config.patch_dim, seed=5)
+    out = tower.encode(patches, np.array(grid))
+    numpy_out = VisionTower.from_checkpoint(checkpoint).encode(patches, np.array(grid))
+    np.testing.assert_allclose(out, numpy_out, rtol=0, atol=1e-5 * np.abs(numpy_out).max())
+    assert _cosine(out, _hf_tower(model_dir, patches, grid)) >= 0.99999
 
 
 def test_cuda_tower_holds_the_weights_in_storage_precision_and_refuses_bad_input(vl_dirs, tiny_model):
     checkpoint = load_checkpoint(vl_dirs("qwen2_5_vl"))  # stored as bf16
+    assert isinstance(make_vision_tower("numpy", checkpoint), VisionTower)
     tower = CudaVisionTower.from_checkpoint(checkpoint)
     stored = sum(t.array.nbytes for n, t in checkpoint.tensors.items() if n.startswith("visual.") and t.array.ndim > 1)
-    vectors = sum(t.array.size * 4 for n, t in checkpoint.tensors.items() if n.startswith("visual.") and t.array.ndim == 1)
+    vectors = sum(4 * t.array.size for n, t in checkpoint.tensors.items()
+                  if n.startswith("visual.") and t.array.ndim == 1)
     assert tower.state_bytes() == stored + vectors  # matrices as bf16 bits, norms and biases widened to fp32
     with pytest.raises(VisionInputError, match="patches must be"):
         tower.encode(np.zeros((3, tower.config.patch_dim), np.float32), np.array([[1, 2, 2]]))

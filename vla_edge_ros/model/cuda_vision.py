@@ -55,12 +55,12 @@ class _Workspace:
 
     def __init__(self, config: VisionTowerConfig, patches: int) -> None:
         c, f32 = config, np.float32
-        up_width = c.mlp_dim if c.family == "qwen2_vl" else 2 * c.mlp_dim
+        swiglu = c.family == "qwen2_5_vl"
         self.patches = patches
         self.x, self.h, self.tmp = (cuda.device_array((patches, c.embed_dim), f32) for _ in range(3))
         self.q, self.k, self.v, self.attn = (cuda.device_array((patches, c.embed_dim), f32) for _ in range(4))
-        self.up = cuda.device_array((patches, up_width), f32)
-        self.act = cuda.device_array((patches, c.mlp_dim), f32)
+        self.up = cuda.device_array((patches, 2 * c.mlp_dim if swiglu else c.mlp_dim), f32)  # QuickGELU in place
+        self.act = cuda.device_array((patches, c.mlp_dim), f32) if swiglu else None
         tokens = patches // c.merge_unit
         self.merged = cuda.device_array((tokens, c.merged_dim), f32)
         self.tokens = cuda.device_array((tokens, c.out_hidden_size), f32)
@@ -74,7 +74,8 @@ class CudaVisionTower:
         """Upload the ``visual.*`` tensors of ``checkpoint`` (named as ``checkpoint.vl_shapes`` names them)."""
         self.config = c = config
         if c.head_dim > kernels.MAX_HEAD_DIM:
-            raise ValueError(f"the cuda vision tower supports head_dim <= {kernels.MAX_HEAD_DIM}, this one has {c.head_dim}")
+            raise ValueError(
+                f"the cuda vision tower supports head_dim <= {kernels.MAX_HEAD_DIM}, this one has {c.head_dim}")
         t = checkpoint.tensors
         self.layer_norm = c.family == "qwen2_vl"
         self.patch_embed = device_matrix(t["visual.patch_embed.proj.weight"], shape=(c.embed_dim, c.patch_dim))
@@ -95,8 +96,7 @@ class CudaVisionTower:
     def _block(self, t: dict, p: str) -> _Block:
         c = self.config
         e = c.embed_dim
-        qkv = t[p + "attn.qkv.weight"]
-        qkv_weight, qkv_bias = device_matrix(qkv), device_vector(t[p + "attn.qkv.bias"])
+        qkv_weight, qkv_bias = device_matrix(t[p + "attn.qkv.weight"]), device_vector(t[p + "attn.qkv.bias"])
         if self.layer_norm:
             up, up_bias = device_matrix(t[p + "mlp.fc1.weight"]), device_vector(t[p + "mlp.fc1.bias"])
             down = "mlp.fc2."
