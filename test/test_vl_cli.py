@@ -23,6 +23,7 @@ def vl_setup(tmp_path_factory):
     return root, config
 
 
+@pytest.mark.slow  # ~30 s on a loaded 2-core machine; evaluate below closes the loop in the default tier
 def test_replay_a_bag_through_a_vl_checkpoint(vl_setup, capsys):
     root, config = vl_setup
     bag = root / "moving.mcap"

@@ -279,7 +279,8 @@ def test_evictions_re_pack_ids_and_keys_exactly(vl_model, policy):
                                        rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("policy, frames", [("fifo", 3000), ("dms", 300)])
+@pytest.mark.parametrize("policy, frames", [("fifo", 600), ("dms", 300),
+                                             pytest.param("fifo", 3000, marks=pytest.mark.slow)])
 def test_positions_stay_bounded_over_a_long_stream(micro_model, policy, frames):
     engine = _engine(micro_model, 48, make_policy(policy, {"kv.dms.window": 12, "kv.dms.target_ratio": 2.0}),
                      cap=56 * 56)
