@@ -11,7 +11,7 @@ tokens) through a tower with real widths and random weights (bf16 on disk, fp32 
 patches in alternating blocks so that machine noise hits both alike; prints medians, the ratio HF / ours
 (> 1 means we are faster) and the agreement of the outputs.
 
-    python bench/bench_vl_vision.py [--depth 8] [--repeats 10] [--json bench/results/bench_vl_vision.json]
+    python bench/bench_vl_vision.py [--depth 8] [--repeats 10] [--threads 1] [--json FILE]
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def bench(family: str, depth: int, repeats: int) -> dict:
     ours_ms, hf_ms = (statistics.median(times[n]) * 1e3 for n in ("ours", "hf"))
     cosine = float(np.dot(a.ravel(), b.ravel()) / (np.linalg.norm(a) * np.linalg.norm(b)))
     return {"family": family, "depth": depth, "tokens": int(a.shape[0]), "ours_ms": ours_ms, "hf_ms": hf_ms,
-            "hf_over_ours": hf_ms / ours_ms, "cosine": cosine, "max_abs_error": float(np.abs(a - b).max())}
+            "hf_over_ours": hf_ms / ours_ms, "threads": torch.get_num_threads(), "cosine": cosine, "max_abs_error": float(np.abs(a - b).max())}
 
 
 def main() -> None:
@@ -95,8 +95,13 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--threads", type=int, default=1, help="BLAS and torch threads (1: the runtime's default)")
     args = parser.parse_args()
-    results = [bench(family, args.depth, args.repeats) for family in TOWERS]
+    torch.set_num_threads(args.threads)
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=args.threads, user_api="blas"):  # both sides on the same number of threads
+        results = [bench(family, args.depth, args.repeats) for family in TOWERS]
     for r in results:
         print(f"{r['family']:>10}  depth {r['depth']}  {r['tokens']} tokens  ours {r['ours_ms']:.1f} ms  "
               f"hf {r['hf_ms']:.1f} ms  hf/ours {r['hf_over_ours']:.2f}  cosine {r['cosine']:.7f}  "
