@@ -41,6 +41,15 @@ def _settings(tiny_model, **reasoning):
         "test.yaml")
 
 
+def test_wilson_interval_holds_the_rate_for_every_count():
+    """Rounding once put the upper bound an ulp below a rate of 1.0 (100 of 100), and the plot refused the
+    negative error bar after a 37-minute run."""
+    for n in range(1, 301):
+        for k in range(n + 1):
+            low, high = wilson_interval(k, n)
+            assert 0.0 <= low <= k / n <= high <= 1.0, (k, n, low, high)
+
+
 def test_wilson_interval_is_sound_at_the_edges():
     assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(0, 10)[1] == pytest.approx(0.2775, abs=1e-4)
     assert wilson_interval(10, 10)[1] == 1.0 and wilson_interval(10, 10)[0] == pytest.approx(0.7225, abs=1e-4)

@@ -173,7 +173,8 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     p = successes / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # The interval always holds p; at p = 1 rounding put centre + half an ulp below it (at n = 100, among others).
+    return min(p, max(0.0, centre - half)), max(p, min(1.0, centre + half))
 
 
 def _ratio(seen: float, held: float) -> float | None:
