@@ -36,11 +36,11 @@ cap, which is transformers called with ``size={"shortest_edge": ..., "longest_ed
 two values. Lowering min_pixels matters only for a cap under the checkpoint's minimum: a small frame is
 then not enlarged to that minimum, above the cap and above the tokens of larger frames.
 
-Tokens per frame: the camera node resizes every frame to ``frame_height x frame_width`` before the frame
-buffer, so one configuration gives every frame the same grid and the same token count,
-``frame_tokens(frame_height, frame_width, processing, cap)``, known before the first frame arrives.
-Two properties hold beyond that, each with transformers' own exceptions, which are reproduced rather
-than corrected:
+Tokens per frame: the runtime (``model/vl_frames.py``) first resizes every camera frame to one S x S
+square, S the largest multiple of the factor whose square fits the cap, so every frame gets the same
+grid, (S / 28)^2 tokens known before the first frame arrives, whatever camera sends it. For an image of
+any other size, ``frame_tokens(H, W, processing, cap)`` gives its count; two properties hold for it,
+each with transformers' own exceptions, which are reproduced rather than corrected:
 
 - At most the cap: the area exceeds it only in the shrinking branch when the short side is raised to
   one factor (aspect ratio above ``cap / factor^2``: 64 at the default cap), and in the growing branch
