@@ -228,17 +228,18 @@ class AuraMemory(nn.Module):
         self.gate = nn.Linear(d_k + d_v, 1)
 
     def forward(self, features: torch.Tensor, beta: float, forced: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Memory tokens [B, F, H] (what frame f reads before its own write) and the hard-forward,
-        soft-backward write decisions [B, F] of frames' features [B, F, feature_size]; ``forced`` [B, F]
-        (0 or 1) replaces the gate's decisions where given."""
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Memory tokens [B, F, H] (what frame f reads before its own write), the hard-forward,
+        soft-backward write decisions [B, F] and the gate's logits [B, F] of frames' features
+        [B, F, feature_size]; ``forced`` [B, F] (0 or 1) replaces the gate's decisions where given (the
+        logits are still the gate's, on the memory the forced writes made: what a write label trains)."""
         k = F.normalize(self.k_proj(features), dim=-1)
         q = F.normalize(self.q_proj(features), dim=-1)
         v = self.v_proj(features)
         batch, frames, d_k = k.shape
         weights = features.new_zeros(batch, v.shape[-1], d_k)
         bias = features.new_zeros(batch, v.shape[-1])
-        reads, writes = [], []
+        reads, writes, logits = [], [], []
         for f in range(frames):
             reads.append(torch.einsum("bvk,bk->bv", weights, q[:, f]) + bias)
             error = v[:, f] - (torch.einsum("bvk,bk->bv", weights, k[:, f]) + bias)
@@ -248,7 +249,8 @@ class AuraMemory(nn.Module):
             weights = weights + step[:, :, None] * k[:, f, None, :]
             bias = bias + step
             writes.append(write)
-        return self.out_proj(torch.stack(reads, dim=1)), torch.stack(writes, dim=1)
+            logits.append(logit)
+        return self.out_proj(torch.stack(reads, dim=1)), torch.stack(writes, dim=1), torch.stack(logits, dim=1)
 
 
 class VlaModel(nn.Module):
