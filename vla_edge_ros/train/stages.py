@@ -12,7 +12,9 @@
    aura policy shows it: prompt, one memory token (what the fast weights return before this frame's
    write), the frame. Loss: the action error plus a one-sided penalty on the write rate above rho.
    ``AuraRecipe.train_decoder`` trains the decoder with the memory instead (an option; measured, it did
-   not make the policy use its memory).
+   not make the policy use its memory). ``AuraRecipe.cue_writes`` (recipe E, with the decoder) adds
+   privileged write supervision: writes are forced where the cue appears, so the memory holds the cue
+   when the decoder must act on it, then the gate takes over (see ``AuraRecipe.forcing``).
 3. ``train_dms``: only the per-layer dms gates learn. The student reads the whole episode with
    per-KV-head evictions enforced once a token has left the window; the teacher is the same frozen
    model reading everything. Loss: the student's action error against the teacher's plus a one-sided
