@@ -47,7 +47,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     spec = TrainSpec(seed=args.seed, aura_train_decoder=args.aura_train_decoder or args.aura_cue_writes,
-                     aura_cue_writes=args.aura_cue_writes, stages=args.stages,
+                     aura_cue_writes=args.aura_cue_writes, aura_memory_goal=1.0 if args.aura_memory_goal else 0.0,
+                     stages=args.stages,
                      init_from=None if args.init_from is None else str(args.init_from))
     if args.aura_decoder_lr is not None:
         spec = replace(spec, aura_decoder_lr=args.aura_decoder_lr)
@@ -88,6 +89,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="privileged write labels where the cue appears: forced writes for the first half of the aura "
                         "stage, then the gate decides (BCE toward the labels annealed away); implies "
                         "--aura-train-decoder")
+    p.add_argument("--aura-memory-goal", action="store_true",
+                   help="also regress the goal's position from aura's memory token (a training-only head)")
     p.add_argument("--aura-decoder-lr", type=float, default=None,
                    help="with --aura-train-decoder: the decoder's learning rate in the aura stage (default 1e-3)")
     p.add_argument("--aura-steps", type=_positive, default=None, help="steps of the aura stage (after --scale)")

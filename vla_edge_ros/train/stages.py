@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import torch
@@ -195,11 +195,17 @@ def behaviour_cloning(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tens
     _fit_actions(model, prompt_ids, spec, batches(demos, spec, rng, max_frames, partial=True), progress)
 
 
+class AuraPass(NamedTuple):
+    hidden: torch.Tensor   # [B, S, H] final-norm hidden states of the scored frames
+    writes: torch.Tensor   # [B, F] write decisions of every frame
+    logits: torch.Tensor   # [B, F] the gate's logits of every frame
+    memory: torch.Tensor   # [B, S, H] the memory token each scored frame read
+
+
 def aura_hidden(model: VlaModel, prompt_ids: torch.Tensor, frames: torch.Tensor, beta: float, scored: torch.Tensor,
-                forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Final-norm hidden states [B, S, H] of the ``scored`` frames [B, S] (indices), each seen as the aura
-    policy shows it (prompt, memory token, frame), and the write decisions and gate logits [B, F] of
-    every frame (the memory runs over all of them; ``forced`` as ``AuraMemory.forward``)."""
+                forced: torch.Tensor | None = None) -> AuraPass:
+    """The ``scored`` frames [B, S] (indices), each seen as the aura policy shows it (prompt, memory token,
+    frame), and every frame's writes (the memory runs over all of them; ``forced`` as ``AuraMemory.forward``)."""
     batch = frames.shape[0]
     tokens = model.vision(frames)  # [B, F, T, H]
     memory, writes, logits = model.aura(tokens.flatten(-2), beta, forced)
@@ -209,14 +215,14 @@ def aura_hidden(model: VlaModel, prompt_ids: torch.Tensor, frames: torch.Tensor,
     prompt = model.prompt_embeddings(prompt_ids).expand(batch * count, -1, -1)
     sequence = torch.cat([prompt, memory.reshape(batch * count, 1, -1), tokens.flatten(0, 1)], dim=1)
     hidden, _ = model.model(sequence)
-    return hidden[:, -1].reshape(batch, count, -1), writes, logits
+    return AuraPass(hidden[:, -1].reshape(batch, count, -1), writes, logits, memory)
 
 
 def aura_actions(model: VlaModel, prompt_ids: torch.Tensor, frames: torch.Tensor, beta: float, scored: torch.Tensor,
                  forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Actions [B, S, dof] of the ``scored`` frames as ``aura_hidden`` sees them, and every frame's writes."""
-    hidden, writes, _ = aura_hidden(model, prompt_ids, frames, beta, scored, forced)
-    return model.actions(hidden), writes
+    run = aura_hidden(model, prompt_ids, frames, beta, scored, forced)
+    return model.actions(run.hidden), run.writes
 
 
 @dataclass(frozen=True)
@@ -235,6 +241,7 @@ class AuraRecipe:
     cue_writes: bool = False     # the first ``forced_fraction`` of the steps write exactly where the cue appears
     forced_fraction: float = 0.5  # cue_writes: share of the steps with forced writes; the gate decides after
     label_weight: float = 1.0    # cue_writes: weight of the gate's BCE toward the labels, to 0 by the last step
+    memory_goal: float = 0.0     # weight of the goal's position regressed from the memory token (0: off)
 
     def __post_init__(self) -> None:
         if not 0 <= self.forced_fraction < 1:
@@ -281,7 +288,7 @@ def _aura_loss(model: VlaModel, prompt_ids: torch.Tensor, batch: Batch, rng: np.
     are what the gate alone decides (of all frames, of the labelled ones)."""
     scored = _scored(batch, rng, recipe.scored_frames)
     forced, label_weight = recipe.forcing(step, steps, batch)
-    hidden, writes, logits = aura_hidden(model, prompt_ids, batch.frames, recipe.beta, scored, forced)
+    hidden, writes, logits, memory = aura_hidden(model, prompt_ids, batch.frames, recipe.beta, scored, forced)
     rows = torch.arange(len(scored))[:, None]
     valid = torch.ones(scored.shape, dtype=torch.bool)
     action = masked_mse(model.actions(hidden), batch.labels[rows, scored], valid)
@@ -293,6 +300,12 @@ def _aura_loss(model: VlaModel, prompt_ids: torch.Tensor, batch: Batch, rng: np.
         position = masked_mse(model.where_head(hidden), batch.where[rows, scored], valid)
         loss = loss + WHERE_WEIGHT * position
         figures["where"] = float(position.detach())
+    if recipe.memory_goal > 0:
+        written = ((writes.detach().cumsum(1) - writes.detach()) > 0)[rows, scored]  # the memory holds something
+        if written.any():
+            goal = masked_mse(model.memory_goal_head(memory), batch.where[rows, scored][..., 2:], written)
+            loss = loss + recipe.memory_goal * goal
+            figures["memory_goal"] = float(goal.detach())
     if recipe.cue_writes:
         labels = write_labels(batch)
         bce = _label_loss(logits, labels, batch.valid)
@@ -314,7 +327,7 @@ def train_aura(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spe
     if recipe.train_decoder:
         _train_aura_and_decoder(model, demos, prompt_ids, spec, rng, max_frames, recipe, progress)
         return
-    params = list(model.aura.parameters())
+    params = [*model.aura.parameters(), *model.memory_goal_head.parameters()]
     _freeze(model, params)
 
     def loss_of(step_batch: tuple[int, Batch]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -334,7 +347,7 @@ def _train_aura_and_decoder(model: VlaModel, demos: list[Demo], prompt_ids: torc
     success on both tasks. ``where_head`` learns at the memory's rate: it is not exported, so a stage
     started from a checkpoint starts it afresh."""
     decoder = model.decoder_parameters()
-    memory = list(model.aura.parameters()) + list(model.where_head.parameters())
+    memory = [*model.aura.parameters(), *model.where_head.parameters(), *model.memory_goal_head.parameters()]
     _freeze(model, decoder + memory)
     groups = [{"params": decoder, "lr": recipe.decoder_lr}, {"params": memory, "lr": spec.lr}]
     episodes = batches(demos, spec, rng, max_frames, partial=False)

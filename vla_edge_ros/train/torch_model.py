@@ -253,8 +253,14 @@ class AuraMemory(nn.Module):
         return self.out_proj(torch.stack(reads, dim=1)), torch.stack(writes, dim=1), torch.stack(logits, dim=1)
 
 
+TRAINING_ONLY = ("where_head.", "memory_goal_head.")  # parameter prefixes the checkpoint does not carry
+
+
 class VlaModel(nn.Module):
     """Decoder + frame encoder + linear action head, aura memory and dms gates.
+
+    ``memory_goal_head`` (training only too) regresses the goal's position from aura's memory token:
+    privileged supervision of what the memory holds (``AuraRecipe.memory_goal``).
 
     ``where_head`` is for training only and is not exported: from the same hidden state as the
     action it regresses where the robot and the goal are (the simulator's privileged state). The
@@ -275,12 +281,15 @@ class VlaModel(nn.Module):
         self.aura = AuraMemory(c.vision.tokens_per_frame * c.hidden_size, c.hidden_size, aura_dim, aura_dim)
         for layer in self.model.layers:
             layer.self_attn.dms_gate = nn.Linear(c.hidden_size, c.num_key_value_heads)
+        self.memory_goal_head = nn.Linear(c.hidden_size, 2)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """HF's initialisation (N(0, 0.02), zero biases, unit norms); dms gates start at keep-everything."""
         for name, param in self.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.startswith("memory_goal_head."):  # zeros, and no random draw: the other tensors stay seeded as before
+                nn.init.zeros_(param)
+            elif name.endswith("norm.weight"):
                 nn.init.ones_(param)
             elif name.endswith("bias"):
                 nn.init.zeros_(param)
@@ -307,8 +316,8 @@ class VlaModel(nn.Module):
         return torch.tanh(self.action_head(hidden))
 
     def exported_state(self) -> dict[str, torch.Tensor]:
-        """Every tensor the checkpoint carries (all but the training-only ``where_head``)."""
-        return {name: t for name, t in self.state_dict().items() if not name.startswith("where_head.")}
+        """Every tensor the checkpoint carries (all but the training-only heads)."""
+        return {name: t for name, t in self.state_dict().items() if not name.startswith(TRAINING_ONLY)}
 
     def decoder_parameters(self) -> list[nn.Parameter]:
         """Everything the behaviour-cloning stage trains: decoder, frame encoder, action head."""
