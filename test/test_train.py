@@ -160,7 +160,7 @@ def test_where_head_is_trained_but_not_exported(tmp_path):
     model = random_model(4)
     export(model, CONFIG, tmp_path, TrainSpec(dtype="float32"))
     names = set(load_checkpoint(tmp_path).tensors)
-    assert not any(name.startswith("where_head") for name in names)
+    assert not any(name.startswith(("where_head", "memory_goal_head")) for name in names)
     assert names == set(model.exported_state())
 
 
@@ -225,13 +225,14 @@ def test_cue_write_recipe_forces_the_labels_then_hands_the_gate_control(demo):
 
 def test_cue_write_training_writes_the_labels_then_the_gate_learns_them(demo):
     """Forced steps write exactly the labelled frames (one per episode here); the write-label loss moves the
-    gate toward them, and the decoder learns beside it (smoke scale)."""
+    gate toward them, the decoder learns beside it, and the goal is regressed from the memory token of the
+    frames after a write (smoke scale)."""
     demos = [demo, record_demo(TaskSpec(name="reach"), seed=6, image_size=CONFIG.vision.image_size)]
     model = random_model(5)
     decoder_before = model.action_head.weight.detach().clone()
     rows: list[dict[str, float]] = []
     recipe = AuraRecipe(0.5, 0.15, 1.0, 3, train_decoder=True, bc_batch=0, decoder_lr=1e-3, cue_writes=True,
-                        forced_fraction=0.7, label_weight=1.0)
+                        forced_fraction=0.7, label_weight=1.0, memory_goal=1.0)
     train_aura(model, demos, torch.tensor(PROMPT), StageSpec(10, 2, 3e-2), np.random.default_rng(0), 10, recipe,
                lambda step, figures: rows.append(figures))
     forced = [r for r in rows if r["forced"]]
@@ -239,6 +240,7 @@ def test_cue_write_training_writes_the_labels_then_the_gate_learns_them(demo):
     assert rows[-1]["forced"] == 0.0
     assert np.mean([r["write_bce"] for r in rows[-3:]]) < 0.5 * np.mean([r["write_bce"] for r in rows[:3]])
     assert not torch.equal(model.action_head.weight, decoder_before)
+    assert all("memory_goal" in r for r in forced) and model.memory_goal_head.weight.abs().sum() > 0
 
 
 def test_a_stage_runs_alone_from_a_checkpoint(tmp_path):
