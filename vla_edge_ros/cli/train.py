@@ -48,6 +48,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     spec = TrainSpec(seed=args.seed, aura_train_decoder=args.aura_train_decoder or args.aura_cue_writes,
                      aura_cue_writes=args.aura_cue_writes, aura_memory_goal=1.0 if args.aura_memory_goal else 0.0,
+                     aura_memory_warmup=args.aura_memory_warmup,
                      stages=args.stages,
                      init_from=None if args.init_from is None else str(args.init_from))
     if args.aura_decoder_lr is not None:
@@ -91,6 +92,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "--aura-train-decoder")
     p.add_argument("--aura-memory-goal", action="store_true",
                    help="also regress the goal's position from aura's memory token (a training-only head)")
+    p.add_argument("--aura-memory-warmup", type=int, default=0,
+                   help="with --aura-cue-writes: steps of the memory alone on that goal regression first")
     p.add_argument("--aura-decoder-lr", type=float, default=None,
                    help="with --aura-train-decoder: the decoder's learning rate in the aura stage (default 1e-3)")
     p.add_argument("--aura-steps", type=_positive, default=None, help="steps of the aura stage (after --scale)")

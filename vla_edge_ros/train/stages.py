@@ -242,6 +242,7 @@ class AuraRecipe:
     forced_fraction: float = 0.5  # cue_writes: share of the steps with forced writes; the gate decides after
     label_weight: float = 1.0    # cue_writes: weight of the gate's BCE toward the labels, to 0 by the last step
     memory_goal: float = 0.0     # weight of the goal's position regressed from the memory token (0: off)
+    memory_warmup: int = 0       # cue_writes: steps of aura.* alone on that regression first (no decoder pass)
 
     def __post_init__(self) -> None:
         if not 0 <= self.forced_fraction < 1:
@@ -324,6 +325,8 @@ def train_aura(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spe
     (``AuraRecipe.forcing``): without labels the first ``AURA_OPEN_FRACTION`` of the steps write every
     frame, since with a random read-out every write is noise and the gate learned never to write, where
     the sigmoid is flat and it cannot recover."""
+    if recipe.cue_writes and recipe.memory_warmup:
+        _warm_memory(model, demos, spec, rng, max_frames, recipe, progress)
     if recipe.train_decoder:
         _train_aura_and_decoder(model, demos, prompt_ids, spec, rng, max_frames, recipe, progress)
         return
@@ -335,6 +338,26 @@ def train_aura(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spe
         return _aura_loss(model, prompt_ids, batch, rng, recipe, step, spec.steps, where=False)
 
     _fit(params, spec, enumerate(batches(demos, spec, rng, max_frames, partial=False)), loss_of, progress)
+
+
+def _warm_memory(model: VlaModel, demos: list[Demo], spec: StageSpec, rng: np.random.Generator, max_frames: int,
+                 recipe: AuraRecipe, progress: Progress) -> None:
+    """``recipe.memory_warmup`` steps of ``aura.*`` alone (and ``memory_goal_head``): writes forced on the
+    labels, the goal's position regressed from the memory token of every frame after a write, no decoder
+    pass. Through the decoder the memory token stayed at the mean's goal error (runs E1, E2); alone it
+    learns it in a few hundred cheap steps, so the decoder then reads a token that says where the cue was."""
+    params = [*model.aura.parameters(), *model.memory_goal_head.parameters()]
+    _freeze(model, params)
+    warmup = replace(spec, steps=recipe.memory_warmup)
+
+    def loss_of(batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        tokens = model.vision(batch.frames).flatten(-2)
+        memory, writes, _ = model.aura(tokens, recipe.beta, write_labels(batch))
+        written = ((writes.cumsum(1) - writes) > 0) & batch.valid
+        goal = masked_mse(model.memory_goal_head(memory), batch.where[..., 2:], written)
+        return goal, {"memory_goal": float(goal.detach())}
+
+    _fit(params, warmup, batches(demos, warmup, rng, max_frames, partial=False), loss_of, progress)
 
 
 def _train_aura_and_decoder(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: StageSpec,

@@ -51,6 +51,7 @@ class TrainSpec:
     aura_forced_fraction: float = 0.5  # aura_cue_writes: share of the aura steps whose writes are forced
     aura_label_weight: float = 1.0     # aura_cue_writes: the gate's BCE toward the labels, annealed to 0
     aura_memory_goal: float = 0.0      # weight of the goal position regressed from the memory token (0: off)
+    aura_memory_warmup: int = 0        # aura_cue_writes: steps of aura.* alone on that regression first
     dms: StageSpec = StageSpec(steps=100, batch=2, lr=2e-2)
     dms_max_frames: int = 64       # cue, hold and the first moves: what the gate must learn to keep
     aura_beta: float = 0.5         # the delta-rule step the gate is trained with (kv.aura.beta's default)
@@ -130,7 +131,8 @@ def train(spec: TrainSpec, out: Path, progress: StageProgress = lambda *args: No
     run("bc", spec.bc, lambda step: behaviour_cloning(model, demos, prompt, spec.bc, rng, spec.max_frames, step))
     recipe = AuraRecipe(spec.aura_beta, spec.aura_rho, spec.aura_penalty, spec.aura_scored_frames,
                         spec.aura_train_decoder, spec.aura_bc_batch, spec.aura_decoder_lr, spec.aura_cue_writes,
-                        spec.aura_forced_fraction, spec.aura_label_weight, spec.aura_memory_goal)
+                        spec.aura_forced_fraction, spec.aura_label_weight, spec.aura_memory_goal,
+                        spec.aura_memory_warmup)
     run("aura", spec.aura, lambda step: train_aura(model, demos, prompt, spec.aura, rng, spec.max_frames, recipe, step))
     run("dms", spec.dms, lambda step: train_dms(model, demos, prompt, spec.dms, rng, spec.dms_max_frames,
                                                  spec.dms_window, spec.dms_target_ratio, spec.dms_penalty, step))
@@ -183,13 +185,13 @@ def plot_losses(log: TrainLog, path: Path) -> None:
     rates = {"aura": "write_rate", "dms": "keep_rate"}
     for ax, name in zip(axes[0], names):
         rows = log.stages[name]
-        values = np.array([r[series[name]] for r in rows])
+        values = np.array([r.get(series[name], np.nan) for r in rows])  # aura's memory warm-up has no action
         ax.plot(values, lw=0.5, color="tab:blue", alpha=0.35)
         ax.plot(_running_mean(values), lw=1.2, color="tab:blue")
         ax.set(yscale="log", xlabel="step", title=titles[name])
         if name in rates:
             twin = ax.twinx()
-            twin.plot(_running_mean(np.array([r[rates[name]] for r in rows])), lw=1.2, color="tab:orange")
+            twin.plot(_running_mean(np.array([r.get(rates[name], np.nan) for r in rows])), lw=1.2, color="tab:orange")
             twin.set(ylim=(0, 1.05), ylabel=rates[name].replace("_", " ") + " (orange)")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
