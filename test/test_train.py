@@ -232,13 +232,15 @@ def test_cue_write_training_writes_the_labels_then_the_gate_learns_them(demo):
     decoder_before = model.action_head.weight.detach().clone()
     rows: list[dict[str, float]] = []
     recipe = AuraRecipe(0.5, 0.15, 1.0, 3, train_decoder=True, bc_batch=0, decoder_lr=1e-3, cue_writes=True,
-                        forced_fraction=0.7, label_weight=1.0, memory_goal=1.0)
+                        forced_fraction=0.7, label_weight=1.0, memory_goal=1.0, memory_warmup=2)
     train_aura(model, demos, torch.tensor(PROMPT), StageSpec(10, 2, 3e-2), np.random.default_rng(0), 10, recipe,
                lambda step, figures: rows.append(figures))
+    warmup, rows = rows[:2], rows[2:]
+    assert all(set(r) == {"loss", "memory_goal"} for r in warmup)  # the memory alone first, no decoder pass
     forced = [r for r in rows if r["forced"]]
     assert len(forced) == 7 and all(r["write_rate"] == pytest.approx(0.1) for r in forced)  # 1 of 10 frames each
     assert rows[-1]["forced"] == 0.0
-    assert np.mean([r["write_bce"] for r in rows[-3:]]) < 0.5 * np.mean([r["write_bce"] for r in rows[:3]])
+    assert np.mean([r["write_bce"] for r in forced[-3:]]) < 0.5 * np.mean([r["write_bce"] for r in forced[:3]])
     assert not torch.equal(model.action_head.weight, decoder_before)
     assert all("memory_goal" in r for r in forced) and model.memory_goal_head.weight.abs().sum() > 0
 
