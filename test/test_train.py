@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,8 +22,10 @@ from vla_edge_ros.train.stages import (
     StageSpec,
     aura_actions,
     behaviour_cloning,
+    make_batch,
     sequence_actions,
     train_aura,
+    write_labels,
 )
 from vla_edge_ros.train.torch_model import DmsMask, VlaModel
 from vla_edge_ros.train.trainer import DEFAULT_PROMPT, TrainSpec, export, train
@@ -31,6 +34,7 @@ from vla_edge_ros.worlds.sim.world import CueReachEnv, TaskSpec
 pytestmark = pytest.mark.train
 PROMPT = DEFAULT_PROMPT
 CONFIG = preset("sim", layers=2)
+SHIPPED = Path(__file__).resolve().parents[1] / "models" / "sim"
 
 
 def random_model(seed: int, gate_bias: float = 0.0) -> VlaModel:
@@ -156,7 +160,7 @@ def test_where_head_is_trained_but_not_exported(tmp_path):
     model = random_model(4)
     export(model, CONFIG, tmp_path, TrainSpec(dtype="float32"))
     names = set(load_checkpoint(tmp_path).tensors)
-    assert not any(name.startswith("where_head") for name in names)
+    assert not any(name.startswith(("where_head", "memory_goal_head")) for name in names)
     assert names == set(model.exported_state())
 
 
@@ -195,3 +199,65 @@ def test_train_writes_a_checkpoint_every_policy_runs_on_and_repeats_itself(tmp_p
         engine.set_prompt(list(PROMPT))
         action = engine.step(frame).action
         assert action.shape == (2,) and np.isfinite(action).all()
+
+
+def test_write_labels_mark_where_the_cue_appears(demo):
+    reach = record_demo(TaskSpec(name="reach"), seed=5, image_size=CONFIG.vision.image_size)
+    whole = [np.arange(len(demo.frames)), np.arange(len(reach.frames))]
+    labels = write_labels(make_batch([demo, reach], whole))
+    assert 1 < demo.cue_frames < len(demo.frames) and reach.cue_frames == len(reach.frames)  # the ring: 9 frames / always
+    assert labels.sum(1).tolist() == [1.0, 1.0] and labels[:, 0].tolist() == [1.0, 1.0]  # frame 0 of each, only
+    after_cue = np.arange(demo.cue_frames, len(demo.frames))
+    assert write_labels(make_batch([demo], [after_cue])).sum() == 0  # a window that lost the cue: nothing to write
+
+
+def test_cue_write_recipe_forces_the_labels_then_hands_the_gate_control(demo):
+    recipe = AuraRecipe(0.5, 0.15, 1.0, 3, train_decoder=True, cue_writes=True, forced_fraction=0.5, label_weight=2.0)
+    batch = make_batch([demo], [np.arange(10)])
+    forced, weight = recipe.forcing(4, 10, batch)
+    assert torch.equal(forced, write_labels(batch)) and weight == 2.0
+    later = [recipe.forcing(step, 10, batch) for step in (5, 7, 9)]
+    assert all(forced is None for forced, _ in later)
+    assert [weight for _, weight in later] == pytest.approx([2.0, 1.0, 0.0])  # annealed away by the last step
+    with pytest.raises(ValueError, match="forced_fraction"):
+        AuraRecipe(0.5, 0.15, 1.0, 3, cue_writes=True, forced_fraction=1.0)
+
+
+def test_cue_write_training_writes_the_labels_then_the_gate_learns_them(demo):
+    """Forced steps write exactly the labelled frames (one per episode here); the write-label loss moves the
+    gate toward them, the decoder learns beside it, and the goal is regressed from the memory token of the
+    frames after a write (smoke scale)."""
+    demos = [demo, record_demo(TaskSpec(name="reach"), seed=6, image_size=CONFIG.vision.image_size)]
+    model = random_model(5)
+    decoder_before = model.action_head.weight.detach().clone()
+    rows: list[dict[str, float]] = []
+    recipe = AuraRecipe(0.5, 0.15, 1.0, 3, train_decoder=True, bc_batch=0, decoder_lr=1e-3, cue_writes=True,
+                        forced_fraction=0.7, label_weight=1.0, memory_goal=1.0, memory_warmup=2)
+    train_aura(model, demos, torch.tensor(PROMPT), StageSpec(10, 2, 3e-2), np.random.default_rng(0), 10, recipe,
+               lambda step, figures: rows.append(figures))
+    warmup, rows = rows[:2], rows[2:]
+    assert all(set(r) == {"loss", "memory_goal"} for r in warmup)  # the memory alone first, no decoder pass
+    forced = [r for r in rows if r["forced"]]
+    assert len(forced) == 7 and all(r["write_rate"] == pytest.approx(0.1) for r in forced)  # 1 of 10 frames each
+    assert rows[-1]["forced"] == 0.0
+    assert np.mean([r["write_bce"] for r in forced[-3:]]) < 0.5 * np.mean([r["write_bce"] for r in forced[:3]])
+    assert not torch.equal(model.action_head.weight, decoder_before)
+    assert all("memory_goal" in r for r in forced) and model.memory_goal_head.weight.abs().sum() > 0
+
+
+def test_a_stage_runs_alone_from_a_checkpoint(tmp_path):
+    """``--from models/sim --stages aura``: the shipped weights are the start, only the aura stage runs, and
+    on the frozen decoder every other exported tensor leaves it unchanged."""
+    spec = replace(TrainSpec(tasks=("cue-reach",)), episodes=2, max_frames=12, aura=StageSpec(2, 2, 1e-2),
+                   aura_scored_frames=3, stages=("aura",), init_from=str(SHIPPED))
+    log = train(spec, tmp_path)
+    assert set(log.stages) == {"aura"} and log.demos["episodes"] == 2
+    shipped, trained = load_checkpoint(SHIPPED), load_checkpoint(tmp_path)
+    changed = {name for name in shipped.tensors
+               if not np.array_equal(shipped.float32(name), trained.float32(name))}
+    assert changed and all(name.startswith("aura.") for name in changed), sorted(changed)[:5]
+    export(random_model(0), CONFIG, tmp_path / "small", TrainSpec(dtype="float32"))
+    with pytest.raises(ValueError, match="differs from the preset"):
+        train(replace(spec, init_from=str(tmp_path / "small")), tmp_path / "never")
+    with pytest.raises(ValueError, match="stages"):
+        TrainSpec(stages=("aura", "polish"))

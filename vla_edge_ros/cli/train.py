@@ -18,6 +18,26 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _stages(text: str) -> tuple[str, ...]:
+    from ..train.trainer import STAGES
+
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in STAGES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"--stages: expected names from {','.join(STAGES)}, got {text!r}")
+    return names
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
@@ -26,9 +46,17 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    spec = replace(TrainSpec(), seed=args.seed, aura_train_decoder=args.aura_train_decoder)
+    spec = TrainSpec(seed=args.seed, aura_train_decoder=args.aura_train_decoder or args.aura_cue_writes,
+                     aura_cue_writes=args.aura_cue_writes, aura_memory_goal=1.0 if args.aura_memory_goal else 0.0,
+                     aura_memory_warmup=args.aura_memory_warmup,
+                     stages=args.stages,
+                     init_from=None if args.init_from is None else str(args.init_from))
+    if args.aura_decoder_lr is not None:
+        spec = replace(spec, aura_decoder_lr=args.aura_decoder_lr)
     if args.scale < 1:
         spec = spec.scaled(args.scale)
+    if args.aura_steps is not None:
+        spec = replace(spec, aura=replace(spec.aura, steps=args.aura_steps))
     bars: dict[str, tqdm] = {}
 
     def progress(stage: str, step: int, steps: int, figures: dict[str, float]) -> None:
@@ -58,4 +86,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--aura-train-decoder", action="store_true",
                    help="train the decoder with the aura memory (measured: it did not make aura use its memory and "
                         "lowered fifo's success; models/sim was trained without it)")
+    p.add_argument("--aura-cue-writes", action="store_true",
+                   help="privileged write labels where the cue appears: forced writes for the first half of the aura "
+                        "stage, then the gate decides (BCE toward the labels annealed away); implies "
+                        "--aura-train-decoder")
+    p.add_argument("--aura-memory-goal", action="store_true",
+                   help="also regress the goal's position from aura's memory token (a training-only head)")
+    p.add_argument("--aura-memory-warmup", type=int, default=0,
+                   help="with --aura-cue-writes: steps of the memory alone on that goal regression first")
+    p.add_argument("--aura-decoder-lr", type=float, default=None,
+                   help="with --aura-train-decoder: the decoder's learning rate in the aura stage (default 1e-3)")
+    p.add_argument("--aura-steps", type=_positive, default=None, help="steps of the aura stage (after --scale)")
+    p.add_argument("--from", dest="init_from", type=Path, default=None,
+                   help="start from this checkpoint's weights (e.g. models/sim with --stages aura)")
+    p.add_argument("--stages", type=_stages, default=("perception", "bc", "aura", "dms"),
+                   help="comma-separated stages to run, in the recipe's order (default: perception,bc,aura,dms)")
     p.set_defaults(func=cmd_train)

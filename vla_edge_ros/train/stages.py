@@ -12,7 +12,9 @@
    aura policy shows it: prompt, one memory token (what the fast weights return before this frame's
    write), the frame. Loss: the action error plus a one-sided penalty on the write rate above rho.
    ``AuraRecipe.train_decoder`` trains the decoder with the memory instead (an option; measured, it did
-   not make the policy use its memory).
+   not make the policy use its memory). ``AuraRecipe.cue_writes`` (recipe E, with the decoder) adds
+   privileged write supervision: writes are forced where the cue appears, so the memory holds the cue
+   when the decoder must act on it, then the gate takes over (see ``AuraRecipe.forcing``).
 3. ``train_dms``: only the per-layer dms gates learn. The student reads the whole episode with
    per-KV-head evictions enforced once a token has left the window; the teacher is the same frozen
    model reading everything. Loss: the student's action error against the teacher's plus a one-sided
@@ -24,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import torch
@@ -53,6 +55,7 @@ class Batch:
     labels: torch.Tensor   # [B, F, 2]
     where: torch.Tensor    # [B, F, 4] robot and goal position, mapped to [-1, 1]
     valid: torch.Tensor    # [B, F] bool
+    cue: torch.Tensor      # [B, F] bool: the frame shows the goal's ring (``Demo.cue_frames``), privileged
 
 
 def make_batch(demos: list[Demo], picks: list[np.ndarray]) -> Batch:
@@ -63,13 +66,27 @@ def make_batch(demos: list[Demo], picks: list[np.ndarray]) -> Batch:
     labels = np.zeros((len(demos), length, 2), np.float32)
     where = np.zeros((len(demos), length, 4), np.float32)
     valid = np.zeros((len(demos), length), bool)
+    cue = np.zeros((len(demos), length), bool)
     for row, (demo, pick) in enumerate(zip(demos, picks)):
         frames[row, :pick.size] = demo.frames[pick]
         labels[row, :pick.size] = demo.commands[pick]
         where[row, :pick.size] = demo.where[pick]
         valid[row, :pick.size] = True
+        cue[row, :pick.size] = pick < demo.cue_frames
     return Batch(torch.from_numpy(frames), torch.from_numpy(labels), torch.from_numpy(2 * where - 1),
-                 torch.from_numpy(valid))
+                 torch.from_numpy(valid), torch.from_numpy(cue))
+
+
+def write_labels(batch: Batch) -> torch.Tensor:
+    """[B, F] 1.0 where the cue appears: the first frame of each run of cue frames, i.e. frame 0 of a
+    whole episode of either task. The privileged write targets of ``AuraRecipe.cue_writes``: one
+    delta-rule step (beta 1/2, with the bias) makes the memory return that frame's value exactly, so the
+    later cue frames (the same ring, in ``reach`` on every frame) are not surprising and add nothing; a
+    label on every cue frame would ask the gate to write all of ``reach`` and to count frames it cannot
+    tell apart in ``cue-reach``."""
+    cue = batch.cue & batch.valid
+    before = torch.cat([torch.zeros_like(cue[:, :1]), cue[:, :-1]], dim=1)
+    return (cue & ~before).float()
 
 
 def batches(demos: list[Demo], spec: StageSpec, rng: np.random.Generator, max_frames: int, partial: bool
@@ -147,7 +164,8 @@ def perception_batches(spec: StageSpec, rng: np.random.Generator, image_size: in
         samples = [perception_samples(int(seed), image_size, VIEWS_PER_LAYOUT)
                    for seed in rng.integers(2**31, 2**62, size=layouts)]
         frames, labels, where = (torch.from_numpy(np.concatenate(parts)[:, None]) for parts in zip(*samples))
-        yield Batch(frames, labels, 2 * where - 1, torch.ones(frames.shape[0], 1, dtype=torch.bool))
+        shown = torch.ones(frames.shape[0], 1, dtype=torch.bool)
+        yield Batch(frames, labels, 2 * where - 1, shown, shown)
 
 
 def perception(model: VlaModel, prompt_ids: torch.Tensor, spec: StageSpec, rng: np.random.Generator,
@@ -177,34 +195,41 @@ def behaviour_cloning(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tens
     _fit_actions(model, prompt_ids, spec, batches(demos, spec, rng, max_frames, partial=True), progress)
 
 
+class AuraPass(NamedTuple):
+    hidden: torch.Tensor   # [B, S, H] final-norm hidden states of the scored frames
+    writes: torch.Tensor   # [B, F] write decisions of every frame
+    logits: torch.Tensor   # [B, F] the gate's logits of every frame
+    memory: torch.Tensor   # [B, S, H] the memory token each scored frame read
+
+
 def aura_hidden(model: VlaModel, prompt_ids: torch.Tensor, frames: torch.Tensor, beta: float, scored: torch.Tensor,
-                forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Final-norm hidden states [B, S, H] of the ``scored`` frames [B, S] (indices), each seen as the aura
-    policy shows it (prompt, memory token, frame), and the write decisions [B, F] of every frame (the
-    memory runs over all of them; ``forced`` as ``AuraMemory.forward``)."""
+                forced: torch.Tensor | None = None) -> AuraPass:
+    """The ``scored`` frames [B, S] (indices), each seen as the aura policy shows it (prompt, memory token,
+    frame), and every frame's writes (the memory runs over all of them; ``forced`` as ``AuraMemory.forward``)."""
     batch = frames.shape[0]
     tokens = model.vision(frames)  # [B, F, T, H]
-    memory, writes = model.aura(tokens.flatten(-2), beta, forced)
+    memory, writes, logits = model.aura(tokens.flatten(-2), beta, forced)
     rows = torch.arange(batch)[:, None]
     memory, tokens = memory[rows, scored], tokens[rows, scored]  # [B, S, H], [B, S, T, H]
     count = scored.shape[1]
     prompt = model.prompt_embeddings(prompt_ids).expand(batch * count, -1, -1)
     sequence = torch.cat([prompt, memory.reshape(batch * count, 1, -1), tokens.flatten(0, 1)], dim=1)
     hidden, _ = model.model(sequence)
-    return hidden[:, -1].reshape(batch, count, -1), writes
+    return AuraPass(hidden[:, -1].reshape(batch, count, -1), writes, logits, memory)
 
 
 def aura_actions(model: VlaModel, prompt_ids: torch.Tensor, frames: torch.Tensor, beta: float, scored: torch.Tensor,
                  forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Actions [B, S, dof] of the ``scored`` frames as ``aura_hidden`` sees them, and every frame's writes."""
-    hidden, writes = aura_hidden(model, prompt_ids, frames, beta, scored, forced)
-    return model.actions(hidden), writes
+    run = aura_hidden(model, prompt_ids, frames, beta, scored, forced)
+    return model.actions(run.hidden), run.writes
 
 
 @dataclass(frozen=True)
 class AuraRecipe:
     """How the aura stage trains: delta-rule step, write-rate target and penalty, frames scored per episode,
-    and whether the decoder learns too (with its own lr and frame-history sequences beside the episodes)."""
+    whether the decoder learns too (with its own lr and frame-history sequences beside the episodes), and
+    whether writes are supervised with the privileged cue labels (``write_labels``)."""
 
     beta: float
     rho: float
@@ -213,6 +238,33 @@ class AuraRecipe:
     train_decoder: bool = False  # False: aura.* alone on the frozen decoder (the recipe models/sim was trained with)
     bc_batch: int = 4            # train_decoder: frame-history sequences per step beside the aura episodes (0: none)
     decoder_lr: float = 1e-3     # train_decoder: the decoder's, encoder's and heads' learning rate
+    cue_writes: bool = False     # the first ``forced_fraction`` of the steps write exactly where the cue appears
+    forced_fraction: float = 0.5  # cue_writes: share of the steps with forced writes; the gate decides after
+    label_weight: float = 1.0    # cue_writes: weight of the gate's BCE toward the labels, to 0 by the last step
+    memory_goal: float = 0.0     # weight of the goal's position regressed from the memory token (0: off)
+    memory_warmup: int = 0       # cue_writes: steps of aura.* alone on that regression first (no decoder pass)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.forced_fraction < 1:
+            raise ValueError(f"forced_fraction must be in [0, 1): the gate must decide the last steps, got "
+                             f"{self.forced_fraction}")
+        if self.label_weight < 0:
+            raise ValueError(f"label_weight must be >= 0, got {self.label_weight}")
+
+    def forcing(self, step: int, steps: int, batch: Batch) -> tuple[torch.Tensor | None, float]:
+        """(the writes to force on ``batch`` at ``step`` of ``steps``, or None: the gate decides; the weight
+        of the write-label loss). ``cue_writes``: the labels for the first ``forced_fraction`` of the steps,
+        the label loss at full weight there, then falling linearly to zero at the last step, so the gate ends
+        trained by the action loss and the write-rate penalty alone, in control. Otherwise the frozen
+        decoder's open phase: every frame for the first ``AURA_OPEN_FRACTION`` (no labels)."""
+        if self.cue_writes:
+            start = self.forced_fraction * steps
+            if step < start:
+                return write_labels(batch), self.label_weight
+            return None, self.label_weight * max(0.0, 1.0 - (step - start) / max(1.0, steps - 1 - start))
+        if not self.train_decoder and step < steps * AURA_OPEN_FRACTION:
+            return torch.ones(batch.valid.shape), 0.0
+        return None, 0.0
 
 
 def _scored(batch: Batch, rng: np.random.Generator, count: int) -> torch.Tensor:
@@ -220,67 +272,121 @@ def _scored(batch: Batch, rng: np.random.Generator, count: int) -> torch.Tensor:
     return torch.from_numpy(np.stack([rng.integers(0, n, size=count) for n in batch.valid.sum(1).numpy()]))
 
 
+def _label_loss(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """BCE of the gate's logits toward the write labels, the mean over labelled frames and the mean over
+    the others weighted alike (about one frame in 30-90 is labelled: a plain mean would teach never-write)."""
+    losses = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")
+    positive, negative = valid & (labels > 0.5), valid & (labels < 0.5)
+    parts = [losses[mask].mean() for mask in (positive, negative) if mask.any()]
+    return torch.stack(parts).mean()
+
+
+def _aura_loss(model: VlaModel, prompt_ids: torch.Tensor, batch: Batch, rng: np.random.Generator,
+               recipe: AuraRecipe, step: int, steps: int, where: bool) -> tuple[torch.Tensor, dict[str, float]]:
+    """The aura episodes' loss: action error on ``recipe.scored_frames`` frames of each (+ the position
+    error when ``where``), the one-sided write-rate penalty, and the write-label BCE per ``recipe.forcing``.
+    Figures: ``write_rate`` counts the writes made (forced ones too); ``gate_rate`` and ``gate_recall``
+    are what the gate alone decides (of all frames, of the labelled ones)."""
+    scored = _scored(batch, rng, recipe.scored_frames)
+    forced, label_weight = recipe.forcing(step, steps, batch)
+    hidden, writes, logits, memory = aura_hidden(model, prompt_ids, batch.frames, recipe.beta, scored, forced)
+    rows = torch.arange(len(scored))[:, None]
+    valid = torch.ones(scored.shape, dtype=torch.bool)
+    action = masked_mse(model.actions(hidden), batch.labels[rows, scored], valid)
+    rate = writes[batch.valid].mean()
+    loss = action + recipe.penalty * F.relu(rate - recipe.rho)
+    gate = (logits > 0)[batch.valid].float().mean()
+    figures = {"action": float(action.detach()), "write_rate": float(rate.detach()), "gate_rate": float(gate)}
+    if where:
+        position = masked_mse(model.where_head(hidden), batch.where[rows, scored], valid)
+        loss = loss + WHERE_WEIGHT * position
+        figures["where"] = float(position.detach())
+    if recipe.memory_goal > 0:
+        written = ((writes.detach().cumsum(1) - writes.detach()) > 0)[rows, scored]  # the memory holds something
+        if written.any():
+            goal = masked_mse(model.memory_goal_head(memory), batch.where[rows, scored][..., 2:], written)
+            loss = loss + recipe.memory_goal * goal
+            figures["memory_goal"] = float(goal.detach())
+    if recipe.cue_writes:
+        labels = write_labels(batch)
+        bce = _label_loss(logits, labels, batch.valid)
+        loss = loss + label_weight * bce
+        figures.update(write_bce=float(bce.detach()), gate_recall=float((logits > 0)[labels > 0.5].float().mean()),
+                       forced=float(forced is not None))
+    return loss, figures
+
+
 def train_aura(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: StageSpec, rng: np.random.Generator,
                max_frames: int, recipe: AuraRecipe, progress: Progress) -> None:
     """The aura memory on the frozen decoder (``recipe.train_decoder``: with the decoder, see
     ``_train_aura_and_decoder``). Each step: ``spec.batch`` whole episodes, the memory run over all their
     frames and the action error taken on ``recipe.scored_frames`` random valid frames of each, seen as the
-    aura policy shows them (the decoder pass per frame is what costs). The first ``AURA_OPEN_FRACTION``
-    of the steps write every frame: with a random read-out every write is noise and the gate learned never
-    to write, where the sigmoid is flat and it cannot recover."""
+    aura policy shows them (the decoder pass per frame is what costs). Writes are forced early on
+    (``AuraRecipe.forcing``): without labels the first ``AURA_OPEN_FRACTION`` of the steps write every
+    frame, since with a random read-out every write is noise and the gate learned never to write, where
+    the sigmoid is flat and it cannot recover."""
+    if recipe.cue_writes and recipe.memory_warmup:
+        _warm_memory(model, demos, spec, rng, max_frames, recipe, progress)
     if recipe.train_decoder:
         _train_aura_and_decoder(model, demos, prompt_ids, spec, rng, max_frames, recipe, progress)
         return
-    params = list(model.aura.parameters())
+    params = [*model.aura.parameters(), *model.memory_goal_head.parameters()]
     _freeze(model, params)
 
     def loss_of(step_batch: tuple[int, Batch]) -> tuple[torch.Tensor, dict[str, float]]:
         step, batch = step_batch
-        scored = _scored(batch, rng, recipe.scored_frames)
-        forced = torch.ones(batch.valid.shape) if step < spec.steps * AURA_OPEN_FRACTION else None
-        actions, writes = aura_actions(model, prompt_ids, batch.frames, recipe.beta, scored, forced)
-        rate = writes[batch.valid].mean()
-        labels = batch.labels[torch.arange(len(scored))[:, None], scored]
-        action = ((actions - labels) ** 2).sum(-1).mean()
-        return (action + recipe.penalty * F.relu(rate - recipe.rho),
-                {"action": float(action.detach()), "write_rate": float(rate.detach())})
+        return _aura_loss(model, prompt_ids, batch, rng, recipe, step, spec.steps, where=False)
 
     _fit(params, spec, enumerate(batches(demos, spec, rng, max_frames, partial=False)), loss_of, progress)
+
+
+def _warm_memory(model: VlaModel, demos: list[Demo], spec: StageSpec, rng: np.random.Generator, max_frames: int,
+                 recipe: AuraRecipe, progress: Progress) -> None:
+    """``recipe.memory_warmup`` steps of ``aura.*`` alone (and ``memory_goal_head``): writes forced on the
+    labels, the goal's position regressed from the memory token of every frame after a write, no decoder
+    pass. Through the decoder the memory token stayed at the mean's goal error (runs E1, E2); alone it
+    learns it in a few hundred cheap steps, so the decoder then reads a token that says where the cue was."""
+    params = [*model.aura.parameters(), *model.memory_goal_head.parameters()]
+    _freeze(model, params)
+    warmup = replace(spec, steps=recipe.memory_warmup)
+
+    def loss_of(batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        tokens = model.vision(batch.frames).flatten(-2)
+        memory, writes, _ = model.aura(tokens, recipe.beta, write_labels(batch))
+        written = ((writes.cumsum(1) - writes) > 0) & batch.valid
+        goal = masked_mse(model.memory_goal_head(memory), batch.where[..., 2:], written)
+        return goal, {"memory_goal": float(goal.detach())}
+
+    _fit(params, warmup, batches(demos, warmup, rng, max_frames, partial=False), loss_of, progress)
 
 
 def _train_aura_and_decoder(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: StageSpec,
                             rng: np.random.Generator, max_frames: int, recipe: AuraRecipe, progress: Progress) -> None:
     """The aura memory and the decoder together (an option, not the default). Each step: the aura episodes
     as ``train_aura`` takes them, with the position error too, plus ``recipe.bc_batch`` frame-history
-    sequences as behaviour cloning draws them, so that the decoder keeps serving the KV policies; no
-    open-gate phase. Measured from models/sim (README, Training): it did not make aura use its memory
-    (cue swap at chance, no-write ablation equal) and it lowered fifo's success on both tasks."""
-    decoder = model.decoder_parameters() + list(model.where_head.parameters())
-    memory = list(model.aura.parameters())
+    sequences as behaviour cloning draws them, so that the decoder keeps serving the KV policies. Without
+    ``cue_writes`` the gate decides from the first step; measured from models/sim (README, Training) that
+    did not make aura use its memory (cue swap at chance, no-write ablation equal) and lowered fifo's
+    success on both tasks. ``where_head`` learns at the memory's rate: it is not exported, so a stage
+    started from a checkpoint starts it afresh."""
+    decoder = model.decoder_parameters()
+    memory = [*model.aura.parameters(), *model.where_head.parameters(), *model.memory_goal_head.parameters()]
     _freeze(model, decoder + memory)
     groups = [{"params": decoder, "lr": recipe.decoder_lr}, {"params": memory, "lr": spec.lr}]
     episodes = batches(demos, spec, rng, max_frames, partial=False)
     histories = batches(demos, replace(spec, batch=recipe.bc_batch), rng, max_frames, partial=True)
     steps = zip(episodes, histories) if recipe.bc_batch else ((batch, None) for batch in episodes)
 
-    def loss_of(pair: tuple[Batch, Batch | None]) -> tuple[torch.Tensor, dict[str, float]]:
-        batch, history = pair
-        scored = _scored(batch, rng, recipe.scored_frames)
-        hidden, writes = aura_hidden(model, prompt_ids, batch.frames, recipe.beta, scored)
-        rows = torch.arange(len(scored))[:, None]
-        valid = torch.ones(scored.shape, dtype=torch.bool)
-        action = masked_mse(model.actions(hidden), batch.labels[rows, scored], valid)
-        where = masked_mse(model.where_head(hidden), batch.where[rows, scored], valid)
-        rate = writes[batch.valid].mean()
-        loss = action + WHERE_WEIGHT * where + recipe.penalty * F.relu(rate - recipe.rho)
-        figures = {"action": float(action.detach()), "where": float(where.detach()), "write_rate": float(rate.detach())}
+    def loss_of(step_pair: tuple[int, tuple[Batch, Batch | None]]) -> tuple[torch.Tensor, dict[str, float]]:
+        step, (batch, history) = step_pair
+        loss, figures = _aura_loss(model, prompt_ids, batch, rng, recipe, step, spec.steps, where=True)
         if history is not None:
             bc, bc_figures = _action_loss(model, prompt_ids, history)
             loss = loss + bc
             figures["bc_action"] = bc_figures["action"]
         return loss, figures
 
-    _fit(groups, spec, steps, loss_of, progress)
+    _fit(groups, spec, enumerate(steps), loss_of, progress)
 
 
 def train_dms(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: StageSpec,

@@ -228,17 +228,18 @@ class AuraMemory(nn.Module):
         self.gate = nn.Linear(d_k + d_v, 1)
 
     def forward(self, features: torch.Tensor, beta: float, forced: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Memory tokens [B, F, H] (what frame f reads before its own write) and the hard-forward,
-        soft-backward write decisions [B, F] of frames' features [B, F, feature_size]; ``forced`` [B, F]
-        (0 or 1) replaces the gate's decisions where given."""
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Memory tokens [B, F, H] (what frame f reads before its own write), the hard-forward,
+        soft-backward write decisions [B, F] and the gate's logits [B, F] of frames' features
+        [B, F, feature_size]; ``forced`` [B, F] (0 or 1) replaces the gate's decisions where given (the
+        logits are still the gate's, on the memory the forced writes made: what a write label trains)."""
         k = F.normalize(self.k_proj(features), dim=-1)
         q = F.normalize(self.q_proj(features), dim=-1)
         v = self.v_proj(features)
         batch, frames, d_k = k.shape
         weights = features.new_zeros(batch, v.shape[-1], d_k)
         bias = features.new_zeros(batch, v.shape[-1])
-        reads, writes = [], []
+        reads, writes, logits = [], [], []
         for f in range(frames):
             reads.append(torch.einsum("bvk,bk->bv", weights, q[:, f]) + bias)
             error = v[:, f] - (torch.einsum("bvk,bk->bv", weights, k[:, f]) + bias)
@@ -248,11 +249,18 @@ class AuraMemory(nn.Module):
             weights = weights + step[:, :, None] * k[:, f, None, :]
             bias = bias + step
             writes.append(write)
-        return self.out_proj(torch.stack(reads, dim=1)), torch.stack(writes, dim=1)
+            logits.append(logit)
+        return self.out_proj(torch.stack(reads, dim=1)), torch.stack(writes, dim=1), torch.stack(logits, dim=1)
+
+
+TRAINING_ONLY = ("where_head.", "memory_goal_head.")  # parameter prefixes the checkpoint does not carry
 
 
 class VlaModel(nn.Module):
     """Decoder + frame encoder + linear action head, aura memory and dms gates.
+
+    ``memory_goal_head`` (training only too) regresses the goal's position from aura's memory token:
+    privileged supervision of what the memory holds (``AuraRecipe.memory_goal``).
 
     ``where_head`` is for training only and is not exported: from the same hidden state as the
     action it regresses where the robot and the goal are (the simulator's privileged state). The
@@ -273,12 +281,15 @@ class VlaModel(nn.Module):
         self.aura = AuraMemory(c.vision.tokens_per_frame * c.hidden_size, c.hidden_size, aura_dim, aura_dim)
         for layer in self.model.layers:
             layer.self_attn.dms_gate = nn.Linear(c.hidden_size, c.num_key_value_heads)
+        self.memory_goal_head = nn.Linear(c.hidden_size, 2)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """HF's initialisation (N(0, 0.02), zero biases, unit norms); dms gates start at keep-everything."""
         for name, param in self.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.startswith("memory_goal_head."):  # zeros, and no random draw: the other tensors stay seeded as before
+                nn.init.zeros_(param)
+            elif name.endswith("norm.weight"):
                 nn.init.ones_(param)
             elif name.endswith("bias"):
                 nn.init.zeros_(param)
@@ -305,8 +316,8 @@ class VlaModel(nn.Module):
         return torch.tanh(self.action_head(hidden))
 
     def exported_state(self) -> dict[str, torch.Tensor]:
-        """Every tensor the checkpoint carries (all but the training-only ``where_head``)."""
-        return {name: t for name, t in self.state_dict().items() if not name.startswith("where_head.")}
+        """Every tensor the checkpoint carries (all but the training-only heads)."""
+        return {name: t for name, t in self.state_dict().items() if not name.startswith(TRAINING_ONLY)}
 
     def decoder_parameters(self) -> list[nn.Parameter]:
         """Everything the behaviour-cloning stage trains: decoder, frame encoder, action head."""

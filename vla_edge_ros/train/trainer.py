@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..model.checkpoint import load_checkpoint
 from ..model.config import ModelConfig
 from ..model.init_model import AURA_DIM, preset, write_model
 from ..worlds.sim.world import TaskSpec
@@ -27,6 +28,7 @@ from .torch_model import VlaModel
 
 SCHEMA = "vla_edge_ros.train/1"
 DEFAULT_PROMPT = (151, 9, 402, 77, 1030, 12)  # the default config's instruction tokens
+STAGES = ("perception", "bc", "aura", "dms")  # in the order they run
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,11 @@ class TrainSpec:
     aura_train_decoder: bool = False  # the decoder learns in the aura stage too (models/sim: False)
     aura_bc_batch: int = 4         # aura_train_decoder: frame-history sequences per step, so the decoder keeps serving the KV policies
     aura_decoder_lr: float = 1e-3  # aura_train_decoder: the decoder's learning rate in the aura stage
+    aura_cue_writes: bool = False  # privileged write labels where the cue appears, forced first (AuraRecipe.cue_writes)
+    aura_forced_fraction: float = 0.5  # aura_cue_writes: share of the aura steps whose writes are forced
+    aura_label_weight: float = 1.0     # aura_cue_writes: the gate's BCE toward the labels, annealed to 0
+    aura_memory_goal: float = 0.0      # weight of the goal position regressed from the memory token (0: off)
+    aura_memory_warmup: int = 0        # aura_cue_writes: steps of aura.* alone on that regression first
     dms: StageSpec = StageSpec(steps=100, batch=2, lr=2e-2)
     dms_max_frames: int = 64       # cue, hold and the first moves: what the gate must learn to keep
     aura_beta: float = 0.5         # the delta-rule step the gate is trained with (kv.aura.beta's default)
@@ -55,6 +62,13 @@ class TrainSpec:
     dms_penalty: float = 1.0
     dtype: str = "bfloat16"
     tasks: tuple[str, ...] = ("reach", "cue-reach")
+    stages: tuple[str, ...] = STAGES  # which stages run (a subset of STAGES, run in STAGES' order)
+    init_from: str | None = None      # start from this checkpoint's weights (its config), not from scratch
+
+    def __post_init__(self) -> None:
+        unknown = [name for name in self.stages if name not in STAGES]
+        if unknown or not self.stages:
+            raise ValueError(f"stages: expected a non-empty subset of {', '.join(STAGES)}, got {list(self.stages)}")
 
     def scaled(self, factor: float) -> TrainSpec:
         """The same recipe with every stage's steps (and the demonstrations) scaled, for smoke runs."""
@@ -87,16 +101,20 @@ def train(spec: TrainSpec, out: Path, progress: StageProgress = lambda *args: No
     torch.manual_seed(spec.seed)
     rng = np.random.default_rng(spec.seed)
     log = TrainLog(spec=asdict(spec))
+    model = VlaModel(config, AURA_DIM)
+    if spec.init_from is not None:
+        config = load_weights(model, Path(spec.init_from))
     started = time.perf_counter()
     demos = record_demos([TaskSpec(name=name) for name in spec.tasks], spec.episodes, spec.seed,
-                         config.vision.image_size)
+                         config.vision.image_size) if set(spec.stages) - {"perception"} else []
     log.seconds["demos"] = time.perf_counter() - started
     log.demos = {"episodes": len(demos), "frames": int(sum(len(d.frames) for d in demos)),
-                 "expert_success": float(np.mean([d.success for d in demos]))}
-    model = VlaModel(config, AURA_DIM)
+                 "expert_success": float(np.mean([d.success for d in demos])) if demos else float("nan")}
     prompt = torch.tensor(spec.prompt_ids)
 
     def run(name: str, stage: StageSpec, body: Callable[[Callable[[int, dict[str, float]], None]], None]) -> None:
+        if name not in spec.stages:
+            return
         rows: list[dict[str, float]] = []
 
         def step(index: int, figures: dict[str, float]) -> None:
@@ -112,7 +130,9 @@ def train(spec: TrainSpec, out: Path, progress: StageProgress = lambda *args: No
         lambda step: perception(model, prompt, spec.perception, rng, step))
     run("bc", spec.bc, lambda step: behaviour_cloning(model, demos, prompt, spec.bc, rng, spec.max_frames, step))
     recipe = AuraRecipe(spec.aura_beta, spec.aura_rho, spec.aura_penalty, spec.aura_scored_frames,
-                        spec.aura_train_decoder, spec.aura_bc_batch, spec.aura_decoder_lr)
+                        spec.aura_train_decoder, spec.aura_bc_batch, spec.aura_decoder_lr, spec.aura_cue_writes,
+                        spec.aura_forced_fraction, spec.aura_label_weight, spec.aura_memory_goal,
+                        spec.aura_memory_warmup)
     run("aura", spec.aura, lambda step: train_aura(model, demos, prompt, spec.aura, rng, spec.max_frames, recipe, step))
     run("dms", spec.dms, lambda step: train_dms(model, demos, prompt, spec.dms, rng, spec.dms_max_frames,
                                                  spec.dms_window, spec.dms_target_ratio, spec.dms_penalty, step))
@@ -120,6 +140,27 @@ def train(spec: TrainSpec, out: Path, progress: StageProgress = lambda *args: No
     (out / "train_log.json").write_text(json.dumps({"schema": SCHEMA, **asdict(log)}, indent=1) + "\n")
     plot_losses(log, out / "loss.png")
     return log
+
+
+def load_weights(model: VlaModel, model_dir: Path) -> ModelConfig:
+    """Copy a checkpoint's tensors into ``model`` (all it exports, so every one must be there) and return
+    the checkpoint's config, which must be the one ``model`` was built with. ``where_head`` keeps its
+    fresh initialisation: it is training-only and not exported."""
+    checkpoint = load_checkpoint(model_dir)
+    if checkpoint.config != model.c:
+        raise ValueError(f"{model_dir}: its config.json differs from the preset this run trains (TrainSpec.preset)")
+    state = model.exported_state()
+    missing = sorted(set(state) - set(checkpoint.tensors))
+    if missing:
+        raise ValueError(f"{model_dir}: not a 'vla-edge train' checkpoint, it lacks {missing[:3]}")
+    with torch.no_grad():
+        for name, tensor in state.items():
+            stored = torch.from_numpy(checkpoint.float32(name))
+            if stored.shape != tensor.shape:
+                raise ValueError(f"{model_dir}: {name} has shape {list(stored.shape)}, this run needs "
+                                 f"{list(tensor.shape)}")
+            tensor.copy_(stored)
+    return checkpoint.config
 
 
 def export(model: VlaModel, config: ModelConfig, out: Path, spec: TrainSpec) -> Path:
@@ -144,13 +185,13 @@ def plot_losses(log: TrainLog, path: Path) -> None:
     rates = {"aura": "write_rate", "dms": "keep_rate"}
     for ax, name in zip(axes[0], names):
         rows = log.stages[name]
-        values = np.array([r[series[name]] for r in rows])
+        values = np.array([r.get(series[name], np.nan) for r in rows])  # aura's memory warm-up has no action
         ax.plot(values, lw=0.5, color="tab:blue", alpha=0.35)
         ax.plot(_running_mean(values), lw=1.2, color="tab:blue")
         ax.set(yscale="log", xlabel="step", title=titles[name])
         if name in rates:
             twin = ax.twinx()
-            twin.plot(_running_mean(np.array([r[rates[name]] for r in rows])), lw=1.2, color="tab:orange")
+            twin.plot(_running_mean(np.array([r.get(rates[name], np.nan) for r in rows])), lw=1.2, color="tab:orange")
             twin.set(ylim=(0, 1.05), ylabel=rates[name].replace("_", " ") + " (orange)")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
