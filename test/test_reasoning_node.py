@@ -133,16 +133,16 @@ def test_a_failing_cycle_is_counted_reported_and_survived(reasoning, monkeypatch
     node, buffer, slot = reasoning
     camera = Camera(buffer)
     camera.feed_until(lambda: node.actions >= 1)
-    real = node.engine.add_frame
+    real = node.engine.prefill_frame
     failed_ns: list[int] = []
 
-    def broken(image):
+    def broken(encoded):
         failed_ns.append(time.monotonic_ns())
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(node.engine, "add_frame", broken)
+    monkeypatch.setattr(node.engine, "prefill_frame", broken)  # the reasoner encodes, then prefills
     camera.feed_until(lambda: node.engine_errors >= 1 and node.report().level == ERROR)
-    monkeypatch.setattr(node.engine, "add_frame", real)
+    monkeypatch.setattr(node.engine, "prefill_frame", real)
     actions = node.actions
     camera.feed_until(lambda: node.actions > actions)  # still reasoning
     assert node.engine_errors == len(failed_ns) >= 1
