@@ -7,6 +7,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from .args import count
+
 
 def _fraction(text: str) -> float:
     try:
@@ -26,16 +28,6 @@ def _stages(text: str) -> tuple[str, ...]:
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"--stages: expected names from {','.join(STAGES)}, got {text!r}")
     return names
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -96,7 +88,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --aura-cue-writes: steps of the memory alone on that goal regression first")
     p.add_argument("--aura-decoder-lr", type=float, default=None,
                    help="with --aura-train-decoder: the decoder's learning rate in the aura stage (default 1e-3)")
-    p.add_argument("--aura-steps", type=_positive, default=None, help="steps of the aura stage (after --scale)")
+    p.add_argument("--aura-steps", type=count, default=None, help="steps of the aura stage (after --scale)")
     p.add_argument("--from", dest="init_from", type=Path, default=None,
                    help="start from this checkpoint's weights (e.g. models/sim with --stages aura)")
     p.add_argument("--stages", type=_stages, default=("perception", "bc", "aura", "dms"),
