@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import sys
-
-from ..runtime.stop_signals import Interrupted, StopSignals
+from ..runtime.stop_signals import StopSignals, run_until_interrupted
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: SIGINT/SIGTERM handled from the first instant (a signal while starting is one line and
     exit code 2), then the command."""
-    with StopSignals.installed() as stop:
-        try:
-            from .commands import run_command
 
-            return run_command(argv, stop)
-        except Interrupted as exc:
-            print(f"vla-edge: {exc}", file=sys.stderr)
-            return 2
+    def command(stop: StopSignals) -> int:
+        from .commands import run_command
+
+        return run_command(argv, stop)
+
+    return run_until_interrupted("vla-edge", command)
 
 
 __all__ = ["main"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from ..runtime.stop_signals import Interrupted, StopSignals
+from ..runtime.stop_signals import StopSignals, run_until_interrupted
 
 
 def bringup(argv: list[str] | None = None) -> int:
@@ -25,13 +25,12 @@ def synthetic_camera(argv: list[str] | None = None) -> int:
 
 def _run(program: str, argv: list[str] | None) -> int:
     args = sys.argv if argv is None else argv
-    with StopSignals.installed() as stop:
-        try:
-            if program == "bringup":
-                from .bringup import run
-            else:
-                from .synthetic_camera import run
-            return run(args, stop)
-        except Interrupted as exc:
-            print(f"{program}: {exc}", file=sys.stderr)
-            return 2
+
+    def node(stop: StopSignals) -> int:
+        if program == "bringup":
+            from .bringup import run
+        else:
+            from .synthetic_camera import run
+        return run(args, stop)
+
+    return run_until_interrupted(program, node)

@@ -8,9 +8,11 @@ robot an explicit stop command before the nodes go down, which an exception thro
 a callback could not guarantee. A second signal while stopping is taken as "stop now": it raises
 ``Interrupted`` like a signal during start-up.
 
-Entry points install the handlers first thing (``with StopSignals.installed() as stop:``), before
-the heavy imports, so that even a signal during ``import numpy`` ends cleanly; the previous handlers
-come back when the block ends. rclpy's own handlers are not installed
+Entry points install the handlers first thing (``run_until_interrupted``), before the heavy imports,
+so that even a signal during ``import numpy`` ends cleanly; the previous handlers come back when the
+block ends. A library may catch ``Interrupted`` and raise its own error instead (rclpy's C-extension
+loader turns it into an ``ImportError``): the handler remembers what it raised, so whatever escapes
+after it is still reported as the interruption it is, never as a traceback. rclpy's own handlers are not installed
 (``nodes/ros_session.py``): they would shut the ROS context down under the running nodes before the
 stop command could be published. Standard library only: this module loads in milliseconds.
 """
@@ -18,7 +20,8 @@ stop command could be published. Standard library only: this module loads in mil
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
@@ -39,6 +42,7 @@ class StopSignals:
         self.running = False  # set by the spin loop once the nodes run; cleared when it returns
         self.requested: str | None = None  # the name of the signal that asked the running loop to stop
         self.phase = "during start-up"  # how an interruption is described (a batch job says where it stopped)
+        self.interruption: Interrupted | None = None  # what this handler raised, if it did
 
     @classmethod
     @contextmanager
@@ -57,5 +61,21 @@ class StopSignals:
         if self.running and self.requested is None:
             self.requested = name
             return
-        raise Interrupted(f"interrupted by {name} {'while stopping' if self.requested else self.phase}")
+        self.interruption = Interrupted(f"interrupted by {name} {'while stopping' if self.requested else self.phase}")
+        raise self.interruption
+
+
+def run_until_interrupted(program: str, body: Callable[[StopSignals], int]) -> int:
+    """``body(stop)`` under the stop-signal handler; an interruption is one line on stderr and exit code 2.
+
+    Anything that escapes ``body`` after the handler raised is the interruption's doing, whatever a library
+    in between made of it (wrapped, re-raised as its own type), so it is reported as the interruption."""
+    with StopSignals.installed() as stop:
+        try:
+            return body(stop)
+        except BaseException:
+            if stop.interruption is None:
+                raise
+            print(f"{program}: {stop.interruption}", file=sys.stderr)
+            return 2
 

@@ -1,0 +1,53 @@
+"""The stop-signal handler: an interruption during start-up is one line and exit 2, whatever a library
+between the signal and the entry point made of it (CI once saw rclpy's C-extension loader turn it into an
+ImportError, and the process died with a traceback)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from vla_edge_ros.runtime.stop_signals import StopSignals, run_until_interrupted
+
+
+def _signal_inside(library_reaction: str):
+    def body(stop: StopSignals) -> int:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)  # delivered before kill returns: the handler raises here
+            signal.pause()  # not reached unless the handler failed to raise
+        except BaseException as exc:
+            if library_reaction == "wraps":
+                raise ImportError("initialization failed") from exc
+            if library_reaction == "replaces":
+                raise RuntimeError("the loader gave up")  # no chain at all
+            raise
+        return 0
+
+    return body
+
+
+@pytest.mark.parametrize("library_reaction", ["passes through", "wraps", "replaces"])
+def test_an_interruption_is_one_line_and_exit_2_however_a_library_reraises_it(capsys, library_reaction):
+    before = signal.getsignal(signal.SIGTERM)
+    assert run_until_interrupted("prog", _signal_inside(library_reaction)) == 2
+    assert capsys.readouterr().err == "prog: interrupted by SIGTERM during start-up\n"
+    assert signal.getsignal(signal.SIGTERM) is before  # the previous handler is back
+
+
+def test_an_error_without_a_signal_is_not_taken_for_an_interruption():
+    def body(stop: StopSignals) -> int:
+        raise ImportError("a genuinely missing library")
+
+    with pytest.raises(ImportError, match="genuinely missing"):
+        run_until_interrupted("prog", body)
+
+
+def test_a_signal_while_running_only_asks_the_loop_to_stop():
+    def body(stop: StopSignals) -> int:
+        stop.running = True
+        os.kill(os.getpid(), signal.SIGINT)
+        return 0 if stop.requested == "SIGINT" else 1
+
+    assert run_until_interrupted("prog", body) == 0
