@@ -22,6 +22,7 @@ from vla_edge_ros.train.stages import (
     StageSpec,
     aura_actions,
     behaviour_cloning,
+    cue_pairs,
     make_batch,
     sequence_actions,
     train_aura,
@@ -243,6 +244,25 @@ def test_cue_write_training_writes_the_labels_then_the_gate_learns_them(demo):
     assert np.mean([r["write_bce"] for r in forced[-3:]]) < 0.5 * np.mean([r["write_bce"] for r in forced[:3]])
     assert not torch.equal(model.action_head.weight, decoder_before)
     assert all("memory_goal" in r for r in forced) and model.memory_goal_head.weight.abs().sum() > 0
+
+
+def test_the_memory_warm_up_writes_the_cue_and_learns_where_it_was(demo):
+    """The warm-up's pairs are frame 0 (the one write label) and a later frame; on them ``aura.*`` alone
+    learns to return the goal's position from the memory token (four layouts: the error must fall well
+    below where it starts), and nothing outside the memory moves."""
+    demos = [record_demo(TaskSpec(name="cue-reach", hold_s=0.3), seed=s, image_size=CONFIG.vision.image_size)
+             for s in (11, 12, 13, 14)]
+    pairs = cue_pairs(demos, 8, np.random.default_rng(0))
+    assert pairs.frames.shape[1] == 2 and write_labels(pairs)[:, 0].eq(1).all() and write_labels(pairs)[:, 1].eq(0).all()
+    model = random_model(7)
+    encoder_before = next(model.vision.parameters()).detach().clone()
+    rows: list[dict[str, float]] = []
+    recipe = AuraRecipe(0.5, 0.15, 1.0, 3, train_decoder=True, cue_writes=True, memory_goal=1.0, memory_warmup=120)
+    train_aura(model, demos, torch.tensor(PROMPT), StageSpec(0, 2, 1e-2), np.random.default_rng(1), 10, recipe,
+               lambda step, figures: rows.append(figures))
+    assert len(rows) == 120 and all(set(r) == {"loss", "memory_goal"} for r in rows)
+    assert np.mean([r["memory_goal"] for r in rows[-10:]]) < 0.3 * np.mean([r["memory_goal"] for r in rows[:10]])
+    assert torch.equal(next(model.vision.parameters()), encoder_before)
 
 
 def test_a_stage_runs_alone_from_a_checkpoint(tmp_path):

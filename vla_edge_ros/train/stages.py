@@ -39,6 +39,7 @@ Progress = Callable[[int, dict[str, float]], None]
 T = TypeVar("T")
 VIEWS_PER_LAYOUT = 8
 WHERE_WEIGHT = 1.0
+WARMUP_PAIRS = 64  # the memory warm-up's batch: cue + later frame of this many episodes
 AURA_OPEN_FRACTION = 1 / 3  # frozen decoder: the first steps write every frame, so the read-out learns before the gate may close
 
 
@@ -326,7 +327,7 @@ def train_aura(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spe
     frame, since with a random read-out every write is noise and the gate learned never to write, where
     the sigmoid is flat and it cannot recover."""
     if recipe.cue_writes and recipe.memory_warmup:
-        _warm_memory(model, demos, spec, rng, max_frames, recipe, progress)
+        _warm_memory(model, spec, demos, rng, recipe, progress)
     if recipe.train_decoder:
         _train_aura_and_decoder(model, demos, prompt_ids, spec, rng, max_frames, recipe, progress)
         return
@@ -340,24 +341,32 @@ def train_aura(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spe
     _fit(params, spec, enumerate(batches(demos, spec, rng, max_frames, partial=False)), loss_of, progress)
 
 
-def _warm_memory(model: VlaModel, demos: list[Demo], spec: StageSpec, rng: np.random.Generator, max_frames: int,
+def cue_pairs(demos: list[Demo], count: int, rng: np.random.Generator) -> Batch:
+    """``count`` random demos, two frames of each: frame 0 (the cue, the frame ``write_labels`` marks) and
+    one later frame, where the memory must still say where the cue was."""
+    chosen = [demos[i] for i in rng.choice(len(demos), size=count, replace=count > len(demos))]
+    return make_batch(chosen, [np.array([0, rng.integers(1, len(d.frames))]) for d in chosen])
+
+
+def _warm_memory(model: VlaModel, spec: StageSpec, demos: list[Demo], rng: np.random.Generator,
                  recipe: AuraRecipe, progress: Progress) -> None:
-    """``recipe.memory_warmup`` steps of ``aura.*`` alone (and ``memory_goal_head``): writes forced on the
-    labels, the goal's position regressed from the memory token of every frame after a write, no decoder
-    pass. Through the decoder the memory token stayed at the mean's goal error (runs E1, E2); alone it
-    learns it in a few hundred cheap steps, so the decoder then reads a token that says where the cue was."""
+    """``recipe.memory_warmup`` steps of ``aura.*`` alone (and ``memory_goal_head``) on ``cue_pairs``:
+    frame 0 written, the goal's position regressed from the memory token the later frame reads; no decoder
+    pass, and the encoder sees two frames per episode, not all of them, so a step costs milliseconds.
+    Through the decoder the memory token stayed at the mean's goal error (runs E1, E2); alone it learns it
+    in a few hundred steps, so the decoder then reads a token that says where the cue was."""
     params = [*model.aura.parameters(), *model.memory_goal_head.parameters()]
     _freeze(model, params)
-    warmup = replace(spec, steps=recipe.memory_warmup)
+    warmup = replace(spec, steps=recipe.memory_warmup, batch=WARMUP_PAIRS)
 
     def loss_of(batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        tokens = model.vision(batch.frames).flatten(-2)
-        memory, writes, _ = model.aura(tokens, recipe.beta, write_labels(batch))
-        written = ((writes.cumsum(1) - writes) > 0) & batch.valid
-        goal = masked_mse(model.memory_goal_head(memory), batch.where[..., 2:], written)
+        with torch.no_grad():
+            tokens = model.vision(batch.frames).flatten(-2)
+        memory, _, _ = model.aura(tokens, recipe.beta, write_labels(batch))
+        goal = F.mse_loss(model.memory_goal_head(memory[:, 1]), batch.where[:, 1, 2:], reduction="sum") / len(memory)
         return goal, {"memory_goal": float(goal.detach())}
 
-    _fit(params, warmup, batches(demos, warmup, rng, max_frames, partial=False), loss_of, progress)
+    _fit(params, warmup, (cue_pairs(demos, WARMUP_PAIRS, rng) for _ in range(warmup.steps)), loss_of, progress)
 
 
 def _train_aura_and_decoder(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: StageSpec,
