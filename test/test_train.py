@@ -281,3 +281,14 @@ def test_a_stage_runs_alone_from_a_checkpoint(tmp_path):
         train(replace(spec, init_from=str(tmp_path / "small")), tmp_path / "never")
     with pytest.raises(ValueError, match="stages"):
         TrainSpec(stages=("aura", "polish"))
+
+
+def test_the_progress_of_the_aura_stage_counts_its_memory_warm_up(tmp_path):
+    """The memory warm-up runs inside the aura stage: progress numbers its steps and the stage's on from 0
+    against one total, so a bar ends where the stage does."""
+    spec = replace(TrainSpec(tasks=("cue-reach",)), episodes=2, max_frames=12, aura=StageSpec(2, 2, 1e-2),
+                   aura_scored_frames=3, aura_train_decoder=True, aura_bc_batch=0, aura_cue_writes=True,
+                   aura_memory_goal=1.0, aura_memory_warmup=3, stages=("aura",), init_from=str(SHIPPED))
+    calls: list[tuple[str, int, int]] = []
+    log = train(spec, tmp_path, lambda stage, step, steps, figures: calls.append((stage, step, steps)))
+    assert calls == [("aura", step, 5) for step in range(5)] and len(log.stages["aura"]) == 5

@@ -252,6 +252,11 @@ class AuraRecipe:
         if self.label_weight < 0:
             raise ValueError(f"label_weight must be >= 0, got {self.label_weight}")
 
+    @property
+    def warmup_steps(self) -> int:
+        """Steps of the memory warm-up that run before the stage (``memory_warmup`` applies with ``cue_writes``)."""
+        return self.memory_warmup if self.cue_writes else 0
+
     def forcing(self, step: int, steps: int, batch: Batch) -> tuple[torch.Tensor | None, float]:
         """(the writes to force on ``batch`` at ``step`` of ``steps``, or None: the gate decides; the weight
         of the write-label loss). ``cue_writes``: the labels for the first ``forced_fraction`` of the steps,
@@ -326,7 +331,7 @@ def train_aura(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spe
     (``AuraRecipe.forcing``): without labels the first ``AURA_OPEN_FRACTION`` of the steps write every
     frame, since with a random read-out every write is noise and the gate learned never to write, where
     the sigmoid is flat and it cannot recover."""
-    if recipe.cue_writes and recipe.memory_warmup:
+    if recipe.warmup_steps:
         _warm_memory(model, spec, demos, rng, recipe, progress)
     if recipe.train_decoder:
         _train_aura_and_decoder(model, demos, prompt_ids, spec, rng, max_frames, recipe, progress)

@@ -112,30 +112,32 @@ def train(spec: TrainSpec, out: Path, progress: StageProgress = lambda *args: No
                  "expert_success": float(np.mean([d.success for d in demos])) if demos else float("nan")}
     prompt = torch.tensor(spec.prompt_ids)
 
-    def run(name: str, stage: StageSpec, body: Callable[[Callable[[int, dict[str, float]], None]], None]) -> None:
+    def run(name: str, steps: int, body: Callable[[Callable[[int, dict[str, float]], None]], None]) -> None:
+        """Stage ``name`` of ``steps`` steps in all (aura's include its memory warm-up, which runs first)."""
         if name not in spec.stages:
             return
         rows: list[dict[str, float]] = []
 
         def step(index: int, figures: dict[str, float]) -> None:
             rows.append(figures)
-            progress(name, index, stage.steps, figures)
+            progress(name, len(rows) - 1, steps, figures)
 
         begin = time.perf_counter()
         body(step)
         log.stages[name] = rows
         log.seconds[name] = time.perf_counter() - begin
 
-    run("perception", spec.perception,
+    run("perception", spec.perception.steps,
         lambda step: perception(model, prompt, spec.perception, rng, step))
-    run("bc", spec.bc, lambda step: behaviour_cloning(model, demos, prompt, spec.bc, rng, spec.max_frames, step))
+    run("bc", spec.bc.steps, lambda step: behaviour_cloning(model, demos, prompt, spec.bc, rng, spec.max_frames, step))
     recipe = AuraRecipe(spec.aura_beta, spec.aura_rho, spec.aura_penalty, spec.aura_scored_frames,
                         spec.aura_train_decoder, spec.aura_bc_batch, spec.aura_decoder_lr, spec.aura_cue_writes,
                         spec.aura_forced_fraction, spec.aura_label_weight, spec.aura_memory_goal,
                         spec.aura_memory_warmup)
-    run("aura", spec.aura, lambda step: train_aura(model, demos, prompt, spec.aura, rng, spec.max_frames, recipe, step))
-    run("dms", spec.dms, lambda step: train_dms(model, demos, prompt, spec.dms, rng, spec.dms_max_frames,
-                                                 spec.dms_window, spec.dms_target_ratio, spec.dms_penalty, step))
+    run("aura", recipe.warmup_steps + spec.aura.steps,
+        lambda step: train_aura(model, demos, prompt, spec.aura, rng, spec.max_frames, recipe, step))
+    run("dms", spec.dms.steps, lambda step: train_dms(model, demos, prompt, spec.dms, rng, spec.dms_max_frames,
+                                                       spec.dms_window, spec.dms_target_ratio, spec.dms_penalty, step))
     export(model, config, out, spec)
     (out / "train_log.json").write_text(json.dumps({"schema": SCHEMA, **asdict(log)}, indent=1) + "\n")
     plot_losses(log, out / "loss.png")
