@@ -166,7 +166,7 @@ def test_where_head_is_trained_but_not_exported(tmp_path):
 
 
 def test_the_aura_stage_trains_the_decoder_only_when_asked(demo):
-    """The default aura stage (the recipe models/sim was trained with) trains aura.* alone; the decoder
+    """The default aura stage trains aura.* alone; the decoder
     learns with it only under ``AuraRecipe.train_decoder``."""
     demos = [demo, record_demo(TaskSpec(name="cue-reach", hold_s=0.3), seed=4, image_size=CONFIG.vision.image_size)]
     for train_decoder in (False, True):

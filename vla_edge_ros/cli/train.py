@@ -76,8 +76,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--aura-train-decoder", action="store_true",
-                   help="train the decoder with the aura memory (measured: it did not make aura use its memory and "
-                        "lowered fifo's success; models/sim was trained without it)")
+                   help="train the decoder with the aura memory (measured alone: it did not make aura use its memory "
+                        "and lowered fifo's success; see --aura-cue-writes)")
     p.add_argument("--aura-cue-writes", action="store_true",
                    help="privileged write labels where the cue appears: forced writes for the first half of the aura "
                         "stage, then the gate decides (BCE toward the labels annealed away); implies "
@@ -85,7 +85,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--aura-memory-goal", action="store_true",
                    help="also regress the goal's position from aura's memory token (a training-only head)")
     p.add_argument("--aura-memory-warmup", type=int, default=0,
-                   help="with --aura-cue-writes: steps of the memory alone on that goal regression first")
+                   help="with --aura-cue-writes: steps of the memory alone on that goal regression first (models/sim: "
+                        "500, with --aura-memory-goal --aura-steps 1000 --aura-decoder-lr 3e-4)")
     p.add_argument("--aura-decoder-lr", type=float, default=None,
                    help="with --aura-train-decoder: the decoder's learning rate in the aura stage (default 1e-3)")
     p.add_argument("--aura-steps", type=count, default=None, help="steps of the aura stage (after --scale)")

@@ -11,10 +11,12 @@
 2. ``train_aura``: only the aura projections and write gate learn. Each frame is seen as the engine's
    aura policy shows it: prompt, one memory token (what the fast weights return before this frame's
    write), the frame. Loss: the action error plus a one-sided penalty on the write rate above rho.
-   ``AuraRecipe.train_decoder`` trains the decoder with the memory instead (an option; measured, it did
+   ``AuraRecipe.train_decoder`` trains the decoder with the memory instead (alone, measured, it did
    not make the policy use its memory). ``AuraRecipe.cue_writes`` (recipe E, with the decoder) adds
    privileged write supervision: writes are forced where the cue appears, so the memory holds the cue
-   when the decoder must act on it, then the gate takes over (see ``AuraRecipe.forcing``).
+   when the decoder must act on it, then the gate takes over (see ``AuraRecipe.forcing``). With
+   ``memory_warmup`` the memory first learns alone to say where the goal was (``_warm_memory``);
+   only that, and enough steps after it, made the decoder read the memory (README, Training).
 3. ``train_dms``: only the per-layer dms gates learn. The student reads the whole episode with
    per-KV-head evictions enforced once a token has left the window; the teacher is the same frozen
    model reading everything. Loss: the student's action error against the teacher's plus a one-sided
@@ -236,7 +238,7 @@ class AuraRecipe:
     rho: float
     penalty: float
     scored_frames: int
-    train_decoder: bool = False  # False: aura.* alone on the frozen decoder (the recipe models/sim was trained with)
+    train_decoder: bool = False  # False: aura.* alone on the frozen decoder (the default recipe)
     bc_batch: int = 4            # train_decoder: frame-history sequences per step beside the aura episodes (0: none)
     decoder_lr: float = 1e-3     # train_decoder: the decoder's, encoder's and heads' learning rate
     cue_writes: bool = False     # the first ``forced_fraction`` of the steps write exactly where the cue appears

@@ -44,7 +44,7 @@ class TrainSpec:
     bc: StageSpec = StageSpec(steps=900, batch=4, lr=1e-3)
     aura: StageSpec = StageSpec(steps=500, batch=8, lr=3e-3)
     aura_scored_frames: int = 16   # frames per episode the aura action loss is taken on
-    aura_train_decoder: bool = False  # the decoder learns in the aura stage too (models/sim: False)
+    aura_train_decoder: bool = False  # the decoder learns in the aura stage too (models/sim: True, recipe E)
     aura_bc_batch: int = 4         # aura_train_decoder: frame-history sequences per step, so the decoder keeps serving the KV policies
     aura_decoder_lr: float = 1e-3  # aura_train_decoder: the decoder's learning rate in the aura stage
     aura_cue_writes: bool = False  # privileged write labels where the cue appears, forced first (AuraRecipe.cue_writes)
