@@ -449,16 +449,58 @@ def test_the_never_gate_keeps_the_memory_empty_and_reads_zero(micro_model):
     assert not policy.frame_prefix(np.ones((16, engine.config.hidden_size), np.float32)).any()
 
 
-def test_aura_feature_layout_follows_the_projections_width():
-    from vla_edge_ros.memory.aura import frame_feature
+def test_aura_feature_layouts_follow_the_projections_widths():
+    from vla_edge_ros.memory.aura import query_feature, write_feature
     from vla_edge_ros.model.checkpoint import CheckpointError
     from vla_edge_ros.model.memory_tensors import feature_layout
 
     config = preset("tiny")
-    assert feature_layout(config, config.hidden_size) == "mean"
-    assert feature_layout(config, config.hidden_size * config.vision.tokens_per_frame) == "concat"
-    with pytest.raises(CheckpointError, match="read 257 values"):
-        feature_layout(config, config.hidden_size + 1)
-    tokens = np.arange(6, dtype=np.float32).reshape(3, 2)
-    np.testing.assert_array_equal(frame_feature(tokens, "mean"), [2.0, 3.0])
-    np.testing.assert_array_equal(frame_feature(tokens, "concat"), np.arange(6))
+    hidden, tokens = config.hidden_size, config.hidden_size * config.vision.tokens_per_frame
+    assert feature_layout(config, hidden, hidden) == "mean"
+    assert feature_layout(config, tokens, tokens) == "concat"
+    assert feature_layout(config, tokens, hidden) == "hidden"
+    with pytest.raises(CheckpointError, match=r"\(query, write\) = \(257, 257\)"):
+        feature_layout(config, hidden + 1, hidden + 1)
+    with pytest.raises(CheckpointError, match="hidden"):
+        feature_layout(config, hidden, tokens)  # queries from the hidden state: it does not exist before the frame
+    embeddings = np.arange(6, dtype=np.float32).reshape(3, 2)
+    np.testing.assert_array_equal(query_feature(embeddings, "mean"), [2.0, 3.0])
+    np.testing.assert_array_equal(query_feature(embeddings, "concat"), np.arange(6))
+    np.testing.assert_array_equal(query_feature(embeddings, "hidden"), np.arange(6))
+    frame = FrameTokens(np.empty(0, np.int32), np.empty(0, np.int32), embeddings, np.empty(0, np.int32),
+                        hidden=np.array([7.0, 8.0], np.float32))
+    np.testing.assert_array_equal(write_feature(frame, "hidden"), [7.0, 8.0])
+    np.testing.assert_array_equal(write_feature(frame, "concat"), np.arange(6))
+    with pytest.raises(RuntimeError, match="last hidden state"):
+        write_feature(replace(frame, hidden=None), "hidden")
+
+
+def hidden_layout_model(checkpoint: Checkpoint, seed: int = 0) -> Checkpoint:
+    """``checkpoint`` with aura's key and value projections reading the hidden state (the ``hidden`` layout)."""
+    config = checkpoint.config
+    query = checkpoint.float32("aura.q_proj.weight").shape[0]
+    rng = np.random.default_rng(seed)
+    q_proj = rng.normal(0, 0.02, (query, config.hidden_size * config.vision.tokens_per_frame)).astype(np.float32)
+    projections = {"aura.k_proj.weight": rng.normal(0, 0.5, (query, config.hidden_size)),
+                   "aura.v_proj.weight": rng.normal(0, 0.5, (query, config.hidden_size)), "aura.q_proj.weight": q_proj}
+    return replace(checkpoint, tensors={**checkpoint.tensors, **{
+        name: StoredTensor("F32", np.asarray(value, np.float32)) for name, value in projections.items()}})
+
+
+def test_the_hidden_layout_writes_what_the_decoder_made_of_the_frame(micro_model):
+    """Key and value come from the final-norm hidden state the action is decoded from, after the frame's
+    forward; the next frame reads them back (beta 0.5 from zero: W k + b = v for the frame written)."""
+    checkpoint = hidden_layout_model(micro_model)
+    policy = aura_policy(gate="periodic", gate_rate=1.0, beta=0.5)
+    engine = micro_engine(checkpoint, policy)
+    assert policy.layout == "hidden"
+    prefill = engine.add_frame(frames(1, seed=5)[0])
+    v_proj, k_proj = checkpoint.float32("aura.v_proj.weight"), checkpoint.float32("aura.k_proj.weight")
+    np.testing.assert_allclose(policy.last_value, v_proj @ prefill.hidden, rtol=1e-5, atol=1e-6)
+    assert policy.writes == 1
+    key = k_proj @ prefill.hidden
+    np.testing.assert_allclose(policy.memory.read(key / np.linalg.norm(key)), policy.last_value, rtol=1e-4, atol=1e-5)
+    second = engine.add_frame(frames(1, seed=6)[0])
+    assert not np.allclose(second.hidden, prefill.hidden)  # a different frame, a different state to write
+
+

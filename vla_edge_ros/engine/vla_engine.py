@@ -309,7 +309,7 @@ class VlaEngine:
         out = self.backend.forward(positions, slots, embeddings=inputs, collect_attention=probe_attention,
                                    collect_layers=self.policy.needs_layer_inputs, rope_positions=rope)
         self.policy.add_frame(FrameTokens(slots[n_prefix:], positions[n_prefix:], embeddings, slots[:n_prefix],
-                                          _layer_inputs(out, n_prefix)))
+                                          _layer_inputs(out, n_prefix), out.hidden[-1]))
         t2 = time.perf_counter()
         return FramePrefill(out.hidden[-1], int(positions[-1]) + 1, evicted, frame.encode_ms, (t2 - t1) * 1e3,
                             slots[n_prefix:], out.last_attention, None if rope is None else int(rope.max()) + 1)

@@ -46,6 +46,7 @@ class FrameTokens:
     embeddings: np.ndarray  # [tokens_per_frame, hidden] frame-encoder output (the transformer's input)
     prefix_slots: np.ndarray  # slots of the tokens ``frame_prefix`` asked for (empty if none)
     layer_inputs: list[np.ndarray] | None = None  # each layer's input [tokens_per_frame, hidden], if asked for
+    hidden: np.ndarray | None = None  # [hidden] final-norm hidden state at the frame's last token (the action's)
 
 
 @dataclass(frozen=True)

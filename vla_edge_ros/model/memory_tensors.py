@@ -3,10 +3,11 @@
 They belong to the checkpoint format (``init-model`` and ``train`` write them, the loader checks them),
 so they live with the model, below the policies that read them.
 
-- aura: ``aura.k_proj.weight`` [d_k, feature], ``aura.q_proj.weight`` [d_k, feature],
-  ``aura.v_proj.weight`` [d_v, feature], ``aura.out_proj.weight`` [hidden, d_v]; optional learned
-  write gate ``aura.gate.weight`` [1, d_k + d_v] and ``aura.gate.bias`` [1]. A frame's feature is
-  ``hidden`` wide (``mean`` of its tokens) or ``tokens_per_frame * hidden`` (``concat``).
+- aura: ``aura.k_proj.weight`` [d_k, write], ``aura.q_proj.weight`` [d_k, query],
+  ``aura.v_proj.weight`` [d_v, write], ``aura.out_proj.weight`` [hidden, d_v]; optional learned
+  write gate ``aura.gate.weight`` [1, d_k + d_v] and ``aura.gate.bias`` [1]. The widths name the
+  feature layout (``memory/aura.py``): ``mean`` (query = write = hidden), ``concat`` (both
+  tokens_per_frame * hidden) or ``hidden`` (query tokens_per_frame * hidden, write hidden).
 - dms: ``model.layers.{i}.self_attn.dms_gate.weight`` [kv_heads, hidden] and ``.bias`` [kv_heads],
   every layer or none.
 """
@@ -19,30 +20,34 @@ from .config import ModelConfig
 AURA_PROJECTIONS = ("aura.k_proj.weight", "aura.q_proj.weight", "aura.v_proj.weight", "aura.out_proj.weight")
 AURA_GATE = ("aura.gate.weight", "aura.gate.bias")
 
-FEATURES = ("mean", "concat")
+FEATURES = ("mean", "concat", "hidden")
 
 
-def feature_size(config: ModelConfig, layout: str) -> int:
-    """Width of a frame's feature z in ``layout`` (see the module doc)."""
-    if layout not in FEATURES:
+def feature_sizes(config: ModelConfig, layout: str) -> tuple[int, int]:
+    """(query width, write width) in ``layout``: what q_proj reads, and what k_proj and v_proj read."""
+    tokens = config.hidden_size * config.vision.tokens_per_frame
+    widths = {"mean": (config.hidden_size, config.hidden_size), "concat": (tokens, tokens),
+              "hidden": (tokens, config.hidden_size)}
+    if layout not in widths:
         raise ValueError(f"aura feature layout must be one of {FEATURES}, got {layout!r}")
-    return config.hidden_size * (config.vision.tokens_per_frame if layout == "concat" else 1)
+    return widths[layout]
 
 
-def feature_layout(config: ModelConfig, width: int) -> str:
-    """The layout whose z is ``width`` values wide, or CheckpointError naming both widths."""
+def feature_layout(config: ModelConfig, query_width: int, write_width: int) -> str:
+    """The layout whose queries and writes read these widths, or CheckpointError naming the known ones."""
     for layout in FEATURES:
-        if feature_size(config, layout) == width:
+        if feature_sizes(config, layout) == (query_width, write_width):
             return layout
-    raise CheckpointError(f"aura projections read {width} values; a frame's feature has "
-                          f"{feature_size(config, 'mean')} (mean) or {feature_size(config, 'concat')} (concat)")
+    known = ", ".join(f"{layout} {feature_sizes(config, layout)}" for layout in FEATURES)
+    raise CheckpointError(f"aura projections read (query, write) = ({query_width}, {write_width}) values; "
+                          f"this config's layouts read {known}")
 
 
 def aura_shapes(config: ModelConfig, d_k: int, d_v: int, *, learned_gate: bool, layout: str = "mean"
                 ) -> dict[str, tuple[int, ...]]:
-    feature = feature_size(config, layout)
-    shapes = {"aura.k_proj.weight": (d_k, feature), "aura.q_proj.weight": (d_k, feature),
-              "aura.v_proj.weight": (d_v, feature), "aura.out_proj.weight": (config.hidden_size, d_v)}
+    query, write = feature_sizes(config, layout)
+    shapes = {"aura.k_proj.weight": (d_k, write), "aura.q_proj.weight": (d_k, query),
+              "aura.v_proj.weight": (d_v, write), "aura.out_proj.weight": (config.hidden_size, d_v)}
     if learned_gate:
         shapes.update({"aura.gate.weight": (1, d_k + d_v), "aura.gate.bias": (1,)})
     return shapes
@@ -86,7 +91,8 @@ def check_aura(checkpoint: Checkpoint) -> tuple[str, bool]:
                               "`vla-edge init-model` writes them (random), training writes learned ones")
     d_k, d_v = tensors["aura.k_proj.weight"].shape[0], tensors["aura.v_proj.weight"].shape[0]
     learned = any(name in tensors for name in AURA_GATE)
-    layout = feature_layout(checkpoint.config, tensors["aura.k_proj.weight"].shape[-1])
+    layout = feature_layout(checkpoint.config, tensors["aura.q_proj.weight"].shape[-1],
+                            tensors["aura.k_proj.weight"].shape[-1])
     check_tensors(tensors, aura_shapes(checkpoint.config, d_k, d_v, learned_gate=learned, layout=layout),
                   checkpoint.path)
     return layout, learned

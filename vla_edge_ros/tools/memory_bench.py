@@ -13,7 +13,7 @@ still holds the cue:
 - ``aura`` (F does not apply: it keeps no past frames as KV): nearest-prototype readout of what
   the memory adds to the present at the query, r - v_query, where r = W q + b is the read (q from
   the query frame exactly as ``AuraPolicy`` computes it, read before the query is written) and
-  v_query = W_v z the query frame's own value. Subtracting the present matters: the episodes' own
+  v_query the query frame's own value (W_v z_w). Subtracting the present matters: the episodes' own
   tables and clutter move the raw read far more than a small cue does, and a readout of the raw
   read scored chance even on a perfect memory (the ceiling below). Prototypes are per-class mean reads over
   separate prototype episodes (other seeds, same N); a read is classified by its highest cosine
@@ -95,13 +95,10 @@ import numpy as np
 from ..config import MemoryKnobs, default_of
 from ..engine.vla_engine import VlaEngine
 from ..memory import POLICIES, AuraPolicy, DmsPolicy, MemoryPolicy, make_policy
-from ..memory.aura import frame_feature
 from ..memory.cosine import SIGNATURES
 from ..model.checkpoint import Checkpoint, load_checkpoint
 from ..model.init_model import preset, write_random_model
 from ..model.layout import arena_capacity, kv_bytes_per_token
-from ..model.memory_tensors import feature_layout
-from ..model.vision import FrameEncoder
 from ..model.vl_frames import with_frame_geometry
 from ..worlds.scenes import COMPRESSION, MAX_CLASSES, OVERHEAD, PROTOTYPE, TEST, CueScene, scene_seed
 from .parallel import Job, Unit, UnitsFailed, run_figures, run_units
@@ -326,11 +323,12 @@ def _unit(x: np.ndarray) -> np.ndarray:
     return (x / norm).astype(np.float32) if norm > 0 else x.astype(np.float32)
 
 
-def aura_read(engine: VlaEngine, image: np.ndarray) -> np.ndarray:
-    """What the aura memory adds to ``image`` right now: r - v, r = W q + b with q and v as ``AuraPolicy`` makes them."""
-    policy = engine.policy
-    z = frame_feature(engine.encoder.encode(image), policy.layout)
-    return policy.memory.read(_unit(policy.q_proj @ z)) - policy.v_proj @ z
+def aura_read(policy: AuraPolicy) -> np.ndarray:
+    """What the aura memory added to the frame it saw last: r - v, the read before that frame's write minus the
+    frame's own value (as ``AuraPolicy`` made them, in any feature layout)."""
+    if policy.last_read is None or policy.last_value is None:
+        raise RuntimeError("aura_read: the policy has seen no frame")
+    return policy.last_read - policy.last_value
 
 
 def aura_policy(gate: str, rate: float, seed: int) -> AuraPolicy:
@@ -344,10 +342,9 @@ def aura_policy(gate: str, rate: float, seed: int) -> AuraPolicy:
 def aura_episode(engine: VlaEngine, gate: str, rate: float, episode: Episode) -> dict[str, Any]:
     """One episode under a fresh aura policy: its read at the query, writes and bytes."""
     engine.set_policy(aura_policy(gate, rate, episode.seed))
-    for image in episode.frames[:-1]:
+    for image in episode.frames:
         engine.add_frame(image)
-    read = aura_read(engine, episode.frames[-1])
-    engine.add_frame(episode.frames[-1])
+    read = aura_read(engine.policy)
     stats = engine.memory_stats()
     return {"cls": episode.cls, "read": [float(x) for x in read], "writes": stats.writes, "frames": stats.frames_seen,
             "evictions": stats.evictions, **_memory_columns(engine)}
@@ -366,14 +363,14 @@ def prototype_accuracy(prototype_runs: list[dict[str, Any]], test_runs: list[dic
     return float(np.mean(hits))
 
 
-def readout_ceiling(checkpoint: Checkpoint, spec: BenchSpec, tests: list[Episode], prototypes: list[Episode]) -> float:
-    """The same readout on v_cue - v_query (v = W_v z): what a memory returning the cue's value exactly would
-    give. At chance, the readout cannot tell the classes apart even from a perfect memory."""
-    encoder, v_proj = FrameEncoder.from_checkpoint(checkpoint), checkpoint.float32("aura.v_proj.weight")
-    layout = feature_layout(checkpoint.config, v_proj.shape[1])
-
+def readout_ceiling(engine: VlaEngine, spec: BenchSpec, tests: list[Episode], prototypes: list[Episode]) -> float:
+    """The same readout on v_cue - v_query (each value as the aura policy makes it from an empty memory):
+    what a memory returning the cue's value exactly would give. At chance, the readout cannot tell the
+    classes apart even from a perfect memory."""
     def value(image: np.ndarray) -> np.ndarray:
-        return v_proj @ frame_feature(encoder.encode(image), layout)
+        engine.set_policy(aura_policy("never", 1.0, 0))
+        engine.add_frame(image)
+        return engine.policy.last_value
 
     def values(episodes: list[Episode]) -> list[dict[str, Any]]:
         return [{"cls": e.cls, "read": (value(e.frames[0]) - value(e.frames[-1])).tolist()} for e in episodes]
@@ -582,12 +579,13 @@ def run_unit(state: dict[str, Any], unit: BenchUnit) -> dict[str, Any]:
         return dms_episode(engine(("dms", unit.target, unit.frames), lambda: _engine(
             checkpoint, _dms_policy(spec, unit.target), window_capacity(checkpoint, unit.frames))),
             spec, episode, checkpoint)
+    def aura() -> VlaEngine:
+        return engine(("aura",), lambda: _engine(checkpoint, make_policy("aura"), aura_capacity(checkpoint)))
+
     if unit.kind == "aura":
-        episode = make_episode(spec, unit.split, unit.index, unit.n)
-        return aura_episode(engine(("aura",), lambda: _engine(checkpoint, make_policy("aura"),
-                                                             aura_capacity(checkpoint))), unit.gate, unit.rate, episode)
+        return aura_episode(aura(), unit.gate, unit.rate, make_episode(spec, unit.split, unit.index, unit.n))
     if unit.kind == "ceiling":
-        return {"accuracy": readout_ceiling(checkpoint, spec, make_episodes(spec, TEST, spec.episodes, unit.n),
+        return {"accuracy": readout_ceiling(aura(), spec, make_episodes(spec, TEST, spec.episodes, unit.n),
                                             make_episodes(spec, PROTOTYPE, _prototypes(spec), unit.n))}
     return measure_compression(checkpoint, spec, unit.target)
 
