@@ -65,3 +65,10 @@ def test_bad_token_ids_are_rejected_by_the_parser(capsys):
     with pytest.raises(SystemExit):
         main(["parity", "--model", "x", "--token-ids", "1,a"])
     assert "comma-separated" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "nan", "inf", "fast"])
+def test_a_learning_rate_must_be_a_finite_positive_number(value, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--out", "never", "--aura-decoder-lr", value])
+    assert exit_info.value.code == 2 and "--aura-decoder-lr" in capsys.readouterr().err

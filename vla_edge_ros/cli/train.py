@@ -7,7 +7,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from .args import count
+from .args import count, learning_rate
 
 
 def _fraction(text: str) -> float:
@@ -87,7 +87,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--aura-memory-warmup", type=int, default=0,
                    help="with --aura-cue-writes: steps of the memory alone on that goal regression first (models/sim: "
                         "500, with --aura-memory-goal --aura-steps 1000 --aura-decoder-lr 3e-4)")
-    p.add_argument("--aura-decoder-lr", type=float, default=None,
+    p.add_argument("--aura-decoder-lr", type=learning_rate, default=None,
                    help="with --aura-train-decoder: the decoder's learning rate in the aura stage (default 1e-3)")
     p.add_argument("--aura-steps", type=count, default=None, help="steps of the aura stage (after --scale)")
     p.add_argument("--from", dest="init_from", type=Path, default=None,
