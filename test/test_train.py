@@ -29,7 +29,7 @@ from vla_edge_ros.train.stages import (
     write_labels,
 )
 from vla_edge_ros.train.torch_model import DmsMask, VlaModel
-from vla_edge_ros.train.trainer import DEFAULT_PROMPT, TrainSpec, export, train
+from vla_edge_ros.train.trainer import DEFAULT_PROMPT, TrainSpec, export, load_weights, train
 from vla_edge_ros.worlds.sim.world import CueReachEnv, TaskSpec
 
 pytestmark = pytest.mark.train
@@ -83,10 +83,12 @@ def test_the_torch_model_is_the_engine_frame_by_frame(tmp_path, demo):
 def test_aura_training_forward_makes_the_policys_writes_and_actions(tmp_path, demo):
     model = random_model(1)
     frames = 14
-    with torch.no_grad():
+    with torch.no_grad():  # a gate that both writes and declines, and a read that moves the action
+        torch.manual_seed(1)
+        model.aura.gate.weight.normal_(0.0, 1.0)
         model.aura.gate.bias.fill_(0.0)
-        expected, writes = aura_actions(model, torch.tensor(PROMPT), torch_frames(demo, frames), 0.5,
-                                        torch.arange(frames)[None])
+        model.aura.out_proj.weight.normal_(0.0, 0.5)
+        expected, writes = aura_actions(model, torch.tensor(PROMPT), torch_frames(demo, frames), 0.5)
     policy = make_policy("aura", {"kv.aura.beta": 0.5, "kv.aura.use_learned_gate": True})
     engine = engine_for(model, tmp_path, policy)
     actions, written = [], []
@@ -173,7 +175,7 @@ def test_the_aura_stage_trains_the_decoder_only_when_asked(demo):
         model = random_model(1)
         before = {name: param.detach().clone() for name, param in model.named_parameters()}
         train_aura(model, demos, torch.tensor(PROMPT), StageSpec(2, 2, 1e-2), np.random.default_rng(0), 12,
-                   AuraRecipe(0.5, 0.15, 1.0, 3, train_decoder, bc_batch=2), lambda *_: None)
+                   AuraRecipe(0.5, 0.15, 1.0, train_decoder, bc_batch=2), lambda *_: None)
         moved = {name for name, param in model.named_parameters() if not torch.equal(param, before[name])}
         aura = {name for name in before if name.startswith("aura.")}
         assert moved & aura
@@ -182,8 +184,7 @@ def test_the_aura_stage_trains_the_decoder_only_when_asked(demo):
 
 def test_train_writes_a_checkpoint_every_policy_runs_on_and_repeats_itself(tmp_path):
     spec = replace(TrainSpec(tasks=("cue-reach",)), episodes=4, max_frames=12, dms_max_frames=8,
-                   perception=StageSpec(2, 8, 1e-3), bc=StageSpec(2, 2, 1e-3), aura=StageSpec(2, 2, 1e-3), dms=StageSpec(2, 2, 1e-3),
-                   aura_scored_frames=3)
+                   perception=StageSpec(2, 8, 1e-3), bc=StageSpec(2, 2, 1e-3), aura=StageSpec(2, 2, 1e-3), dms=StageSpec(2, 2, 1e-3))
     first = train(spec, tmp_path / "a")
     train(spec, tmp_path / "b")
     assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
@@ -213,7 +214,7 @@ def test_write_labels_mark_where_the_cue_appears(demo):
 
 
 def test_cue_write_recipe_forces_the_labels_then_hands_the_gate_control(demo):
-    recipe = AuraRecipe(0.5, 0.15, 1.0, 3, train_decoder=True, cue_writes=True, forced_fraction=0.5, label_weight=2.0)
+    recipe = AuraRecipe(0.5, 0.15, 1.0, train_decoder=True, cue_writes=True, forced_fraction=0.5, label_weight=2.0)
     batch = make_batch([demo], [np.arange(10)])
     forced, weight = recipe.forcing(4, 10, batch)
     assert torch.equal(forced, write_labels(batch)) and weight == 2.0
@@ -221,7 +222,7 @@ def test_cue_write_recipe_forces_the_labels_then_hands_the_gate_control(demo):
     assert all(forced is None for forced, _ in later)
     assert [weight for _, weight in later] == pytest.approx([2.0, 1.0, 0.0])  # annealed away by the last step
     with pytest.raises(ValueError, match="forced_fraction"):
-        AuraRecipe(0.5, 0.15, 1.0, 3, cue_writes=True, forced_fraction=1.0)
+        AuraRecipe(0.5, 0.15, 1.0, cue_writes=True, forced_fraction=1.0)
 
 
 def test_cue_write_training_writes_the_labels_then_the_gate_learns_them(demo):
@@ -232,7 +233,7 @@ def test_cue_write_training_writes_the_labels_then_the_gate_learns_them(demo):
     model = random_model(5)
     decoder_before = model.action_head.weight.detach().clone()
     rows: list[dict[str, float]] = []
-    recipe = AuraRecipe(0.5, 0.15, 1.0, 3, train_decoder=True, bc_batch=0, decoder_lr=1e-3, cue_writes=True,
+    recipe = AuraRecipe(0.5, 0.15, 1.0, train_decoder=True, bc_batch=0, decoder_lr=1e-3, cue_writes=True,
                         forced_fraction=0.7, label_weight=1.0, memory_goal=1.0, memory_warmup=2)
     train_aura(model, demos, torch.tensor(PROMPT), StageSpec(10, 2, 3e-2), np.random.default_rng(0), 10, recipe,
                lambda step, figures: rows.append(figures))
@@ -257,7 +258,7 @@ def test_the_memory_warm_up_writes_the_cue_and_learns_where_it_was(demo):
     model = random_model(7)
     encoder_before = next(model.vision.parameters()).detach().clone()
     rows: list[dict[str, float]] = []
-    recipe = AuraRecipe(0.5, 0.15, 1.0, 3, train_decoder=True, cue_writes=True, memory_goal=1.0, memory_warmup=120)
+    recipe = AuraRecipe(0.5, 0.15, 1.0, train_decoder=True, cue_writes=True, memory_goal=1.0, memory_warmup=120)
     train_aura(model, demos, torch.tensor(PROMPT), StageSpec(0, 2, 1e-2), np.random.default_rng(1), 10, recipe,
                lambda step, figures: rows.append(figures))
     assert len(rows) == 120 and all(set(r) == {"loss", "memory_goal"} for r in rows)
@@ -269,7 +270,7 @@ def test_a_stage_runs_alone_from_a_checkpoint(tmp_path):
     """``--from models/sim --stages aura``: the shipped weights are the start, only the aura stage runs, and
     on the frozen decoder every other exported tensor leaves it unchanged."""
     spec = replace(TrainSpec(tasks=("cue-reach",)), episodes=2, max_frames=12, aura=StageSpec(2, 2, 1e-2),
-                   aura_scored_frames=3, stages=("aura",), init_from=str(SHIPPED))
+                   stages=("aura",), init_from=str(SHIPPED))
     log = train(spec, tmp_path)
     assert set(log.stages) == {"aura"} and log.demos["episodes"] == 2
     shipped, trained = load_checkpoint(SHIPPED), load_checkpoint(tmp_path)
@@ -287,8 +288,29 @@ def test_the_progress_of_the_aura_stage_counts_its_memory_warm_up(tmp_path):
     """The memory warm-up runs inside the aura stage: progress numbers its steps and the stage's on from 0
     against one total, so a bar ends where the stage does."""
     spec = replace(TrainSpec(tasks=("cue-reach",)), episodes=2, max_frames=12, aura=StageSpec(2, 2, 1e-2),
-                   aura_scored_frames=3, aura_train_decoder=True, aura_bc_batch=0, aura_cue_writes=True,
+                   aura_train_decoder=True, aura_bc_batch=0, aura_cue_writes=True,
                    aura_memory_goal=1.0, aura_memory_warmup=3, stages=("aura",), init_from=str(SHIPPED))
     calls: list[tuple[str, int, int]] = []
     log = train(spec, tmp_path, lambda stage, step, steps, figures: calls.append((stage, step, steps)))
     assert calls == [("aura", step, 5) for step in range(5)] and len(log.stages["aura"]) == 5
+
+
+def test_a_checkpoint_with_another_aura_layout_starts_the_memory_afresh(tmp_path):
+    """An earlier train's ``concat`` memory cannot be carried into the ``hidden`` one: everything else loads,
+    the memory keeps its fresh initialisation."""
+    from vla_edge_ros.model.init_model import write_model
+
+    export(random_model(0), CONFIG, tmp_path / "hidden", TrainSpec(dtype="float32"))
+    stored = load_checkpoint(tmp_path / "hidden")
+    arrays = {name: stored.float32(name) for name in stored.tensors}
+    concat = CONFIG.hidden_size * CONFIG.vision.tokens_per_frame
+    for name in ("aura.k_proj.weight", "aura.v_proj.weight"):
+        arrays[name] = np.ones((arrays[name].shape[0], concat), np.float32)
+    write_model(tmp_path / "concat", CONFIG, arrays, "float32")
+    model = random_model(1)
+    fresh = {name: p.detach().clone() for name, p in model.named_parameters() if name.startswith("aura.")}
+    load_weights(model, tmp_path / "concat")
+    assert all(torch.equal(p, fresh[name]) for name, p in model.named_parameters() if name.startswith("aura."))
+    np.testing.assert_array_equal(model.action_head.weight.detach().numpy(), arrays["action_head.weight"])
+    load_weights(model, tmp_path / "hidden")  # the same layout: the memory loads too
+    np.testing.assert_array_equal(model.aura.k_proj.weight.detach().numpy(), stored.float32("aura.k_proj.weight"))

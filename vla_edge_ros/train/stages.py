@@ -10,7 +10,7 @@
    decoder learns to carry the cue through the hold.
 2. ``train_aura``: only the aura projections and write gate learn. Each frame is seen as the engine's
    aura policy shows it: prompt, one memory token (what the fast weights return before this frame's
-   write), the frame. Loss: the action error plus a one-sided penalty on the write rate above rho.
+   write), the frame; the write then stores the frame's last hidden state (``aura_unroll``). Loss: the action error plus a one-sided penalty on the write rate above rho.
    ``AuraRecipe.train_decoder`` trains the decoder with the memory instead (alone, measured, it did
    not make the policy use its memory). ``AuraRecipe.cue_writes`` (recipe E, with the decoder) adds
    privileged write supervision: writes are forced where the cue appears, so the memory holds the cue
@@ -199,45 +199,51 @@ def behaviour_cloning(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tens
 
 
 class AuraPass(NamedTuple):
-    hidden: torch.Tensor   # [B, S, H] final-norm hidden states of the scored frames
-    writes: torch.Tensor   # [B, F] write decisions of every frame
-    logits: torch.Tensor   # [B, F] the gate's logits of every frame
-    memory: torch.Tensor   # [B, S, H] the memory token each scored frame read
+    hidden: torch.Tensor   # [B, F, H] final-norm hidden state at each frame's last token
+    writes: torch.Tensor   # [B, F] write decisions
+    logits: torch.Tensor   # [B, F] the gate's logits
+    memory: torch.Tensor   # [B, F, H] the memory token each frame read
 
 
-def aura_hidden(model: VlaModel, prompt_ids: torch.Tensor, frames: torch.Tensor, beta: float, scored: torch.Tensor,
+def aura_unroll(model: VlaModel, prompt_ids: torch.Tensor, frames: torch.Tensor, beta: float,
                 forced: torch.Tensor | None = None) -> AuraPass:
-    """The ``scored`` frames [B, S] (indices), each seen as the aura policy shows it (prompt, memory token,
-    frame), and every frame's writes (the memory runs over all of them; ``forced`` as ``AuraMemory.forward``)."""
-    batch = frames.shape[0]
+    """Every frame of ``frames`` [B, F, S, S, 3] as the aura policy runs it, in order: the memory token read
+    before the frame, the decoder over prompt + memory token + frame, then the write from the frame's last
+    hidden state (``forced`` [B, F] replaces the gate's decisions where given). Later frames read what earlier
+    forwards wrote, so the decoder is unrolled through time and the action error of a late frame reaches
+    how frame 0 was understood."""
+    batch, count = frames.shape[:2]
     tokens = model.vision(frames)  # [B, F, T, H]
-    memory, writes, logits = model.aura(tokens.flatten(-2), beta, forced)
-    rows = torch.arange(batch)[:, None]
-    memory, tokens = memory[rows, scored], tokens[rows, scored]  # [B, S, H], [B, S, T, H]
-    count = scored.shape[1]
-    prompt = model.prompt_embeddings(prompt_ids).expand(batch * count, -1, -1)
-    sequence = torch.cat([prompt, memory.reshape(batch * count, 1, -1), tokens.flatten(0, 1)], dim=1)
-    hidden, _ = model.model(sequence)
-    return AuraPass(hidden[:, -1].reshape(batch, count, -1), writes, logits, memory)
+    prompt = model.prompt_embeddings(prompt_ids).expand(batch, -1, -1)
+    state = model.aura.empty(batch)
+    hidden, writes, logits, memory = [], [], [], []
+    for f in range(count):
+        read = model.aura.read(state, tokens[:, f])
+        out, _ = model.model(torch.cat([prompt, read[:, None], tokens[:, f]], dim=1))
+        state, write, logit = model.aura.write(state, out[:, -1], beta, None if forced is None else forced[:, f])
+        hidden.append(out[:, -1])
+        writes.append(write)
+        logits.append(logit)
+        memory.append(read)
+    return AuraPass(*(torch.stack(parts, dim=1) for parts in (hidden, writes, logits, memory)))
 
 
-def aura_actions(model: VlaModel, prompt_ids: torch.Tensor, frames: torch.Tensor, beta: float, scored: torch.Tensor,
+def aura_actions(model: VlaModel, prompt_ids: torch.Tensor, frames: torch.Tensor, beta: float,
                  forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Actions [B, S, dof] of the ``scored`` frames as ``aura_hidden`` sees them, and every frame's writes."""
-    run = aura_hidden(model, prompt_ids, frames, beta, scored, forced)
+    """Actions [B, F, dof] of every frame as ``aura_unroll`` runs them, and the writes [B, F]."""
+    run = aura_unroll(model, prompt_ids, frames, beta, forced)
     return model.actions(run.hidden), run.writes
 
 
 @dataclass(frozen=True)
 class AuraRecipe:
-    """How the aura stage trains: delta-rule step, write-rate target and penalty, frames scored per episode,
-    whether the decoder learns too (with its own lr and frame-history sequences beside the episodes), and
-    whether writes are supervised with the privileged cue labels (``write_labels``)."""
+    """How the aura stage trains: delta-rule step, write-rate target and penalty, whether the decoder learns
+    too (with its own lr and frame-history sequences beside the episodes), and whether writes are
+    supervised with the privileged cue labels (``write_labels``)."""
 
     beta: float
     rho: float
     penalty: float
-    scored_frames: int
     train_decoder: bool = False  # False: aura.* alone on the frozen decoder (the default recipe)
     bc_batch: int = 4            # train_decoder: frame-history sequences per step beside the aura episodes (0: none)
     decoder_lr: float = 1e-3     # train_decoder: the decoder's, encoder's and heads' learning rate
@@ -275,11 +281,6 @@ class AuraRecipe:
         return None, 0.0
 
 
-def _scored(batch: Batch, rng: np.random.Generator, count: int) -> torch.Tensor:
-    """``count`` random valid frame indices [B, count] of each episode of ``batch``."""
-    return torch.from_numpy(np.stack([rng.integers(0, n, size=count) for n in batch.valid.sum(1).numpy()]))
-
-
 def _label_loss(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """BCE of the gate's logits toward the write labels, the mean over labelled frames and the mean over
     the others weighted alike (about one frame in 30-90 is labelled: a plain mean would teach never-write)."""
@@ -289,30 +290,27 @@ def _label_loss(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor)
     return torch.stack(parts).mean()
 
 
-def _aura_loss(model: VlaModel, prompt_ids: torch.Tensor, batch: Batch, rng: np.random.Generator,
-               recipe: AuraRecipe, step: int, steps: int, where: bool) -> tuple[torch.Tensor, dict[str, float]]:
-    """The aura episodes' loss: action error on ``recipe.scored_frames`` frames of each (+ the position
-    error when ``where``), the one-sided write-rate penalty, and the write-label BCE per ``recipe.forcing``.
-    Figures: ``write_rate`` counts the writes made (forced ones too); ``gate_rate`` and ``gate_recall``
-    are what the gate alone decides (of all frames, of the labelled ones)."""
-    scored = _scored(batch, rng, recipe.scored_frames)
+def _aura_loss(model: VlaModel, prompt_ids: torch.Tensor, batch: Batch, recipe: AuraRecipe, step: int, steps: int,
+               where: bool) -> tuple[torch.Tensor, dict[str, float]]:
+    """The aura episodes' loss: action error on every valid frame (+ the position error when ``where``), the
+    one-sided write-rate penalty, and the write-label BCE per ``recipe.forcing``. Figures: ``write_rate``
+    counts the writes made (forced ones too); ``gate_rate`` and ``gate_recall`` are what the gate alone
+    decides (of all frames, of the labelled ones)."""
     forced, label_weight = recipe.forcing(step, steps, batch)
-    hidden, writes, logits, memory = aura_hidden(model, prompt_ids, batch.frames, recipe.beta, scored, forced)
-    rows = torch.arange(len(scored))[:, None]
-    valid = torch.ones(scored.shape, dtype=torch.bool)
-    action = masked_mse(model.actions(hidden), batch.labels[rows, scored], valid)
+    hidden, writes, logits, memory = aura_unroll(model, prompt_ids, batch.frames, recipe.beta, forced)
+    action = masked_mse(model.actions(hidden), batch.labels, batch.valid)
     rate = writes[batch.valid].mean()
     loss = action + recipe.penalty * F.relu(rate - recipe.rho)
     gate = (logits > 0)[batch.valid].float().mean()
     figures = {"action": float(action.detach()), "write_rate": float(rate.detach()), "gate_rate": float(gate)}
     if where:
-        position = masked_mse(model.where_head(hidden), batch.where[rows, scored], valid)
+        position = masked_mse(model.where_head(hidden), batch.where, batch.valid)
         loss = loss + WHERE_WEIGHT * position
         figures["where"] = float(position.detach())
     if recipe.memory_goal > 0:
-        written = ((writes.detach().cumsum(1) - writes.detach()) > 0)[rows, scored]  # the memory holds something
+        written = ((writes.detach().cumsum(1) - writes.detach()) > 0) & batch.valid  # the memory holds something
         if written.any():
-            goal = masked_mse(model.memory_goal_head(memory), batch.where[rows, scored][..., 2:], written)
+            goal = masked_mse(model.memory_goal_head(memory), batch.where[..., 2:], written)
             loss = loss + recipe.memory_goal * goal
             figures["memory_goal"] = float(goal.detach())
     if recipe.cue_writes:
@@ -327,14 +325,13 @@ def _aura_loss(model: VlaModel, prompt_ids: torch.Tensor, batch: Batch, rng: np.
 def train_aura(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: StageSpec, rng: np.random.Generator,
                max_frames: int, recipe: AuraRecipe, progress: Progress) -> None:
     """The aura memory on the frozen decoder (``recipe.train_decoder``: with the decoder, see
-    ``_train_aura_and_decoder``). Each step: ``spec.batch`` whole episodes, the memory run over all their
-    frames and the action error taken on ``recipe.scored_frames`` random valid frames of each, seen as the
-    aura policy shows them (the decoder pass per frame is what costs). Writes are forced early on
+    ``_train_aura_and_decoder``). Each step: ``spec.batch`` whole episodes run frame by frame as the aura
+    policy runs them (``aura_unroll``), the action error taken on every valid frame. Writes are forced early on
     (``AuraRecipe.forcing``): without labels the first ``AURA_OPEN_FRACTION`` of the steps write every
     frame, since with a random read-out every write is noise and the gate learned never to write, where
     the sigmoid is flat and it cannot recover."""
     if recipe.warmup_steps:
-        _warm_memory(model, spec, demos, rng, recipe, progress)
+        _warm_memory(model, prompt_ids, spec, demos, rng, recipe, progress)
     if recipe.train_decoder:
         _train_aura_and_decoder(model, demos, prompt_ids, spec, rng, max_frames, recipe, progress)
         return
@@ -343,7 +340,7 @@ def train_aura(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spe
 
     def loss_of(step_batch: tuple[int, Batch]) -> tuple[torch.Tensor, dict[str, float]]:
         step, batch = step_batch
-        return _aura_loss(model, prompt_ids, batch, rng, recipe, step, spec.steps, where=False)
+        return _aura_loss(model, prompt_ids, batch, recipe, step, spec.steps, where=False)
 
     _fit(params, spec, enumerate(batches(demos, spec, rng, max_frames, partial=False)), loss_of, progress)
 
@@ -355,21 +352,19 @@ def cue_pairs(demos: list[Demo], count: int, rng: np.random.Generator) -> Batch:
     return make_batch(chosen, [np.array([0, rng.integers(1, len(d.frames))]) for d in chosen])
 
 
-def _warm_memory(model: VlaModel, spec: StageSpec, demos: list[Demo], rng: np.random.Generator,
-                 recipe: AuraRecipe, progress: Progress) -> None:
+def _warm_memory(model: VlaModel, prompt_ids: torch.Tensor, spec: StageSpec, demos: list[Demo],
+                 rng: np.random.Generator, recipe: AuraRecipe, progress: Progress) -> None:
     """``recipe.memory_warmup`` steps of ``aura.*`` alone (and ``memory_goal_head``) on ``cue_pairs``:
-    frame 0 written, the goal's position regressed from the memory token the later frame reads; no decoder
-    pass, and the encoder sees two frames per episode, not all of them, so a step costs milliseconds.
-    Through the decoder the memory token stayed at the mean's goal error (runs E1, E2); alone it learns it
-    in a few hundred steps, so the decoder then reads a token that says where the cue was."""
+    frame 0 written, the goal's position regressed from the memory token the later frame reads; two frames
+    per episode, not all of them, so a step costs a few decoder passes. Through the action loss alone the
+    memory token stayed at the mean's goal error (runs E1, E2); this way it learns it in a few hundred
+    steps, so the decoder then reads a token that says where the cue was."""
     params = [*model.aura.parameters(), *model.memory_goal_head.parameters()]
     _freeze(model, params)
     warmup = replace(spec, steps=recipe.memory_warmup, batch=WARMUP_PAIRS)
 
     def loss_of(batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        with torch.no_grad():
-            tokens = model.vision(batch.frames).flatten(-2)
-        memory, _, _ = model.aura(tokens, recipe.beta, write_labels(batch))
+        memory = aura_unroll(model, prompt_ids, batch.frames, recipe.beta, write_labels(batch)).memory
         goal = F.mse_loss(model.memory_goal_head(memory[:, 1]), batch.where[:, 1, 2:], reduction="sum") / len(memory)
         return goal, {"memory_goal": float(goal.detach())}
 
@@ -395,7 +390,7 @@ def _train_aura_and_decoder(model: VlaModel, demos: list[Demo], prompt_ids: torc
 
     def loss_of(step_pair: tuple[int, tuple[Batch, Batch | None]]) -> tuple[torch.Tensor, dict[str, float]]:
         step, (batch, history) = step_pair
-        loss, figures = _aura_loss(model, prompt_ids, batch, rng, recipe, step, spec.steps, where=True)
+        loss, figures = _aura_loss(model, prompt_ids, batch, recipe, step, spec.steps, where=True)
         if history is not None:
             bc, bc_figures = _action_loss(model, prompt_ids, history)
             loss = loss + bc

@@ -8,8 +8,9 @@ tensor names, so ``state_dict()`` is what ``export`` writes and what the engine 
 
 Two learned memory parts sit beside the decoder, each trained on the frozen decoder:
 
-- ``AuraMemory``: the fast-weight memory of ``memory/aura.py`` unrolled over an episode, with the
-  write gate hard in the forward pass and its sigmoid's gradient in the backward (straight-through);
+- ``AuraMemory``: the fast-weight memory of ``memory/aura.py`` (its ``hidden`` layout), stepped frame
+  by frame beside the decoder, with the write gate hard in the forward pass and its sigmoid's gradient
+  in the backward (straight-through);
 - ``dms_gate`` in every attention layer: per-KV-head eviction logits alpha = W norm(x) + b; a token
   outside the window stays readable in a head iff alpha < 0 there (hard forward, sigmoid(-alpha)'s
   gradient backward), exactly the decisions ``memory/dms.py`` enforces with its learned gate.
@@ -217,40 +218,42 @@ def grid_position_code(grid: int, hidden: int, scale: float = 0.5) -> torch.Tens
 
 
 class AuraMemory(nn.Module):
-    """``memory/aura.py``'s projections and learned gate, and its fast-weight memory unrolled in time."""
+    """``memory/aura.py``'s projections and learned gate in its ``hidden`` layout: queries from a frame's
+    encoder tokens concatenated, keys and values from the decoder's final hidden state at the frame's last
+    token. The fast weights are stepped frame by frame (``read`` before the frame's forward, ``write``
+    after it), so training unrolls the decoder through time as the engine runs it."""
 
-    def __init__(self, feature_size: int, hidden: int, d_k: int, d_v: int) -> None:
+    def __init__(self, query_size: int, hidden: int, d_k: int, d_v: int) -> None:
         super().__init__()
-        self.k_proj = nn.Linear(feature_size, d_k, bias=False)
-        self.q_proj = nn.Linear(feature_size, d_k, bias=False)
-        self.v_proj = nn.Linear(feature_size, d_v, bias=False)
+        self.k_proj = nn.Linear(hidden, d_k, bias=False)
+        self.q_proj = nn.Linear(query_size, d_k, bias=False)
+        self.v_proj = nn.Linear(hidden, d_v, bias=False)
         self.out_proj = nn.Linear(d_v, hidden, bias=False)
         self.gate = nn.Linear(d_k + d_v, 1)
 
-    def forward(self, features: torch.Tensor, beta: float, forced: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Memory tokens [B, F, H] (what frame f reads before its own write), the hard-forward,
-        soft-backward write decisions [B, F] and the gate's logits [B, F] of frames' features
-        [B, F, feature_size]; ``forced`` [B, F] (0 or 1) replaces the gate's decisions where given (the
-        logits are still the gate's, on the memory the forced writes made: what a write label trains)."""
-        k = F.normalize(self.k_proj(features), dim=-1)
-        q = F.normalize(self.q_proj(features), dim=-1)
-        v = self.v_proj(features)
-        batch, frames, d_k = k.shape
-        weights = features.new_zeros(batch, v.shape[-1], d_k)
-        bias = features.new_zeros(batch, v.shape[-1])
-        reads, writes, logits = [], [], []
-        for f in range(frames):
-            reads.append(torch.einsum("bvk,bk->bv", weights, q[:, f]) + bias)
-            error = v[:, f] - (torch.einsum("bvk,bk->bv", weights, k[:, f]) + bias)
-            logit = self.gate(torch.cat([k[:, f], error], dim=-1))[:, 0]
-            write = straight_through(torch.sigmoid(logit), logit > 0) if forced is None else forced[:, f]
-            step = beta * write[:, None] * error
-            weights = weights + step[:, :, None] * k[:, f, None, :]
-            bias = bias + step
-            writes.append(write)
-            logits.append(logit)
-        return self.out_proj(torch.stack(reads, dim=1)), torch.stack(writes, dim=1), torch.stack(logits, dim=1)
+    def empty(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fast weights (W [B, d_v, d_k], b [B, d_v]) of an empty memory."""
+        d_v, d_k = self.v_proj.out_features, self.k_proj.out_features
+        return self.out_proj.weight.new_zeros(batch, d_v, d_k), self.out_proj.weight.new_zeros(batch, d_v)
+
+    def read(self, state: tuple[torch.Tensor, torch.Tensor], tokens: torch.Tensor) -> torch.Tensor:
+        """The memory token [B, H] a frame with encoder tokens [B, T, H] reads: W_out (W q + b)."""
+        weights, bias = state
+        q = F.normalize(self.q_proj(tokens.flatten(-2)), dim=-1)
+        return self.out_proj(torch.einsum("bvk,bk->bv", weights, q) + bias)
+
+    def write(self, state: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor, beta: float,
+              forced: torch.Tensor | None = None) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor]:
+        """(the fast weights after the frame whose last hidden state is ``hidden`` [B, H], the write decisions
+        [B], hard forward and soft backward, and the gate's logits [B]); ``forced`` [B] (0 or 1) replaces the
+        gate's decisions where given (the logits stay the gate's: what a write label trains)."""
+        weights, bias = state
+        k = F.normalize(self.k_proj(hidden), dim=-1)
+        error = self.v_proj(hidden) - (torch.einsum("bvk,bk->bv", weights, k) + bias)
+        logit = self.gate(torch.cat([k, error], dim=-1))[:, 0]
+        write = straight_through(torch.sigmoid(logit), logit > 0) if forced is None else forced
+        step = beta * write[:, None] * error
+        return (weights + step[:, :, None] * k[:, None, :], bias + step), write, logit
 
 
 TRAINING_ONLY = ("where_head.", "memory_goal_head.")  # parameter prefixes the checkpoint does not carry
@@ -287,8 +290,10 @@ class VlaModel(nn.Module):
     def reset_parameters(self) -> None:
         """HF's initialisation (N(0, 0.02), zero biases, unit norms); dms gates start at keep-everything."""
         for name, param in self.named_parameters():
-            if name.startswith("memory_goal_head."):  # zeros, and no random draw: the other tensors stay seeded as before
-                nn.init.zeros_(param)
+            if name.startswith("memory_goal_head."):  # its own draws: the other tensors stay seeded as before
+                # not zero: with aura's read-out starting at zero too, neither would get a gradient
+                with torch.no_grad():
+                    param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(0)) * 0.02)
             elif name.endswith("norm.weight"):
                 nn.init.ones_(param)
             elif name.endswith("bias"):

@@ -43,7 +43,6 @@ class TrainSpec:
     perception: StageSpec = StageSpec(steps=1000, batch=64, lr=1e-3)
     bc: StageSpec = StageSpec(steps=900, batch=4, lr=1e-3)
     aura: StageSpec = StageSpec(steps=500, batch=8, lr=3e-3)
-    aura_scored_frames: int = 16   # frames per episode the aura action loss is taken on
     aura_train_decoder: bool = False  # the decoder learns in the aura stage too (models/sim: True, recipe E)
     aura_bc_batch: int = 4         # aura_train_decoder: frame-history sequences per step, so the decoder keeps serving the KV policies
     aura_decoder_lr: float = 1e-3  # aura_train_decoder: the decoder's learning rate in the aura stage
@@ -130,7 +129,7 @@ def train(spec: TrainSpec, out: Path, progress: StageProgress = lambda *args: No
     run("perception", spec.perception.steps,
         lambda step: perception(model, prompt, spec.perception, rng, step))
     run("bc", spec.bc.steps, lambda step: behaviour_cloning(model, demos, prompt, spec.bc, rng, spec.max_frames, step))
-    recipe = AuraRecipe(spec.aura_beta, spec.aura_rho, spec.aura_penalty, spec.aura_scored_frames,
+    recipe = AuraRecipe(spec.aura_beta, spec.aura_rho, spec.aura_penalty,
                         spec.aura_train_decoder, spec.aura_bc_batch, spec.aura_decoder_lr, spec.aura_cue_writes,
                         spec.aura_forced_fraction, spec.aura_label_weight, spec.aura_memory_goal,
                         spec.aura_memory_warmup)
@@ -147,11 +146,16 @@ def train(spec: TrainSpec, out: Path, progress: StageProgress = lambda *args: No
 def load_weights(model: VlaModel, model_dir: Path) -> ModelConfig:
     """Copy a checkpoint's tensors into ``model`` (all it exports, so every one must be there) and return
     the checkpoint's config, which must be the one ``model`` was built with. ``where_head`` keeps its
-    fresh initialisation: it is training-only and not exported."""
+    fresh initialisation: it is training-only and not exported. So does the aura memory when the checkpoint's
+    has another feature layout (``memory/aura.py``; a checkpoint of an earlier ``vla-edge train``): that
+    memory cannot be carried over, and the aura stage trains this one from its start."""
     checkpoint = load_checkpoint(model_dir)
     if checkpoint.config != model.c:
         raise ValueError(f"{model_dir}: its config.json differs from the preset this run trains (TrainSpec.preset)")
     state = model.exported_state()
+    if any(checkpoint.tensors[name].shape != tuple(tensor.shape) for name, tensor in state.items()
+           if name.startswith("aura.") and name in checkpoint.tensors):
+        state = {name: tensor for name, tensor in state.items() if not name.startswith("aura.")}
     missing = sorted(set(state) - set(checkpoint.tensors))
     if missing:
         raise ValueError(f"{model_dir}: not a 'vla-edge train' checkpoint, it lacks {missing[:3]}")
