@@ -85,8 +85,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--aura-memory-goal", action="store_true",
                    help="also regress the goal's position from aura's memory token (a training-only head)")
     p.add_argument("--aura-memory-warmup", type=int, default=0,
-                   help="with --aura-cue-writes: steps of the memory alone on that goal regression first (models/sim: "
-                        "500, with --aura-memory-goal --aura-steps 1000 --aura-decoder-lr 3e-4)")
+                   help="with --aura-cue-writes: steps of the memory alone on that goal regression first (models/sim's "
+                        "last command: 1000, with --aura-memory-goal --aura-steps 1000 --aura-decoder-lr 3e-4)")
     p.add_argument("--aura-decoder-lr", type=learning_rate, default=None,
                    help="with --aura-train-decoder: the decoder's learning rate in the aura stage (default 1e-3)")
     p.add_argument("--aura-steps", type=count, default=None, help="steps of the aura stage (after --scale)")
