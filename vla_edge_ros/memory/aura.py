@@ -24,9 +24,10 @@ Per frame, in this order:
 2. the memory token W_out r is prefilled right before the frame's tokens, so every layer of the
    frame and every action token can attend to what the memory returned: that is how the read feeds
    the action head;
-3. write, after the frame's forward (which made the ``hidden`` layout's z_w): surprise = ||v - (W k + b)||. One source decides, as in ``dms``: the checkpoint's learned
-   gate when it has one and ``use_learned_gate`` is true (write iff logit = w . [k, v - (W k + b)] + c
-   > 0), otherwise the surprise threshold (write iff surprise > threshold * ||v||). A write is one
+3. write, after the frame's forward (which made the ``hidden`` layout's z_w): surprise =
+   ||v - (W k + b)||. One source decides, as in ``dms``: the checkpoint's learned gate when it has
+   one and ``use_learned_gate`` is true (write iff logit = w . [k, v - (W k + b)] + c > 0),
+   otherwise the surprise threshold (write iff surprise > threshold * ||v||). A write is one
    delta-rule step: W += beta (v - W k - b) k^T, b += beta (v - W k - b).
 
 The threshold is relative to ||v|| so that one default means the same on every checkpoint: 0.5

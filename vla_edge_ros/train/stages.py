@@ -10,7 +10,8 @@
    decoder learns to carry the cue through the hold.
 2. ``train_aura``: only the aura projections and write gate learn. Each frame is seen as the engine's
    aura policy shows it: prompt, one memory token (what the fast weights return before this frame's
-   write), the frame; the write then stores the frame's last hidden state (``aura_unroll``). Loss: the action error plus a one-sided penalty on the write rate above rho.
+   write), the frame; the write then stores the frame's last hidden state (``aura_unroll``). Loss: the
+   action error plus a one-sided penalty on the write rate above rho.
    ``AuraRecipe.train_decoder`` trains the decoder with the memory instead (alone, measured, it did
    not make the policy use its memory). ``AuraRecipe.cue_writes`` (recipe E, with the decoder) adds
    privileged write supervision: writes are forced where the cue appears, so the memory holds the cue

@@ -217,6 +217,9 @@ def grid_position_code(grid: int, hidden: int, scale: float = 0.5) -> torch.Tens
     return F.pad(code, (0, hidden - code.shape[1])) * scale
 
 
+FastWeightState = tuple[torch.Tensor, torch.Tensor]  # aura's W [B, d_v, d_k] and b [B, d_v]
+
+
 class AuraMemory(nn.Module):
     """``memory/aura.py``'s projections and learned gate in its ``hidden`` layout: queries from a frame's
     encoder tokens concatenated, keys and values from the decoder's final hidden state at the frame's last
@@ -231,19 +234,19 @@ class AuraMemory(nn.Module):
         self.out_proj = nn.Linear(d_v, hidden, bias=False)
         self.gate = nn.Linear(d_k + d_v, 1)
 
-    def empty(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def empty(self, batch: int) -> FastWeightState:
         """The fast weights (W [B, d_v, d_k], b [B, d_v]) of an empty memory."""
         d_v, d_k = self.v_proj.out_features, self.k_proj.out_features
         return self.out_proj.weight.new_zeros(batch, d_v, d_k), self.out_proj.weight.new_zeros(batch, d_v)
 
-    def read(self, state: tuple[torch.Tensor, torch.Tensor], tokens: torch.Tensor) -> torch.Tensor:
+    def read(self, state: FastWeightState, tokens: torch.Tensor) -> torch.Tensor:
         """The memory token [B, H] a frame with encoder tokens [B, T, H] reads: W_out (W q + b)."""
         weights, bias = state
         q = F.normalize(self.q_proj(tokens.flatten(-2)), dim=-1)
         return self.out_proj(torch.einsum("bvk,bk->bv", weights, q) + bias)
 
-    def write(self, state: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor, beta: float,
-              forced: torch.Tensor | None = None) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor]:
+    def write(self, state: FastWeightState, hidden: torch.Tensor, beta: float, forced: torch.Tensor | None = None
+              ) -> tuple[FastWeightState, torch.Tensor, torch.Tensor]:
         """(the fast weights after the frame whose last hidden state is ``hidden`` [B, H], the write decisions
         [B], hard forward and soft backward, and the gate's logits [B]); ``forced`` [B] (0 or 1) replaces the
         gate's decisions where given (the logits stay the gate's: what a write label trains)."""
