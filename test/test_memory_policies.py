@@ -504,3 +504,20 @@ def test_the_hidden_layout_writes_what_the_decoder_made_of_the_frame(micro_model
     assert not np.allclose(second.hidden, prefill.hidden)  # a different frame, a different state to write
 
 
+
+
+def test_a_non_finite_hidden_state_is_not_written(micro_model):
+    """A frame whose forward diverged (NaN in the hidden state the hidden layout writes) leaves the memory as
+    it was and reports a NaN surprise; the next finite frame writes as usual."""
+    policy = aura_policy(gate="periodic", gate_rate=1.0)
+    engine = micro_engine(hidden_layout_model(micro_model), policy)
+    engine.add_frame(frames(1, seed=7)[0])
+    before = [a.copy() for a in policy.memory.get()]
+    hidden = np.full(engine.config.hidden_size, np.nan, np.float32)
+    policy.frame_prefix(np.zeros((4, engine.config.hidden_size), np.float32))
+    policy.add_frame(FrameTokens(np.empty(0, np.int32), np.empty(0, np.int32), np.zeros((4, 64), np.float32),
+                                 np.empty(0, np.int32), hidden=hidden))
+    assert all(np.array_equal(a, b) for a, b in zip(policy.memory.get(), before))
+    assert policy.writes == 1 and np.isnan(policy.last_surprise)
+    engine.add_frame(frames(1, seed=8)[0])
+    assert policy.writes == 2 and np.isfinite(policy.memory.get()[0]).all()

@@ -192,8 +192,11 @@ class AuraPolicy(MemoryPolicy):
         self.frames_seen += 1
         memory = self._memory()
         scale = float(np.linalg.norm(v))
-        surprise, written = memory.step(k, v, self.knobs.beta, *self._decision(memory, k, v, scale))
-        self.last_surprise = surprise / scale if scale > 0 else 0.0
+        if np.isfinite(scale):
+            surprise, written = memory.step(k, v, self.knobs.beta, *self._decision(memory, k, v, scale))
+            self.last_surprise = surprise / scale if scale > 0 else 0.0
+        else:  # a diverged forward (hidden layout): one bad frame must not poison every later read
+            written, self.last_surprise = False, math.nan
         self.writes += int(written)
         if self.knobs.target_write_rate > 0:
             self._rate += (float(written) - self._rate) / RATE_WINDOW_FRAMES
