@@ -21,6 +21,7 @@ from vla_edge_ros.train.stages import (
     AuraRecipe,
     StageSpec,
     aura_actions,
+    aura_batches,
     behaviour_cloning,
     cue_pairs,
     make_batch,
@@ -28,6 +29,7 @@ from vla_edge_ros.train.stages import (
     train_aura,
     write_labels,
 )
+from vla_edge_ros.train.rollouts import aura_rollouts
 from vla_edge_ros.train.torch_model import DmsMask, VlaModel
 from vla_edge_ros.train.trainer import DEFAULT_PROMPT, TrainSpec, export, load_weights, train
 from vla_edge_ros.worlds.sim.world import CueReachEnv, TaskSpec
@@ -314,3 +316,60 @@ def test_a_checkpoint_with_another_aura_layout_starts_the_memory_afresh(tmp_path
     np.testing.assert_array_equal(model.action_head.weight.detach().numpy(), arrays["action_head.weight"])
     load_weights(model, tmp_path / "hidden")  # the same layout: the memory loads too
     np.testing.assert_array_equal(model.aura.k_proj.weight.detach().numpy(), stored.float32("aura.k_proj.weight"))
+
+
+def test_a_rollout_is_the_aura_policy_driving_the_robot_labelled_by_the_expert(tmp_path):
+    """DAgger's episodes: replayed through the engine's aura policy, each recorded frame gives the command that
+    moved the robot to the next recorded position, and each label is the expert's command where the robot
+    stood."""
+    model = random_model(1)
+    with torch.no_grad():  # a gate that both writes and declines, and a read that moves the action
+        torch.manual_seed(1)
+        model.aura.gate.weight.normal_(0.0, 1.0)
+        model.aura.out_proj.weight.normal_(0.0, 0.5)
+    task = TaskSpec(name="cue-reach", hold_s=0.1)
+    [episode] = aura_rollouts(model, torch.tensor(PROMPT), [task], [21], 0.5, max_frames=24)
+    assert len(episode.frames) == len(episode.commands) == len(episode.where) == 24 and not episode.success
+    assert episode.cue_frames == task.frames(task.cue_s)
+    policy = make_policy("aura", {"kv.aura.beta": 0.5, "kv.aura.use_learned_gate": True})
+    engine = engine_for(model, tmp_path, policy)
+    env = CueReachEnv(task, 21)
+    np.testing.assert_array_equal(episode.frames[0], resize_frame(env.reset(), CONFIG.vision.image_size))
+    step = task.max_speed / task.rate_hz
+    for i, frame in enumerate(episode.frames[:-1]):
+        command = np.clip(engine.step(frame).action, -1.0, 1.0) * (i >= task.release_frames)
+        robot = episode.where[i, :2]
+        np.testing.assert_allclose(episode.where[i + 1, :2], np.clip(robot + command * step, 0, 1), atol=1e-5)
+        env.place_robot(robot)
+        np.testing.assert_allclose(episode.commands[i], env.expert_command(), atol=1e-5)
+    assert 0 < policy.writes < 23  # the gate both wrote and declined
+    assert np.linalg.norm(episode.where[-1, :2] - episode.where[0, :2]) > 0.01  # the policy moved the robot
+
+
+def test_dagger_fills_half_of_each_aura_batch_with_the_policys_own_episodes(monkeypatch, demo):
+    """Collections at the start of each round (steps 0 and 2 of 4), aggregated: the second half of every batch
+    is drawn from the episodes collected so far, the first from the demonstrations."""
+    import vla_edge_ros.train.stages as stages
+
+    collected: list[list] = []
+
+    def rollouts(*args, **kwargs):
+        collected.append(aura_rollouts(*args, **kwargs))
+        return collected[-1]
+
+    monkeypatch.setattr(stages, "aura_rollouts", rollouts)
+    recipe = AuraRecipe(0.5, 0.15, 1.0, dagger_episodes=2, dagger_rounds=2)
+    model = random_model(3)
+    made = list(aura_batches(model, [demo], torch.tensor(PROMPT), StageSpec(4, 2, 1e-3), np.random.default_rng(0), 10,
+                             recipe))
+    assert len(made) == 4 and len(collected) == 2 and all(len(round_) == 2 for round_ in collected)
+    for step, batch in enumerate(made):
+        pool = [episode for round_ in collected[:1 + step // 2] for episode in round_]
+        np.testing.assert_array_equal(batch.frames[0][batch.valid[0]].numpy(), demo.frames[:10])
+        own = batch.frames[1][batch.valid[1]].numpy()
+        assert any(np.array_equal(own, episode.frames) for episode in pool)
+    with pytest.raises(ValueError, match="half a batch"):
+        list(aura_batches(model, [demo], torch.tensor(PROMPT), StageSpec(1, 8, 1e-3), np.random.default_rng(0), 10,
+                          recipe))
+    with pytest.raises(ValueError, match="rounds"):
+        AuraRecipe(0.5, 0.15, 1.0, dagger_rounds=0)

@@ -40,7 +40,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     spec = TrainSpec(seed=args.seed, aura_train_decoder=args.aura_train_decoder or args.aura_cue_writes,
                      aura_cue_writes=args.aura_cue_writes, aura_memory_goal=1.0 if args.aura_memory_goal else 0.0,
-                     aura_memory_warmup=args.aura_memory_warmup,
+                     aura_memory_warmup=args.aura_memory_warmup, aura_dagger_episodes=args.aura_dagger,
                      stages=args.stages,
                      init_from=None if args.init_from is None else str(args.init_from))
     if args.aura_decoder_lr is not None:
@@ -84,11 +84,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "--aura-train-decoder")
     p.add_argument("--aura-memory-goal", action="store_true",
                    help="also regress the goal's position from aura's memory token (a training-only head)")
-    p.add_argument("--aura-memory-warmup", type=int, default=0,
+    p.add_argument("--aura-memory-warmup", type=lambda text: count(text, minimum=0), default=0, metavar="N",
                    help="with --aura-cue-writes: steps of the memory alone on that goal regression first (models/sim's "
                         "last command: 1000, with --aura-memory-goal --aura-steps 1000 --aura-decoder-lr 3e-4)")
     p.add_argument("--aura-decoder-lr", type=learning_rate, default=None,
                    help="with --aura-train-decoder: the decoder's learning rate in the aura stage (default 1e-3)")
+    p.add_argument("--aura-dagger", type=lambda text: count(text, minimum=0), default=0, metavar="N",
+                   help="DAgger in the aura stage: 4 times (the first at its start) the policy drives N fresh episodes "
+                        "itself, labelled by the expert; half of each aura batch comes from them (N >= the batch's "
+                        "half, 4; models/sim's last command: 64)")
     p.add_argument("--aura-steps", type=count, default=None, help="steps of the aura stage (after --scale)")
     p.add_argument("--from", dest="init_from", type=Path, default=None,
                    help="start from this checkpoint's weights (e.g. models/sim with --stages aura)")

@@ -77,9 +77,13 @@ def record_demo(spec: TaskSpec, seed: int, image_size: int, noise_sigma: float =
         if outcome.done:
             success = outcome.success
             break
-    cue = spec.frames(spec.cue_s) if spec.name == "cue-reach" else len(frames)
-    return Demo(spec.name, np.stack(frames), np.asarray(commands, np.float32), np.asarray(where, np.float32), cue,
-                success)
+    return Demo(spec.name, np.stack(frames), np.asarray(commands, np.float32), np.asarray(where, np.float32),
+                cue_frames(spec, len(frames)), success)
+
+
+def cue_frames(spec: TaskSpec, count: int) -> int:
+    """``Demo.cue_frames`` of an episode of ``spec`` with ``count`` frames."""
+    return spec.frames(spec.cue_s) if spec.name == "cue-reach" else count
 
 
 def record_demos(specs: list[TaskSpec], episodes: int, seed: int, image_size: int) -> list[Demo]:

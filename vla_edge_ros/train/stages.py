@@ -18,6 +18,7 @@
    when the decoder must act on it, then the gate takes over (see ``AuraRecipe.forcing``). With
    ``memory_warmup`` the memory first learns alone to say where the goal was (``_warm_memory``);
    only that, and enough steps after it, made the decoder read the memory (README, Training).
+   ``AuraRecipe.dagger_episodes`` puts the policy's own closed-loop episodes in every batch (``aura_batches``).
 3. ``train_dms``: only the per-layer dms gates learn. The student reads the whole episode with
    per-KV-head evictions enforced once a token has left the window; the teacher is the same frozen
    model reading everything. Loss: the student's action error against the teacher's plus a one-sided
@@ -29,13 +30,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..worlds.sim.world import TaskSpec
 from .demos import Demo, perception_samples, sample_frames
+from .rollouts import AuraPass, aura_frame, aura_rollouts
 from .torch_model import DmsMask, VlaModel, straight_through
 
 Progress = Callable[[int, dict[str, float]], None]
@@ -199,13 +202,6 @@ def behaviour_cloning(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tens
     _fit_actions(model, prompt_ids, spec, batches(demos, spec, rng, max_frames, partial=True), progress)
 
 
-class AuraPass(NamedTuple):
-    hidden: torch.Tensor   # [B, F, H] final-norm hidden state at each frame's last token
-    writes: torch.Tensor   # [B, F] write decisions
-    logits: torch.Tensor   # [B, F] the gate's logits
-    memory: torch.Tensor   # [B, F, H] the memory token each frame read
-
-
 def aura_unroll(model: VlaModel, prompt_ids: torch.Tensor, frames: torch.Tensor, beta: float,
                 forced: torch.Tensor | None = None) -> AuraPass:
     """Every frame of ``frames`` [B, F, S, S, 3] as the aura policy runs it, in order: the memory token read
@@ -217,16 +213,11 @@ def aura_unroll(model: VlaModel, prompt_ids: torch.Tensor, frames: torch.Tensor,
     tokens = model.vision(frames)  # [B, F, T, H]
     prompt = model.prompt_embeddings(prompt_ids).expand(batch, -1, -1)
     state = model.aura.empty(batch)
-    hidden, writes, logits, memory = [], [], [], []
+    steps = []
     for f in range(count):
-        read = model.aura.read(state, tokens[:, f])
-        out, _ = model.model(torch.cat([prompt, read[:, None], tokens[:, f]], dim=1))
-        state, write, logit = model.aura.write(state, out[:, -1], beta, None if forced is None else forced[:, f])
-        hidden.append(out[:, -1])
-        writes.append(write)
-        logits.append(logit)
-        memory.append(read)
-    return AuraPass(*(torch.stack(parts, dim=1) for parts in (hidden, writes, logits, memory)))
+        state, step = aura_frame(model, prompt, state, tokens[:, f], beta, None if forced is None else forced[:, f])
+        steps.append(step)
+    return AuraPass(*(torch.stack(parts, dim=1) for parts in zip(*steps)))
 
 
 def aura_actions(model: VlaModel, prompt_ids: torch.Tensor, frames: torch.Tensor, beta: float,
@@ -253,6 +244,8 @@ class AuraRecipe:
     label_weight: float = 1.0    # cue_writes: weight of the gate's BCE toward the labels, to 0 by the last step
     memory_goal: float = 0.0     # weight of the goal's position regressed from the memory token (0: off)
     memory_warmup: int = 0       # cue_writes: steps of aura.* alone on that regression first (no decoder pass)
+    dagger_episodes: int = 0     # closed-loop episodes of the policy collected per round, half of each batch (0: off)
+    dagger_rounds: int = 4       # dagger_episodes: collections, evenly spread over the stage, the first at step 0
 
     def __post_init__(self) -> None:
         if not 0 <= self.forced_fraction < 1:
@@ -260,6 +253,9 @@ class AuraRecipe:
                              f"{self.forced_fraction}")
         if self.label_weight < 0:
             raise ValueError(f"label_weight must be >= 0, got {self.label_weight}")
+        if self.dagger_episodes < 0 or self.dagger_rounds < 1:
+            raise ValueError(f"dagger: need episodes >= 0 and rounds >= 1, got {self.dagger_episodes} and "
+                             f"{self.dagger_rounds}")
 
     @property
     def warmup_steps(self) -> int:
@@ -323,6 +319,30 @@ def _aura_loss(model: VlaModel, prompt_ids: torch.Tensor, batch: Batch, recipe: 
     return loss, figures
 
 
+def aura_batches(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: StageSpec,
+                 rng: np.random.Generator, max_frames: int, recipe: AuraRecipe) -> Iterator[Batch]:
+    """The aura stage's whole episodes: demonstrations, or with ``recipe.dagger_episodes`` half of each batch
+    from the policy's own closed-loop episodes (``rollouts.aura_rollouts``: DAgger, aggregated over
+    ``recipe.dagger_rounds`` collections with the weights of the time, on fresh layouts). The rollouts'
+    seeds are drawn from 2**31 up: never an evaluation's."""
+    if not recipe.dagger_episodes:
+        yield from batches(demos, spec, rng, max_frames, partial=False)
+        return
+    own = spec.batch // 2
+    if recipe.dagger_episodes < own:
+        raise ValueError(f"dagger: {recipe.dagger_episodes} episodes a round cannot fill half a batch of {spec.batch}")
+    tasks = [TaskSpec(name=name) for name in dict.fromkeys(demo.task for demo in demos)]
+    every = max(1, spec.steps // recipe.dagger_rounds)
+    pool: list[Demo] = []
+    for step in range(spec.steps):
+        if step % every == 0 and step // every < recipe.dagger_rounds:
+            seeds = [int(seed) for seed in rng.integers(2**31, 2**62, size=recipe.dagger_episodes)]
+            pool += aura_rollouts(model, prompt_ids, tasks, seeds, recipe.beta, max_frames)
+        chosen = [demos[i] for i in rng.choice(len(demos), size=spec.batch - own, replace=False)]
+        chosen += [pool[i] for i in rng.choice(len(pool), size=own, replace=False)]
+        yield make_batch(chosen, [np.arange(min(len(demo.frames), max_frames)) for demo in chosen])
+
+
 def train_aura(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: StageSpec, rng: np.random.Generator,
                max_frames: int, recipe: AuraRecipe, progress: Progress) -> None:
     """The aura memory on the frozen decoder (``recipe.train_decoder``: with the decoder, see
@@ -343,7 +363,8 @@ def train_aura(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spe
         step, batch = step_batch
         return _aura_loss(model, prompt_ids, batch, recipe, step, spec.steps, where=False)
 
-    _fit(params, spec, enumerate(batches(demos, spec, rng, max_frames, partial=False)), loss_of, progress)
+    _fit(params, spec, enumerate(aura_batches(model, demos, prompt_ids, spec, rng, max_frames, recipe)), loss_of,
+         progress)
 
 
 def cue_pairs(demos: list[Demo], count: int, rng: np.random.Generator) -> Batch:
@@ -385,7 +406,7 @@ def _train_aura_and_decoder(model: VlaModel, demos: list[Demo], prompt_ids: torc
     memory = [*model.aura.parameters(), *model.where_head.parameters(), *model.memory_goal_head.parameters()]
     _freeze(model, decoder + memory)
     groups = [{"params": decoder, "lr": recipe.decoder_lr}, {"params": memory, "lr": spec.lr}]
-    episodes = batches(demos, spec, rng, max_frames, partial=False)
+    episodes = aura_batches(model, demos, prompt_ids, spec, rng, max_frames, recipe)
     histories = batches(demos, replace(spec, batch=recipe.bc_batch), rng, max_frames, partial=True)
     steps = zip(episodes, histories) if recipe.bc_batch else ((batch, None) for batch in episodes)
 

@@ -52,6 +52,8 @@ class TrainSpec:
     aura_label_weight: float = 1.0     # aura_cue_writes: the gate's BCE toward the labels, annealed to 0
     aura_memory_goal: float = 0.0      # weight of the goal position regressed from the memory token (0: off)
     aura_memory_warmup: int = 0        # aura_cue_writes: steps of aura.* alone on that regression first
+    aura_dagger_episodes: int = 0      # closed-loop episodes of the policy per collection, half of each aura batch
+    aura_dagger_rounds: int = 4        # aura_dagger_episodes: collections over the aura stage
     dms: StageSpec = StageSpec(steps=100, batch=2, lr=2e-2)
     dms_max_frames: int = 64       # cue, hold and the first moves: what the gate must learn to keep
     aura_beta: float = 0.5         # the delta-rule step the gate is trained with (kv.aura.beta's default)
@@ -133,7 +135,7 @@ def train(spec: TrainSpec, out: Path, progress: StageProgress = lambda *args: No
     recipe = AuraRecipe(spec.aura_beta, spec.aura_rho, spec.aura_penalty,
                         spec.aura_train_decoder, spec.aura_bc_batch, spec.aura_decoder_lr, spec.aura_cue_writes,
                         spec.aura_forced_fraction, spec.aura_label_weight, spec.aura_memory_goal,
-                        spec.aura_memory_warmup)
+                        spec.aura_memory_warmup, spec.aura_dagger_episodes, spec.aura_dagger_rounds)
     run("aura", recipe.warmup_steps + spec.aura.steps,
         lambda step: train_aura(model, demos, prompt, spec.aura, rng, spec.max_frames, recipe, step))
     run("dms", spec.dms.steps, lambda step: train_dms(model, demos, prompt, spec.dms, rng, spec.dms_max_frames,
