@@ -373,3 +373,5 @@ def test_dagger_fills_half_of_each_aura_batch_with_the_policys_own_episodes(monk
                           recipe))
     with pytest.raises(ValueError, match="rounds"):
         AuraRecipe(0.5, 0.15, 1.0, dagger_rounds=0)
+    with pytest.raises(ValueError, match="half a batch of 8"):  # refused up front, before any demonstration
+        TrainSpec(aura_dagger_episodes=3)

@@ -319,6 +319,12 @@ def _aura_loss(model: VlaModel, prompt_ids: torch.Tensor, batch: Batch, recipe: 
     return loss, figures
 
 
+def check_dagger(episodes: int, batch: int) -> None:
+    """A DAgger round must fill the half of an aura batch that ``aura_batches`` draws from it."""
+    if 0 < episodes < batch // 2:
+        raise ValueError(f"dagger: {episodes} episodes a round cannot fill half a batch of {batch}")
+
+
 def aura_batches(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: StageSpec,
                  rng: np.random.Generator, max_frames: int, recipe: AuraRecipe) -> Iterator[Batch]:
     """The aura stage's whole episodes: demonstrations, or with ``recipe.dagger_episodes`` half of each batch
@@ -328,9 +334,8 @@ def aura_batches(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, s
     if not recipe.dagger_episodes:
         yield from batches(demos, spec, rng, max_frames, partial=False)
         return
+    check_dagger(recipe.dagger_episodes, spec.batch)
     own = spec.batch // 2
-    if recipe.dagger_episodes < own:
-        raise ValueError(f"dagger: {recipe.dagger_episodes} episodes a round cannot fill half a batch of {spec.batch}")
     tasks = [TaskSpec(name=name) for name in dict.fromkeys(demo.task for demo in demos)]
     every = max(1, spec.steps // recipe.dagger_rounds)
     pool: list[Demo] = []

@@ -23,7 +23,7 @@ from ..model.config import ModelConfig
 from ..model.init_model import AURA_DIM, preset, write_model
 from ..worlds.sim.world import TaskSpec
 from .demos import record_demos
-from .stages import AuraRecipe, StageSpec, behaviour_cloning, perception, train_aura, train_dms
+from .stages import AuraRecipe, StageSpec, behaviour_cloning, check_dagger, perception, train_aura, train_dms
 from .torch_model import VlaModel
 
 SCHEMA = "vla_edge_ros.train/1"
@@ -71,6 +71,7 @@ class TrainSpec:
         unknown = [name for name in self.stages if name not in STAGES]
         if unknown or not self.stages:
             raise ValueError(f"stages: expected a non-empty subset of {', '.join(STAGES)}, got {list(self.stages)}")
+        check_dagger(self.aura_dagger_episodes, self.aura.batch)  # before the demonstrations, not after
 
     def scaled(self, factor: float) -> TrainSpec:
         """The same recipe with every stage's steps (and the demonstrations) scaled, for smoke runs."""
