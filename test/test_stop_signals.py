@@ -36,6 +36,26 @@ def test_an_interruption_is_one_line_and_exit_2_however_a_library_reraises_it(ca
     assert signal.getsignal(signal.SIGTERM) is before  # the previous handler is back
 
 
+def test_an_interruption_an_optional_import_swallowed_still_ends_the_start_up(capsys):
+    """``try: import fast_thing except ImportError: use the slow one``: the interruption, turned into an
+    ImportError by a C loader, is taken for a missing module and start-up goes on; it must end before the
+    loop runs, not 120 s later when the run's duration is up."""
+    def body(stop: StopSignals) -> int:
+        try:
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                signal.pause()
+            except BaseException as exc:
+                raise ImportError("initialization failed") from exc
+        except ImportError:
+            pass  # the fallback
+        stop.running = True
+        return 0
+
+    assert run_until_interrupted("prog", body) == 2
+    assert capsys.readouterr().err == "prog: interrupted by SIGTERM during start-up\n"
+
+
 def test_an_error_without_a_signal_is_not_taken_for_an_interruption():
     def body(stop: StopSignals) -> int:
         raise ImportError("a genuinely missing library")

@@ -12,7 +12,9 @@ Entry points install the handlers first thing (``run_until_interrupted``), befor
 so that even a signal during ``import numpy`` ends cleanly; the previous handlers come back when the
 block ends. A library may catch ``Interrupted`` and raise its own error instead (rclpy's C-extension
 loader turns it into an ``ImportError``): the handler remembers what it raised, so whatever escapes
-after it is still reported as the interruption it is, never as a traceback. rclpy's own handlers are not installed
+after it is still reported as the interruption it is, never as a traceback, and if nothing escapes (an
+optional import took that ``ImportError`` for a missing module and went on), the start-up still ends
+where the loop would start running. rclpy's own handlers are not installed
 (``nodes/ros_session.py``): they would shut the ROS context down under the running nodes before the
 stop command could be published. Standard library only: this module loads in milliseconds.
 """
@@ -39,7 +41,7 @@ class StopSignals:
     """The process's SIGINT/SIGTERM handler: aborts start-up, or asks a running loop to stop."""
 
     def __init__(self) -> None:
-        self.running = False  # set by the spin loop once the nodes run; cleared when it returns
+        self._running = False
         self.requested: str | None = None  # the name of the signal that asked the running loop to stop
         self.phase = "during start-up"  # how an interruption is described (a batch job says where it stopped)
         self.interruption: Interrupted | None = None  # what this handler raised, if it did
@@ -55,6 +57,19 @@ class StopSignals:
         finally:
             for number, old in previous.items():
                 signal.signal(number, old)
+
+    @property
+    def running(self) -> bool:
+        """Set by the spin loop once the nodes run; cleared when it returns."""
+        return self._running
+
+    @running.setter
+    def running(self, value: bool) -> None:
+        if value and self.interruption is not None:
+            # The start-up was interrupted, but something swallowed the raise (an optional import caught
+            # it as an ImportError and fell back, for instance): start-up ends here, before the nodes run.
+            raise self.interruption
+        self._running = value
 
     def __call__(self, number: int, frame: FrameType | None) -> None:
         name = signal.Signals(number).name
