@@ -3,7 +3,12 @@ every bad input as one BagError, and recorded commands mapped back to the action
 
 from __future__ import annotations
 
+import os
+import re
+import socket
 import sqlite3
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -269,3 +274,65 @@ def test_recorded_commands_decode_from_a_bag_into_the_action(tmp_path):
         first = next(bag.messages([bag.command_topic()]))
     vector = command_vector(first.msg, first.msgtype, twist_dims=[0, 1, 2, 3, 4, 5], joint_names=[])
     np.testing.assert_array_equal(vector, next(scenario_frames(SPEC))[1])
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess:
+    """``vla-edge`` in its own process, so that a blocking open fails the test by timeout instead of hanging it."""
+    return subprocess.run([sys.executable, "-m", "vla_edge_ros", *argv], capture_output=True, text=True,
+                          timeout=60)
+
+
+def _storage(directory: Path) -> Path:
+    (storage,) = directory.glob("*.mcap")
+    return storage
+
+
+def _fifo_bags(tmp_path: Path) -> dict[str, Path]:
+    """A FIFO in each place a bag's bytes are read from: the bag itself, the one storage file of a directory
+    without metadata, and the storage file a rosbag2 directory's metadata.yaml names."""
+    os.mkfifo(tmp_path / "fifo.mcap")
+    (tmp_path / "bare").mkdir()
+    os.mkfifo(tmp_path / "bare" / "x.mcap")
+    rosbag2 = write_bag(SPEC, tmp_path / "rosbag2", storage="mcap")
+    storage = _storage(rosbag2)
+    storage.unlink()
+    os.mkfifo(storage)
+    return {"file": tmp_path / "fifo.mcap", "bare": tmp_path / "bare", "rosbag2": rosbag2}
+
+
+def test_a_fifo_as_a_bag_is_refused_at_once_not_waited_on(tmp_path):
+    """Reading a FIFO blocks until a writer comes, which none will: replay used to hang for good."""
+    bags = _fifo_bags(tmp_path)
+    result = _cli("replay", str(bags["file"]), "--out", str(tmp_path / "out"))
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == f"vla-edge replay: error: {bags['file']}: not a bag: it is a FIFO (named pipe)\n"
+    result = _cli("replay", str(bags["bare"]), str(bags["rosbag2"]), "--out", str(tmp_path / "out"))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"vla-edge replay: error: {bags['bare']}: not a bag: {bags['bare'] / 'x.mcap'} is a FIFO (named pipe)",
+        f"vla-edge replay: error: {bags['rosbag2']}: not a bag: {_storage(bags['rosbag2'])} is a FIFO (named pipe)",
+        f"vla-edge replay: 2 of 2 bags failed: {bags['bare']}, {bags['rosbag2']}"]
+
+
+def test_play_refuses_a_fifo_too(tmp_path):
+    pytest.importorskip("rclpy")
+    fifo = tmp_path / "fifo.mcap"
+    os.mkfifo(fifo)
+    result = _cli("play", str(fifo))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"vla-edge play: error: {fifo}: not a bag: it is a FIFO (named pipe)\n"
+
+
+def test_devices_and_sockets_are_not_bags(tmp_path):
+    """They do not hang every time, but reading one is never what was meant: named as what it is."""
+    with pytest.raises(BagError, match="^/dev/null: not a bag: it is a character device$"):
+        Bag("/dev/null")
+    sock, directory = tmp_path / "s.mcap", tmp_path / "d"
+    directory.mkdir()
+    (directory / "linked.mcap").symlink_to(sock)
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(sock))
+        with pytest.raises(BagError, match=f"^{re.escape(str(sock))}: not a bag: it is a socket$"):
+            Bag(sock)
+        with pytest.raises(BagError, match=f"^{re.escape(f'{directory}: not a bag: {directory}/linked.mcap')} is a socket$"):
+            Bag(directory)

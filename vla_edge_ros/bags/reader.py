@@ -15,14 +15,16 @@ every layout a user may hand us:
 
 Message definitions come from the bag where it carries them (every ROS 1 bag, rosbag2 from Iron on,
 all MCAP); types a bag does not define are taken from rosbags' built-in ROS 2 Kilted definitions.
-Anything wrong with the input (missing path, not a bag, truncated or corrupt storage, an empty bag,
+Anything wrong with the input (missing path, not a bag, a FIFO, device or socket where a bag's file should
+be, truncated or corrupt storage, an empty bag,
 an absent, ambiguous or mistyped topic, a record that does not decode) is a BagError naming the
 bag, never a raw rosbags, SQLite or struct exception.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import stat
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -38,6 +40,9 @@ COMMAND_MSGTYPES: tuple[str, ...] = ("geometry_msgs/msg/Twist", "std_msgs/msg/Fl
                                   "trajectory_msgs/msg/JointTrajectory")
 STORAGE_SUFFIXES: tuple[str, ...] = (".mcap", ".db3")
 ROS1_SUFFIX = ".bag"
+_SPECIAL_FILES: tuple[tuple[Callable[[int], bool], str], ...] = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
 class BagError(ValueError):
@@ -195,6 +200,10 @@ def _open_reader(path: Path) -> AnyReader:
     """An opened AnyReader for ``path``, or BagError saying why there is none."""
     if not path.exists():
         raise BagError(f"{path}: no such file or directory")
+    _refuse_special(path, path)
+    if path.is_dir():
+        for entry in sorted(path.iterdir()):
+            _refuse_special(entry, path)
     target = path
     if path.is_dir() and not (path / "metadata.yaml").is_file():
         storage = sorted(p for p in path.iterdir() if p.suffix in STORAGE_SUFFIXES)
@@ -217,6 +226,18 @@ def _open_reader(path: Path) -> AnyReader:
     if {c.msgtype for c in reader.connections} - set(known):
         reader.typestore.register({name: fields for name, fields in fallback.fielddefs.items() if name not in known})
     return reader
+
+
+def _refuse_special(path: Path, bag: Path) -> None:
+    """BagError when ``path`` (the bag, or a file in its directory) is a FIFO, a device or a socket: reading
+    one blocks for a writer that never comes (a FIFO) or reads what no bag holds, so it is refused unopened."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return  # a dangling link in a bag directory: reading the bag says what is missing, if anything is
+    kind = next((name for is_kind, name in _SPECIAL_FILES if is_kind(mode)), None)
+    if kind is not None:
+        raise BagError(f"{bag}: not a bag: {'it' if path == bag else path} is {kind}")
 
 
 def _ros2_typestore(bag_types: Typestore) -> Typestore:

@@ -55,21 +55,24 @@ def cmd_replay(args: argparse.Namespace) -> int:
             outs.append(out)
         except BagError as exc:
             failed[bag] = str(exc)
-    reports, failures, summary = replay_bags(
-        ready, outs, settings, args.policy, args.cost, args.out, realtime=args.realtime, workers=args.workers,
-        ray_address=args.ray, resume=args.resume, bar=progress_bar("replay"))
-    failed.update(failures)
+    reports, summaries = {}, []
+    if ready:  # when no bag opened, their errors are the whole output: no progress bar, no run line
+        reports, failures, summary = replay_bags(
+            ready, outs, settings, args.policy, args.cost, args.out, realtime=args.realtime, workers=args.workers,
+            ray_address=args.ray, resume=args.resume, bar=progress_bar("replay"))
+        failed.update(failures)
+        summaries.append(summary)
     for bag in args.bags:
         if bag in failed:
             print(f"vla-edge replay: error: {failed[bag]}", file=sys.stderr, flush=True)
         elif not args.json:
             _print_summary(reports[bag], dirs[args.bags.index(bag)])
-    run = run_figures([summary], args.workers, args.ray)
+    run = run_figures(summaries, args.workers, args.ray)
     if args.json:
         print(json.dumps({"schema": BATCH_SCHEMA, "reports": [reports[bag] for bag in args.bags if bag in reports],
                           "failed": [{"bag": str(bag), "error": failed[bag]} for bag in args.bags if bag in failed]},
                          indent=2))
-    else:
+    elif summaries:
         print(run_line(run, run.pop("seconds")))
     if failed and len(args.bags) > 1:
         print(f"vla-edge replay: {len(failed)} of {len(args.bags)} bags failed: "
