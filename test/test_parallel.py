@@ -18,6 +18,10 @@ from vla_edge_ros.tools.parallel import Job, Unit, run_units
 HERE = Path(__file__).resolve().parent
 
 
+class ToyError(ValueError):
+    """A user error of a package's own (module path test_parallel.ToyError)."""
+
+
 def prepare(context: dict) -> dict:
     """A toy worker state: what a real one loads once (the model), here a counter of units run."""
     return {"scale": context["scale"], "ran": 0, "pid": os.getpid()}
@@ -33,6 +37,10 @@ def work(state: dict, spec: dict) -> dict:
         os.kill(os.getpid(), signal.SIGKILL)
     if spec.get("raise"):
         raise ValueError(f"unit {spec['n']} cannot be done")
+    if spec.get("raise_lines"):
+        raise ToyError(f"unit {spec['n']} cannot be done:\n  not at all")
+    if spec.get("bug"):
+        return {"n": spec["n"] / 0}
     time.sleep(spec.get("sleep", 0.0))
     if spec.get("blas"):
         from threadpoolctl import threadpool_info
@@ -85,6 +93,17 @@ def test_a_worker_that_dies_has_its_unit_retried_and_one_that_keeps_dying_is_rep
     assert set(summary.failed) == {"always_dies", "raises"}
     assert "died 2 times" in summary.failed["always_dies"] and "cannot be done" in summary.failed["raises"]
     assert all(summary.results[f"u{n:03d}"]["square"] == n * n for n in range(6))  # nothing else lost
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_failed_unit_is_its_error_in_one_line_without_a_class_path(tmp_path, workers):
+    """What a user reads: a user error's own message, a bug's exception name; never a traceback's last line
+    (``test_parallel.ToyError: ...``, as replay printed ``vla_edge_ros.bags.reader.BagError: ...``)."""
+    work_units = [Unit("raises", {"n": 0, "raise": True}), Unit("lines", {"n": 1, "raise_lines": True}),
+                  Unit("bug", {"n": 2, "bug": True})]
+    summary = run_units(job(), work_units, tmp_path, workers=workers)
+    assert summary.failed == {"raises": "unit 0 cannot be done", "lines": "unit 1 cannot be done: not at all",
+                              "bug": "ZeroDivisionError: division by zero"}
 
 
 def test_resume_keeps_finished_units_of_the_same_job_only(tmp_path):

@@ -4,13 +4,14 @@ batch that runs past a bad bag, and exit status 2 with one clear line for every 
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from replay_inputs import FIXED, replay_config_file, write_moving_bag
+from replay_inputs import FIXED, camera_bag, replay_config_file, write_moving_bag
 
 from vla_edge_ros.bags.writer import BagWriter
 from vla_edge_ros.cli import main
@@ -92,3 +93,17 @@ def test_truncated_bags_and_bags_without_a_camera_are_clear_errors(tmp_path, cap
             data=np.zeros(7, np.float32)))
     assert main(["replay", str(blind), "--out", str(tmp_path / "out")]) == 2
     assert "no image topic" in capsys.readouterr().err
+
+
+def test_a_bag_that_breaks_while_replaying_is_one_line_naming_it_once(tmp_path, capsys, tiny_model):
+    """A record that does not decode is found by the unit reading the frames, in a worker: its BagError reaches
+    the user as its own message, not as a traceback's last line (``vla_edge_ros.bags.reader.BagError: ...``)."""
+    bag = camera_bag(tmp_path / "broken.db3", bad=lambda index: False)
+    with sqlite3.connect(bag) as db:
+        db.execute("UPDATE messages SET data = x'0001000001' WHERE id = 5")
+    assert main(["replay", str(bag), "--config", str(replay_config_file(tmp_path, tiny_model)), "--policy", "fifo",
+                 "--cost", FIXED, "--out", str(tmp_path / "out")]) == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert line.startswith(f"vla-edge replay: error: {bag}: the sensor_msgs/msg/Image message on /camera/image_raw "
+                           "at 1133333332 ns does not decode (")
+    assert line.count(str(bag)) == 1 and "vla_edge_ros." not in line

@@ -11,7 +11,8 @@ Every result is written as it arrives to ``<out>/units/<key>.json`` (a temporary
 an interrupted run keeps each finished unit whole, and ``resume`` skips the units whose file is there and
 was written for the same job (``Job.identity``: a different configuration never resumes an old run).
 
-Failures. A unit that raises is reported failed with its error; its worker carries on. A worker process
+Failures. A unit that raises is reported failed with its error in one line (a user error, ValueError or
+OSError, as its own message; anything else, a bug, as its exception's name and message); its worker carries on. A worker process
 that dies (killed, out of memory, a crash in native code) has its unit run once more on a fresh worker;
 if that dies too, the unit is reported failed. Other units are not affected. Ctrl-C / SIGTERM stops every
 worker and leaves the finished units on disk.
@@ -34,12 +35,13 @@ import os
 import pickle
 import sys
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
+
+from ..config import USER_ERRORS
 
 UNITS_DIR = "units"
 
@@ -150,9 +152,18 @@ def _timed(job: Job, state: Any, spec: Any) -> tuple[dict | None, str | None, fl
     started = time.process_time()
     try:
         result = job.work(state, spec)
-    except Exception:  # noqa: BLE001
-        return None, traceback.format_exc(limit=3).rstrip(), time.process_time() - started
+    except Exception as exc:  # noqa: BLE001
+        return None, failure_line(exc), time.process_time() - started
     return result, None, time.process_time() - started
+
+
+def failure_line(exc: Exception) -> str:
+    """``exc`` as a user reads it, in one line: a user error (what the command line prints as one line) says what
+    is wrong itself, so its message alone; a bug gets its exception's name too. Never a traceback or a class path."""
+    message = " ".join(str(exc).split())
+    if isinstance(exc, USER_ERRORS) and message:
+        return message
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
 def _write(path: Path, identity: str, result: dict) -> None:

@@ -137,9 +137,9 @@ def replay_bags(bags: Sequence[BagInput], outs: Sequence[Path], settings: Settin
                         workers=workers, ray_address=ray_address, resume=resume, progress=bar,
                         on_result=report_when_complete)
     for bag, bag_keys in zip(bags, keys):
-        errors = [summary.failed[key].splitlines()[-1] for key in bag_keys if key in summary.failed]
-        if errors:
-            failed[bag.path] = f"{bag.path}: {errors[0]}"
+        errors = [summary.failed[key] for key in bag_keys if key in summary.failed]
+        if errors:  # a BagError names its bag already
+            failed[bag.path] = errors[0] if errors[0].startswith(f"{bag.path}: ") else f"{bag.path}: {errors[0]}"
     return ({bag.path: reports[bag.path] for bag in bags if bag.path in reports},
             {bag.path: failed[bag.path] for bag in bags if bag.path in failed}, summary)
 
