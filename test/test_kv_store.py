@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import errno
 import os
 import signal
@@ -29,7 +30,7 @@ from vla_edge_ros.kv_store import (
 from vla_edge_ros.kv_store import store as store_module
 from vla_edge_ros.kv_store.block_file import HEADER_BYTES
 from vla_edge_ros.kv_store.engine_blocks import prompt_key
-from vla_edge_ros.kv_store.keys import chain_key, write_new_key
+from vla_edge_ros.kv_store.keys import chain_key, parse_key, write_new_key
 from vla_edge_ros.memory import POLICIES, make_policy
 from vla_edge_ros.model.checkpoint import load_checkpoint
 from vla_edge_ros.worlds.synthetic import SyntheticCamera
@@ -220,7 +221,7 @@ def test_key_file_must_be_private_and_well_formed(tmp_path, monkeypatch):
     path = tmp_path / "key"
     write_new_key(path)
     assert len(load_key(str(path))) == 32
-    with pytest.raises(FileExistsError):
+    with pytest.raises(StoreKeyError, match=f"^key file {path} exists: keygen never replaces a key"):
         write_new_key(path)
     path.chmod(0o644)
     with pytest.raises(StoreKeyError, match="chmod 600"):
@@ -236,6 +237,27 @@ def test_key_file_must_be_private_and_well_formed(tmp_path, monkeypatch):
         load_key("", "TEST_KV_KEY")
     with pytest.raises(StoreKeyError, match="needs a key"):
         load_key("", "")
+
+
+def test_only_an_unambiguous_256_bit_key_is_taken(tmp_path):
+    """Hex, base64 and raw bytes overlap: 32 hex digits without a newline are also 32 raw bytes, and were taken
+    as such, so a 128-bit key silently bound a new store to a key nobody meant. Raw must not be text."""
+    raw = b"\n" + bytes(31)  # binary: whitespace at its ends is part of it
+    for text, key in ((AES_KEY.hex().encode() + b"\n", AES_KEY), (AES_KEY.hex().upper().encode(), AES_KEY),
+                      (base64.b64encode(AES_KEY) + b"\n", AES_KEY), (AES_KEY, AES_KEY), (raw, raw)):
+        assert parse_key(text, "k") == key
+    short = tmp_path / "aes128.key"
+    for written in (AES_KEY[:16].hex().encode(), AES_KEY[:16].hex().encode() + b"\n"):
+        short.write_bytes(written)
+        short.chmod(0o600)
+        with pytest.raises(StoreKeyError, match=f"^key file {short}: holds 32 hex digits, a 128-bit key; a 256-bit "
+                                                 "key is 64 hex digits"):
+            load_key(str(short))
+    with pytest.raises(StoreKeyError, match="^k: holds 63 hex digits, a 252-bit key"):
+        parse_key(AES_KEY.hex().encode()[:-1], "k")
+    for text in (b"correct horse battery staple 123", b"  " + b"z" * 30, base64.b64encode(AES_KEY[:24])):
+        with pytest.raises(StoreKeyError, match="^k: not a 256-bit key"):
+            parse_key(text, "k")
 
 
 # -- durability, budget, disk full ------------------------------------------------------------------------
