@@ -29,7 +29,7 @@ from vla_edge_ros.kv_store import (
 )
 from vla_edge_ros.kv_store import store as store_module
 from vla_edge_ros.kv_store.block_file import HEADER_BYTES
-from vla_edge_ros.kv_store.engine_blocks import prompt_key
+from vla_edge_ros.kv_store.engine_blocks import memory_key, prompt_key
 from vla_edge_ros.kv_store.keys import chain_key, parse_key, write_new_key
 from vla_edge_ros.memory import POLICIES, make_policy
 from vla_edge_ros.model.checkpoint import load_checkpoint
@@ -51,7 +51,7 @@ def _engine(checkpoint, policy: str = "fifo") -> VlaEngine:
 
 def _store(directory: Path, fingerprint: bytes = FINGERPRINT, aes_key: bytes | None = AES_KEY, **kwargs) -> BlockStore:
     return BlockStore(directory, fingerprint, aes_key=aes_key, budget_bytes=kwargs.pop("budget_bytes", 1 << 30),
-                      log=lambda message: None, **kwargs)
+                      log=kwargs.pop("log", lambda message: None), **kwargs)
 
 
 def _arrays(seed: int = 0, size: int = 1000) -> dict[str, np.ndarray]:
@@ -99,6 +99,19 @@ def test_memory_is_bound_to_policy_and_name(checkpoint, tmp_path):
     assert not restore_memory(_with_prompt(_engine(checkpoint), PROMPT), store, "robot_2")
     assert not restore_memory(_with_prompt(_engine(checkpoint), PROMPT[:3]), store, "robot_1")
     assert store.failures == {}  # different keys: plain misses, not failures
+
+
+def test_a_memory_block_that_does_not_fit_is_logged_in_words(checkpoint, tmp_path):
+    """Authentic but lacking an array (another engine version's layout): a miss, logged without a repr."""
+    lines: list[str] = []
+    store = _store(tmp_path, model_fingerprint(checkpoint), log=lines.append)
+    engine = _with_prompt(_engine(checkpoint), PROMPT)
+    state = engine.memory_state()
+    del state["slots"]
+    store.put(memory_key(store, PROMPT, "fifo", "robot_1"), "memory", state)
+    assert not restore_memory(engine, store, "robot_1") and store.failures == {"shape": 1}
+    assert lines == [f"KV block rejected (shape), recomputing instead: episode memory does not fit this engine: it "
+                     f"lacks the array 'slots'"]
 
 
 def _with_prompt(engine: VlaEngine, prompt: list[int]) -> VlaEngine:

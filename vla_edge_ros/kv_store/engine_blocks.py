@@ -60,7 +60,8 @@ def restore_memory(engine: VlaEngine, store: BlockStore, name: str) -> bool:
     try:
         engine.load_memory_state(state)
     except (ValueError, KeyError) as exc:
-        store.reject("shape", store.path_of(key).name, f"episode memory does not fit this engine: {exc!r}")
+        why = f"it lacks the array {exc}" if isinstance(exc, KeyError) else str(exc)
+        store.reject("shape", store.path_of(key).name, f"episode memory does not fit this engine: {why}")
         engine.set_prompt(engine.prompt_ids)
         return False
     return True
