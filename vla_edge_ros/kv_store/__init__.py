@@ -2,11 +2,12 @@
 
 from .binding import StoreBindingError
 from .block_file import BlockError
-from .directory import BlockDirectory, StoreBusyError, StoreFullError
+from .directory import BlockDirectory, StoreBusyError, StoreFullError, StoreIOError
 from .engine_blocks import load_or_prefill_prompt, restore_memory, save_memory
 from .fingerprint import model_fingerprint
 from .keys import StoreKeyError, load_key
 from .store import BlockStore
 
 __all__ = ["BlockDirectory", "BlockError", "BlockStore", "StoreBindingError", "StoreBusyError", "StoreFullError",
-           "StoreKeyError", "load_key", "load_or_prefill_prompt", "model_fingerprint", "restore_memory", "save_memory"]
+           "StoreIOError", "StoreKeyError", "load_key", "load_or_prefill_prompt", "model_fingerprint", "restore_memory",
+           "save_memory"]

@@ -130,7 +130,7 @@ def other_key(directory: Path, aes_key: bytes) -> bytes:
 
 def remove(directory: BlockDirectory, name: str) -> None:
     """Delete one binding file, durably (missing is fine)."""
-    (directory.directory / name).unlink(missing_ok=True)
+    directory.unlink(directory.directory / name)
     directory.sync()
 
 

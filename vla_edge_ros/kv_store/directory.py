@@ -8,6 +8,9 @@ temp file that the next open removes. Readers read a whole file through one open
 concurrent rename or removal by another process gives them the old or the new inode, never a mix.
 Least recently used is the file's mtime, which a hit refreshes.
 
+An operation the operating system refuses (a read-only or full file system, a permission) is a
+StoreIOError: one line naming the store, what it was doing and the file, never a temp file's name.
+
 Every process that opens the directory holds a shared ``flock`` on the directory for as long as it
 has it open; changing the store's key or wiping it takes the lock exclusively, so neither can run
 under a live node, and a node cannot open a store while one of them runs.
@@ -21,7 +24,7 @@ import os
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,11 +35,19 @@ _TEMP_PREFIX = ".tmp."
 _TEMP_MAX_AGE_S = 3600.0  # a temp file this old is garbage even if its writer's pid was reused
 
 
-class StoreFullError(OSError):
+class StoreIOError(OSError):
+    """An OSError of the store, whose message (``strerror``) names the store: ``str`` is that alone, one line
+    for a user, while ``errno`` stays for code that tells errors apart."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class StoreFullError(StoreIOError):
     """A block that does not fit the budget, the free-space floor or the disk; the store is unchanged."""
 
 
-class StoreBusyError(OSError):
+class StoreBusyError(StoreIOError):
     """The directory is locked by another process for an operation that needs it alone."""
 
 
@@ -56,8 +67,11 @@ class BlockDirectory:
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._lock = os.open(self.directory, os.O_RDONLY)  # the lock is on the directory itself: no lock file
+        try:
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._lock = os.open(self.directory, os.O_RDONLY)  # the lock is on the directory itself: no lock file
+        except OSError as exc:
+            raise self._refused(exc, "create or open the directory") from None
         self._release = weakref.finalize(self, os.close, self._lock)  # by close(), or with this object
         try:
             fcntl.flock(self._lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -132,20 +146,30 @@ class BlockDirectory:
             self.on_step("renamed")
             self.sync()
         except OSError as exc:
-            temp.unlink(missing_ok=True)
+            with suppress(OSError):  # on a read-only file system even this fails, and must not hide why
+                temp.unlink(missing_ok=True)
+            if isinstance(exc, FileExistsError):  # replace=False lost the race: the caller's to handle
+                raise
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise StoreFullError(exc.errno, f"disk full writing {final.name} in the KV store; "
-                                                f"existing blocks are intact") from exc
-            raise
+                raise StoreFullError(exc.errno, f"KV store {self.directory}: disk full writing {final.name}; "
+                                                f"existing blocks are intact") from None
+            raise self._refused(exc, f"write {final.name}") from None
         self.on_step("durable")
 
     def sync(self) -> None:
         """Make the directory's entries (renames, removals) durable."""
-        fd = os.open(self.directory, os.O_RDONLY)
         try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            fd = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise self._refused(exc, "sync the directory") from None
+
+    def _refused(self, exc: OSError, doing: str) -> StoreIOError:
+        """``exc`` as one line naming this store and what it was ``doing`` (e.g. "write key-check")."""
+        return StoreIOError(exc.errno, f"KV store {self.directory}: cannot {doing}: {exc.strerror or exc}")
 
     def gc(self, budget_bytes: int) -> list[Path]:
         """Evict least-recently-used blocks until the store is within ``budget_bytes``."""
@@ -161,12 +185,20 @@ class BlockDirectory:
         return removed
 
     def remove(self, path: Path) -> bool:
-        """Delete one file of this store (False if another process removed it first)."""
+        """Delete one block of this store (False if another process removed it first)."""
+        if not self.unlink(path):
+            return False  # another process got there first
+        self.evictions += 1
+        return True
+
+    def unlink(self, path: Path) -> bool:
+        """Delete one file of this store (False if it is not there)."""
         try:
             path.unlink()
         except FileNotFoundError:
-            return False  # another process got there first
-        self.evictions += 1
+            return False
+        except OSError as exc:
+            raise self._refused(exc, f"remove {path.name}") from None
         return True
 
     def remove_stale_temp_files(self) -> int:
@@ -180,8 +212,7 @@ class BlockDirectory:
                 continue
             if age < _TEMP_MAX_AGE_S and _alive(pid):
                 continue
-            path.unlink(missing_ok=True)
-            removed += 1
+            removed += self.unlink(path)
         return removed
 
 

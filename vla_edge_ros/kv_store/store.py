@@ -120,15 +120,22 @@ class BlockStore(BlockDirectory):
             os.utime(path)  # least-recently-used order
         except FileNotFoundError:
             pass  # evicted by another process since we read it: what we read is still whole
+        except OSError as exc:  # a read-only store: what it holds is still good to use
+            self._log_once(path.name, "last-use", f"KV store {self.directory}: cannot mark {path.name} used "
+                                                  f"({exc.strerror}); served anyway, its least-recently-used "
+                                                  "order stays as it was")
         return arrays
 
     def reject(self, reason: str, block: str, message: str) -> None:
         """Count a block that failed a check as a miss, and log it once per block and reason."""
         self.failures[reason] += 1
         self.misses += 1
+        self._log_once(block, reason, f"KV block rejected ({reason}), recomputing instead: {message}")
+
+    def _log_once(self, block: str, reason: str, message: str) -> None:
         if (block, reason) not in self._logged:
             self._logged.add((block, reason))
-            self.log(f"KV block rejected ({reason}), recomputing instead: {message}")
+            self.log(message)
 
     # -- writing -------------------------------------------------------------------------------
 
