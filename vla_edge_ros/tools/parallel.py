@@ -12,10 +12,11 @@ an interrupted run keeps each finished unit whole, and ``resume`` skips the unit
 was written for the same job (``Job.identity``: a different configuration never resumes an old run).
 
 Failures. A unit that raises is reported failed with its error in one line (a user error, ValueError or
-OSError, as its own message; anything else, a bug, as its exception's name and message); its worker carries
-on. A worker process that dies (killed, out of memory, a crash in native code) has its unit run once more on
-a fresh worker; if that dies too, the unit is reported failed. Other units are not affected. Ctrl-C / SIGTERM
-stops every worker and leaves the finished units on disk.
+OSError, as its own message; anything else, a bug, as its exception's name and message, with its traceback
+on the worker's stderr); its worker carries on. A worker process that dies (killed, out of memory, a crash
+in native code) has its unit run once more on a fresh worker; if that dies too, the unit is reported
+failed. Other units are not affected. Ctrl-C / SIGTERM stops every worker and leaves the finished units on
+disk.
 
 Backends. ``workers=1``: this process, in order. ``workers=N``: N spawned processes on this machine.
 ``ray=ADDRESS``: one Ray actor per worker on the cluster at ADDRESS (``""``: a Ray
@@ -35,6 +36,7 @@ import os
 import pickle
 import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
@@ -153,6 +155,8 @@ def _timed(job: Job, state: Any, spec: Any) -> tuple[dict | None, str | None, fl
     try:
         result = job.work(state, spec)
     except Exception as exc:  # noqa: BLE001
+        if not isinstance(exc, USER_ERRORS):  # a bug: its traceback goes to stderr for whoever debugs it
+            traceback.print_exc(file=sys.stderr)
         return None, failure_line(exc), time.process_time() - started
     return result, None, time.process_time() - started
 
