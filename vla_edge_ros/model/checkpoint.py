@@ -16,6 +16,9 @@ names every backend reads and the tower's are ``visual.*`` (see ``vl_shapes``); 
 tensor by the key the files use. A VL checkpoint's frame encoder is its tower: it has no ``vision.*``.
 
 Every expected tensor is checked for presence and shape before anything runs, and the error names it.
+Every tensor the files hold is checked for NaN and Inf too (on its stored bits, about 10 GB/s): a
+corrupt checkpoint is refused before it can drive a robot, unless ``allow_nonfinite`` lets it load
+for debugging (the engine still produces no action from a non-finite output).
 """
 
 from __future__ import annotations
@@ -191,8 +194,21 @@ def check_tensors(tensors: dict[str, StoredTensor], shapes: dict[str, tuple[int,
                                   f"supported: {', '.join(SUPPORTED_DTYPES)}")
 
 
-def load_checkpoint(model_dir: str | Path, *, require_vla: bool = True) -> Checkpoint:
-    """Read config.json and the safetensors weights; validate every tensor the engine will use."""
+def check_finite(tensors: dict[str, StoredTensor], model_dir: Path, stored_name: Callable[[str], str] = str) -> None:
+    """CheckpointError naming each tensor that holds NaN or Inf, and how many of its values do."""
+    bad = {name: count for name, count in ((name, t.nonfinite_count()) for name, t in tensors.items()) if count}
+    if not bad:
+        return
+    shown = [f"{stored_name(name)!r} ({count:,} of {tensors[name].array.size:,})" for name, count in list(bad.items())[:3]]
+    more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+    raise CheckpointError(f"{model_dir}: weights are not finite: {len(bad)} tensor(s) hold NaN or Inf values: "
+                          f"{', '.join(shown)}{more}; the checkpoint is corrupt (set "
+                          f"reasoning.allow_nonfinite_weights to load it anyway, for debugging only)")
+
+
+def load_checkpoint(model_dir: str | Path, *, require_vla: bool = True, allow_nonfinite: bool = False) -> Checkpoint:
+    """Read config.json and the safetensors weights; validate every tensor the engine will use, and refuse
+    non-finite weights unless ``allow_nonfinite``."""
     model_dir = Path(model_dir)
     config = load_model_config(model_dir)
     tensors: dict[str, StoredTensor] = {}
@@ -213,4 +229,6 @@ def load_checkpoint(model_dir: str | Path, *, require_vla: bool = True) -> Check
         config.validate_vla()
         check_tensors(tensors, vla, model_dir, stored_name)
         has_vla = True
+    if not allow_nonfinite:
+        check_finite(tensors, model_dir, stored_name)
     return Checkpoint(model_dir, config, tensors, has_vla)

@@ -124,6 +124,12 @@ class ModelConfig:
             values = getattr(action, name)
             if values and len(values) != action.dof:
                 raise ModelConfigError(f"config.json: vla.action.{name} has {len(values)} entries, dof is {action.dof}")
+        for name, values in (("vision.mean", vision.mean), ("vision.std", vision.std),
+                             ("action.q01", action.q01), ("action.q99", action.q99)):
+            if not all(math.isfinite(v) for v in values):
+                raise ModelConfigError(f"config.json: vla.{name} must hold finite numbers, got {list(values)}")
+        if any(v <= 0 for v in vision.std):
+            raise ModelConfigError(f"config.json: vla.vision.std must be positive, got {list(vision.std)}")
         q01, q99, _ = action.bounds()
         if any(lo >= hi for lo, hi in zip(q01, q99)):
             raise ModelConfigError("config.json: vla.action.q01 must be below q99 in every dimension")

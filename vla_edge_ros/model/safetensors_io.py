@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..numerics.bf16 import bf16_bits_to_float32
+from ..numerics.finite import count_nonfinite_bits
 
 _NUMPY_DTYPES = {
     "F32": np.dtype("<f4"),
@@ -49,6 +50,10 @@ class StoredTensor:
         if self.dtype == "BF16":
             return bf16_bits_to_float32(self.array)
         return self.array.astype(np.float32)
+
+    def nonfinite_count(self) -> int:
+        """How many values are NaN or Inf, read from the stored bits (``numerics/finite.py``)."""
+        return count_nonfinite_bits(self.array, self.dtype)
 
 
 def read_safetensors(path: str | Path) -> dict[str, StoredTensor]:
