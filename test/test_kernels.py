@@ -673,5 +673,15 @@ def test_argmax_rows(logits: np.ndarray) -> None:
     assert K.argmax_rows(_dev(logits)) == ref.argmax(logits)
 
 
+@pytest.mark.parametrize("bad, where", [(np.nan, 0), (np.nan, 299), (np.inf, 150), (-np.inf, 5)])
+def test_argmax_rows_refuses_a_non_finite_logit(bad: float, where: int) -> None:
+    """One NaN or Inf anywhere (first, in the first block, in a later block, last) gives no token, on the
+    kernel and its twin; NaN logits once gave the first bin, a confident command."""
+    logits = np.linspace(-1, 1, 300, dtype=F32)
+    logits[where] = bad
+    assert ref.argmax(logits) == K.NO_TOKEN
+    assert K.argmax_rows(_dev(logits)) == K.NO_TOKEN
+
+
 def test_kernel_version_is_a_nonempty_string() -> None:
     assert isinstance(K.KERNEL_VERSION, str) and K.KERNEL_VERSION

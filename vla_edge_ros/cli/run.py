@@ -21,7 +21,7 @@ def status_line(camera: dict, reasoning: dict, publisher: dict, sim: str = "") -
     """One line a second from the nodes' figures."""
     return (f"in {camera['input_fps']:.1f} fps, dropped {camera['dropped']} (+{camera['buffer_overwritten_unread']} "
             f"unread) | actions {reasoning['actions']}, refused {reasoning['refused']}, stale {reasoning['stale']}, "
-            f"missed {reasoning['missed']}, latency p50 {_ms(reasoning['latency_p50_ms'])} p99 "
+            f"missed {reasoning['missed']}, invalid {reasoning['invalid_outputs']}, latency p50 {_ms(reasoning['latency_p50_ms'])} p99 "
             f"{_ms(reasoning['latency_p99_ms'])} ms | kv {reasoning['kv_policy']} {reasoning['kv_tokens']} tokens, "
             f"{reasoning['kv_bytes']} B (+{reasoning['memory_state_bytes']} B state) | "
             f"published {publisher['published']}, safe stops {publisher['safe_stops']}" + (f" | {sim}" if sim else ""))

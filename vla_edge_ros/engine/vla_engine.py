@@ -38,6 +38,7 @@ from ..model.layout import arena_capacity, kv_bytes_per_token, scratch_tokens
 from ..model.vision import FrameEncoder
 from ..model.vl_frames import VlFrameEncoder, text_rope_ids
 from ..model.vl_preprocess import ImageProcessing
+from ..numerics.finite import NonFiniteError, require_finite
 
 PREFILL_CHUNK_TOKENS = 1024  # prompt tokens per forward pass: bounds the attention workspace
 
@@ -250,8 +251,9 @@ class VlaEngine:
         self.arena.pinned = np.asarray(state["prompt_slots"], dtype=np.int32).copy()
         self.policy.restore({key[len("policy."):]: value for key, value in state.items() if key.startswith("policy.")})
 
-    def warm_up(self) -> None:
-        """Run one cycle on a blank frame, then restore the episode's start.
+    def warm_up(self) -> str:
+        """Run one cycle on a blank frame, then restore the episode's start; returns why its output was not
+        finite ("" when it was), which says the model will give no action.
 
         The first cycle pays one-off costs (BLAS and OpenCV initialisation, first-touch of every
         buffer, kernel compilation on the GPU) that are many times a normal cycle; a robot should
@@ -259,8 +261,13 @@ class VlaEngine:
         """
         size = self.config.vision.image_size
         prompt = self.prompt_kv()
-        self.step(np.zeros((size, size, 3), dtype=np.uint8))
+        try:
+            self.step(np.zeros((size, size, 3), dtype=np.uint8))
+            invalid = ""
+        except NonFiniteError as exc:
+            invalid = str(exc)
         self.set_prompt(prompt["token_ids"], cached=prompt)
+        return invalid
 
     def compact_positions(self) -> None:
         """Re-position the cached tokens to 0..n-1 in their current order, rotating their keys (a VL
@@ -323,8 +330,11 @@ class VlaEngine:
         """The action for a prefilled frame, or None if ``admit`` refused a decode step.
 
         ``admit`` is asked before each decode step (a falsy answer abandons the action, leaving the
-        frame in memory) and ``done`` is given its answer after the step: the admission gate's hooks.
+        frame in memory) and ``done`` is given its answer after the step, however the step ended: the
+        admission gate's hooks. A hidden state or logits holding NaN or Inf raise NonFiniteError: no
+        action comes of them (``numerics/finite.py``).
         """
+        require_finite(prefill.hidden, "the frame's last hidden state")
         if self.config.action.head == "linear":
             return self.head.from_hidden(prefill.hidden), []
         head, dof, policy = self.head, self.config.action.dof, self.policy
@@ -336,16 +346,19 @@ class VlaEngine:
                 ticket = admit()
                 if not ticket:
                     return None
-                token = np.array([head.first_bin_token + bins[-1]], dtype=np.int32)
-                position = np.array([prefill.next_position + i], dtype=np.int32)
-                rope = None if prefill.next_rope_position is None else text_rope_ids(prefill.next_rope_position + i, 1)
-                out = self.backend.forward(position, scratch[i:i + 1], token_ids=token, rope_positions=rope,
-                                           collect_layers=policy.keeps_decoded and policy.needs_layer_inputs)
-                if policy.keeps_decoded:
-                    policy.add_decoded(DecodedTokens(scratch[i:i + 1], position, _layer_inputs(out, 0)))
-                    handed = i + 1
-                bins.append(self.backend.greedy(out.hidden[-1], head.bin_rows))
-                done(ticket)
+                try:
+                    token = np.array([head.first_bin_token + bins[-1]], dtype=np.int32)
+                    position = np.array([prefill.next_position + i], dtype=np.int32)
+                    rope = (None if prefill.next_rope_position is None
+                            else text_rope_ids(prefill.next_rope_position + i, 1))
+                    out = self.backend.forward(position, scratch[i:i + 1], token_ids=token, rope_positions=rope,
+                                               collect_layers=policy.keeps_decoded and policy.needs_layer_inputs)
+                    if policy.keeps_decoded:
+                        policy.add_decoded(DecodedTokens(scratch[i:i + 1], position, _layer_inputs(out, 0)))
+                        handed = i + 1
+                    bins.append(self.backend.greedy(out.hidden[-1], head.bin_rows))
+                finally:
+                    done(ticket)
         finally:
             self.arena.release(scratch[handed:])
         return head.from_bins(bins), [head.first_bin_token + b for b in bins]

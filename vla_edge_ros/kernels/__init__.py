@@ -20,7 +20,7 @@ from vla_edge_ros.kernels.dtypes import (
 from vla_edge_ros.kernels.elementwise import add_inplace, gelu, quick_gelu, swiglu
 from vla_edge_ros.kernels.embedding import embedding_gather
 from vla_edge_ros.kernels.gqa_attention import MAX_HEAD_DIM, AttentionScratch, attention
-from vla_edge_ros.kernels.greedy import argmax_rows
+from vla_edge_ros.kernels.greedy import NO_TOKEN, argmax_rows
 from vla_edge_ros.kernels.kv_cache import copy_rows
 from vla_edge_ros.kernels.matmul import linear
 from vla_edge_ros.kernels.memory import cosine_similarities, fast_weight_read, fast_weight_step
@@ -34,6 +34,7 @@ KERNEL_VERSION = "qwen2-f32kv-paged-3"
 __all__ = [
     "KERNEL_VERSION",
     "MAX_HEAD_DIM",
+    "NO_TOKEN",
     "AttentionScratch",
     "WeightKind",
     "add_inplace",

@@ -145,8 +145,8 @@ def add(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def argmax(logits: np.ndarray) -> int:
-    """Index of the largest logit, ties to the lowest index."""
-    return int(np.argmax(logits))
+    """Index of the largest logit, ties to the lowest index; -1 when any logit is NaN or infinite."""
+    return int(np.argmax(logits)) if np.isfinite(logits).all() else -1
 
 
 def cosine_similarities(signatures: np.ndarray, query: np.ndarray) -> np.ndarray:

@@ -55,7 +55,8 @@ class Backend(ABC):
 
     @abstractmethod
     def greedy(self, hidden: np.ndarray, rows: slice = slice(None)) -> int:
-        """Index (within ``rows``) of the highest logit for one final-norm hidden state [H]."""
+        """Index (within ``rows``) of the highest logit for one final-norm hidden state [H]; NonFiniteError
+        (``numerics/finite.py``) when any of those logits is NaN or Inf, since no token can be chosen then."""
 
     @abstractmethod
     def rotate_keys(self, slots: np.ndarray, shifts: np.ndarray) -> None:

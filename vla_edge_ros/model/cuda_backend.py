@@ -19,6 +19,7 @@ from numba import cuda
 
 from .. import kernels
 from ..numerics import ops
+from ..numerics.finite import NonFiniteError
 from .arena import KVArena
 from .backend import Backend, ForwardResult
 from .checkpoint import Checkpoint
@@ -186,7 +187,10 @@ class CudaBackend(Backend):
         return self._logits_device(hidden, rows).copy_to_host()
 
     def greedy(self, hidden: np.ndarray, rows: slice = slice(None)) -> int:
-        return kernels.argmax_rows(self._logits_device(hidden, rows)[0])
+        index = kernels.argmax_rows(self._logits_device(hidden, rows)[0])
+        if index == kernels.NO_TOKEN:
+            raise NonFiniteError("the action logits: not finite (NaN or Inf)")
+        return index
 
     def _indices(self, count: int):
         """Device 0..count-1 (int32): the rows of a packed source or destination."""

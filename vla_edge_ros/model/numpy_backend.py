@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..numerics import ops
+from ..numerics.finite import require_finite
 from .arena import KVArena
 from .backend import Backend, ForwardResult
 from .checkpoint import Checkpoint
@@ -130,7 +131,7 @@ class NumpyBackend(Backend):
         return hidden @ self.lm_head[rows].T
 
     def greedy(self, hidden: np.ndarray, rows: slice = slice(None)) -> int:
-        return int(np.argmax(self.lm_head[rows] @ hidden))
+        return int(np.argmax(require_finite(self.lm_head[rows] @ hidden, "the action logits")))
 
     def rotate_keys(self, slots: np.ndarray, shifts: np.ndarray) -> None:
         rows = self.arena.pages.rows(slots)  # [layers, kv_heads, n]

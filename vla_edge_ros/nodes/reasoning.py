@@ -67,6 +67,7 @@ class ReasoningNode(Node):
         self.cycles = 0
         self.actions = 0
         self.engine_errors = 0
+        self.invalid_outputs = 0
         self.health = ReasoningHealth(DiagnosticsKnobs.of(self.params.snapshot()))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="reasoning", daemon=True)
@@ -170,6 +171,9 @@ class ReasoningNode(Node):
         self.cycles += 1
         result = self.reasoner.cycle(frame.image, frame.receive_ns)
         self.health.record(outcome_of(result), time.monotonic_ns())
+        if result.invalid:
+            self.invalid_outputs += 1
+            self.get_logger().error(f"no action from this frame: {result.invalid}", throttle_duration_sec=5.0)
         if result.action is None:
             return
         self.slot.put(result.action, result.ready_ns, frame.stamp_ns)
@@ -190,7 +194,7 @@ class ReasoningNode(Node):
         return {
             "cycles": self.cycles, "actions": self.actions, "refused": stats.refused, "stale": stats.stale,
             "probes": stats.kinds["cycle"].probes, "recoveries": stats.kinds["cycle"].recoveries,
-            "missed": stats.missed, "engine_errors": self.engine_errors,
+            "missed": stats.missed, "invalid_outputs": self.invalid_outputs, "engine_errors": self.engine_errors,
             "latency_p50_ms": latency.p50_ms, "latency_p99_ms": latency.p99_ms,
             "kv_policy": memory.policy, "episodes": self.episodes, "kv_tokens": memory.kv_tokens,
             "kv_capacity_tokens": self.engine.arena.capacity, "kv_bytes": memory.kv_bytes,

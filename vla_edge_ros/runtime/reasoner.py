@@ -1,5 +1,9 @@
 """One reasoning cycle: ask the gate, encode + prefill, decode, account. Shared by the live node and replay.
 
+A model output holding NaN or Inf (``numerics/finite.py``) ends the cycle without an action, as
+``invalid``: the robot keeps what it had (the publisher's safe stop once that is stale), never a command
+read off NaN logits.
+
 A VL checkpoint's vision tower is a block of its own (``vision_encode``): the gate is asked before it,
 then again before the prefill of the segment it made, so each cost is learned apart and a prefill that
 no longer fits after a slow encode is refused rather than started.
@@ -19,6 +23,7 @@ import numpy as np
 
 from ..engine.vla_engine import VlaEngine
 from ..model.config import ModelConfig
+from ..numerics.finite import NonFiniteError
 from .admission import AdmissionGate, BlockKind, Verdict
 
 
@@ -55,6 +60,7 @@ class CycleResult:
     ready_ns: int | None  # gate clock when the action was ready
     missed: bool  # some block of this cycle finished after the frame's deadline (with or without an action)
     refused_block: BlockKind | None = None  # the block the gate refused inside an admitted cycle
+    invalid: str = ""  # why the model's output could not become an action (NaN or Inf), if it could not
 
 
 class Reasoner:
@@ -98,7 +104,10 @@ class Reasoner:
             timer.finished(BlockKind.DECODE)
             late.append(gate.record(step))
 
-        decoded = self.engine.decode_action(prefill, admit=admit_step, done=finish_step)
+        try:
+            decoded = self.engine.decode_action(prefill, admit=admit_step, done=finish_step)
+        except NonFiniteError as exc:  # a corrupt model's output: no action, and the cycle says why
+            return CycleResult(cycle.verdict, None, None, any(late), invalid=str(exc))
         if decoded is None:
             return CycleResult(cycle.verdict, None, None, any(late), BlockKind.DECODE)
         ready_ns = gate.now_ns()

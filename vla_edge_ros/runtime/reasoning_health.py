@@ -2,9 +2,11 @@
 
 Every frame the reasoner takes ends one way: ``acted`` (an action in time), ``refused`` (the gate did
 not start it, or stopped it between blocks), ``stale`` (already past its deadline when taken),
-``missed`` (started, and finished late) or ``failed`` (the cycle raised). Over the last
-``diagnostics.window_s`` the share of frames without an action (refused + stale) and the share that
-missed are held against their WARN and ERROR thresholds; a failure in the last second is an ERROR.
+``missed`` (started, and finished late), ``invalid`` (the model's output held NaN or Inf, so no action
+came of it) or ``failed`` (the cycle raised). Over the last ``diagnostics.window_s`` the share of frames
+without an action (refused + stale) and the share that missed are held against their WARN and ERROR
+thresholds; any invalid output in the window, and a failure in the last second, is an ERROR: a model
+that outputs NaN is broken, not slow.
 The message says what the robot is getting and why: when the gate refuses, the cycle cost it predicts
 against the deadline. Nothing here reads a clock: the caller passes ``now_ns``. The reasoning thread
 records while the diagnostics timer judges, so both hold a lock (for microseconds).
@@ -21,7 +23,7 @@ from .admission import AdmissionStats, Verdict
 from .event_window import EventWindow
 from .reasoner import CycleResult
 
-OUTCOMES = ("acted", "refused", "stale", "missed", "failed")
+OUTCOMES = ("acted", "refused", "stale", "missed", "invalid", "failed")
 FAILURE_HOLD_NS = 1_000_000_000  # a failed cycle keeps the status at ERROR this long
 
 
@@ -35,6 +37,8 @@ class Level(IntEnum):
 
 def outcome_of(result: CycleResult) -> str:
     """The one way a cycle ended (see the module doc)."""
+    if result.invalid:
+        return "invalid"
     if result.missed:
         return "missed"
     if result.action is not None:
@@ -84,6 +88,10 @@ class ReasoningHealth:
         if last_failure is not None and now_ns - last_failure < FAILURE_HOLD_NS:
             level = Level.ERROR
             reasons.append(f"cycles failing ({counts['failed']} in the last {window})")
+        if counts["invalid"]:
+            level = Level.ERROR
+            reasons.append(f"model output not finite (NaN or Inf) on {shares['invalid']:.0%} of frames over the "
+                           f"last {window} ({counts['invalid']} frames): no action from them")
         if total and no_action > knobs.refused_warn_share:
             level = max(level, Level.ERROR if no_action > knobs.refused_error_share else Level.WARN)
             reasons.append(f"no action for {no_action:.0%} of frames over the last {window} "
