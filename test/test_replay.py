@@ -44,8 +44,8 @@ def replayed(moving_bag, tiny_model, tmp_path_factory):
 
 
 def _accounted(policy: dict) -> int:
-    return (policy["deadline_hits"] + policy["missed"] + policy["refused"] + policy["stale"] + policy["dropped"]
-            + sum(policy["bad_frames"].values()))
+    return (policy["deadline_hits"] + policy["missed"] + policy["refused"] + policy["stale"] + policy["invalid"]
+            + policy["dropped"] + sum(policy["bad_frames"].values()))
 
 
 def _field(line: str, name: str) -> str | None:
@@ -77,7 +77,7 @@ def test_a_fixed_cost_replay_decides_identically_byte_for_byte(moving_bag, setti
     for plot in ("latency.png", "timeline.png", "memory.png", "writes.png", "actions.png"):
         assert (tmp_path / "a" / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| fifo |" in (tmp_path / "a" / "report.md").read_text()
-    assert json.loads((tmp_path / "a" / "report.json").read_text())["schema"] == "vla_edge_ros.replay/2"
+    assert json.loads((tmp_path / "a" / "report.json").read_text())["schema"] == "vla_edge_ros.replay/3"
 
 
 def test_the_decisions_file_records_what_the_policy_kept_and_did(moving_bag, tiny_model, tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..config import load_settings
 from ..memory import POLICIES
-from ..tools.evaluate import VARIANTS, evaluate, format_table, write_report
+from ..tools.evaluate import VARIANTS, evaluate, format_table, invalid_line, write_report
 from ..tools.parallel import progress_bar, run_line
 from ..worlds.sim.world import TASKS, TaskSpec
 from .args import add_parallel_arguments, cost_model, frame_budgets, subset_of
@@ -24,7 +24,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     print(format_table(report))
     print(run_line(report["run"], report["runtime_s"]))
     print(f"wrote {write_report(report, args.out)} and success.png ({report['runtime_s']:.0f} s)")
-    return 0
+    invalid = [cell for cell in report["cells"] if cell["invalid"]]
+    for cell in invalid:
+        print(f"vla-edge evaluate: error: {cell['variant']}: {invalid_line(cell)}", file=sys.stderr)
+    return 2 if invalid else 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -2,7 +2,7 @@
 
 Each bag of a batch runs on its own: a bag that cannot be used (BagError: unreadable, no camera topic,
 no frame that decodes) is reported on stderr and the next one runs; the exit status is 2 when any bag
-failed. A config or model error is no bag's fault and ends the command at once. ``--out`` is checked
+failed, or when the model's output was not finite on any frame (its report is written, and flags it). A config or model error is no bag's fault and ends the command at once. ``--out`` is checked
 before any bag is opened. Progress goes to stderr; with ``--json`` stdout holds
 one JSON document and nothing else.
 """
@@ -62,6 +62,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             ray_address=args.ray, resume=args.resume, bar=progress_bar("replay"))
         failed.update(failures)
         summaries.append(summary)
+    invalid = {bag: _invalid_outputs(reports[bag]) for bag in args.bags if bag in reports}
     for bag in args.bags:
         if bag in failed:
             print(f"vla-edge replay: error: {failed[bag]}", file=sys.stderr, flush=True)
@@ -74,10 +75,23 @@ def cmd_replay(args: argparse.Namespace) -> int:
                          indent=2))
     elif summaries:
         print(run_line(run, run.pop("seconds")))
+    for bag, line in invalid.items():
+        if line:
+            print(f"vla-edge replay: error: {bag}: {line}", file=sys.stderr, flush=True)
     if failed and len(args.bags) > 1:
         print(f"vla-edge replay: {len(failed)} of {len(args.bags)} bags failed: "
               f"{', '.join(str(bag) for bag in args.bags if bag in failed)}", file=sys.stderr)
-    return 2 if failed else 0
+    return 2 if failed or any(invalid.values()) else 0
+
+
+def _invalid_outputs(report: dict[str, Any]) -> str:
+    """One line on the frames whose model output was not finite (NaN or Inf), or "" when there were none."""
+    counts = {name: policy["invalid"] for name, policy in report["policies"].items() if policy["invalid"]}
+    if not counts:
+        return ""
+    each = ", ".join(f"{count} of {report['policies'][name]['decoded_frames']} frames under {name}"
+                     for name, count in counts.items())
+    return f"the model's output was not finite (NaN or Inf) on {each}: no action came of them (see the report)"
 
 
 def _print_summary(report: dict[str, Any], out: Path) -> None:

@@ -62,7 +62,7 @@ from .parallel import Job, Unit, UnitsFailed, run_figures, run_units
 
 EXPERT = "expert"
 BAG_START_NS = 1_735_689_600 * 10**9  # recorded episodes start at 2025-01-01, as make-bag's bags do
-SCHEMA = "vla_edge_ros.evaluate/3"
+SCHEMA = "vla_edge_ros.evaluate/4"
 VARIANTS = ("fifo", "cosine", "aura", "aura:surprise", "aura:random", "aura:periodic", "aura:no-write", "dms",
             "dms:novelty")
 MATCHED = ("aura:surprise", "aura:random", "aura:periodic")  # write at the rate the ``aura`` row measured
@@ -82,6 +82,7 @@ class Episode:
     actions: int = 0
     refused: int = 0
     missed: int = 0
+    invalid: int = 0  # cycles whose model output held NaN or Inf: no action came of them
     safe_stops: int = 0
     memory_peak_bytes: int = 0  # KV (prompt included) + policy state, the most over the episode's cycles
     memory_writes: int = 0
@@ -124,7 +125,7 @@ class Cell:
         wins = [e for e in self.episodes if e.success]
         low, high = wilson_interval(len(wins), n)
         total = {key: sum(getattr(e, key) for e in self.episodes)
-                 for key in ("actions", "refused", "missed", "safe_stops", "memory_writes", "memory_frames", "cycles",
+                 for key in ("actions", "refused", "missed", "invalid", "safe_stops", "memory_writes", "memory_frames", "cycles",
                              "bytes_sum", "held_sum", "head_held_sum", "seen_sum")}
         cycles = max(total["cycles"], 1)
         held_bytes = total["bytes_sum"] - total["cycles"] * prompt_bytes  # KV beside the prompt + policy state
@@ -137,7 +138,7 @@ class Cell:
             "success_rate": len(wins) / n if n else 0.0, "success_ci95": [low, high],
             "time_to_reach_s": float(np.mean([e.time_s for e in wins])) if wins else None,
             "path_length": float(np.mean([e.path_length for e in wins])) if wins else None,
-            **{key: int(total[key]) for key in ("actions", "refused", "missed", "safe_stops", "memory_writes",
+            **{key: int(total[key]) for key in ("actions", "refused", "missed", "invalid", "safe_stops", "memory_writes",
                                                  "memory_frames")},
             "writes_per_frame": total["memory_writes"] / total["memory_frames"] if total["memory_frames"] else None,
             "memory_peak_bytes": peak,
@@ -245,7 +246,9 @@ def run_episode(env: CueReachEnv, seed: int, driver: Driver | None,
                 driver.clock.wait_until(now)
                 result = driver.reason().result
                 episode.missed += result.missed
-                if result.action is None:
+                if result.invalid:
+                    episode.invalid += 1
+                elif result.action is None:
                     episode.refused += result.verdict is not Verdict.STALE
                 else:
                     episode.actions += 1
@@ -485,6 +488,7 @@ def _cell_line(cell: dict[str, Any]) -> str:
     swap = f", cue swap {cell['cue_swap']['rate']:.2f}" if cell["cue_swap"] else ""
     return (f"{cell['variant']:>13} budget {budget:>4}: success {cell['success_rate']:.2f} of {cell['episodes']}"
             f"{swap}, {cell['refused']} refused, {cell['missed']} missed{rate}"
+            + (f", {cell['invalid']} INVALID (model output not finite)" if cell["invalid"] else "")
             + (f" ({cell['note']})" if cell["note"] else ""))
 
 
@@ -577,7 +581,7 @@ def format_table(report: dict[str, Any]) -> str:
     lines = [f"{report['task']['name']}: {report['episodes']} episodes per cell, cost model {report['cost_model']}",
              f"{'variant':>13} {'budget':>6} {'success':>8} {'95% CI':>13} {'swap':>5} {'t reach s':>9} "
              f"{'peak B':>11} {'mean B':>11} {'x tok':>6} {'x bytes':>7} {'w/frame':>7} {'w rate':>6} "
-             f"{'refused':>7} {'missed':>6}"]
+             f"{'refused':>7} {'missed':>6} {'invalid':>7}"]
     for c in report["cells"]:
         budget = "all" if c["budget_frames"] is None else str(c["budget_frames"])
         reach = f"{c['time_to_reach_s']:.2f}" if c["time_to_reach_s"] is not None else "-"
@@ -589,8 +593,9 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(f"{c['variant']:>13} {budget:>6} {c['success_rate']:>8.2f} "
                      f"[{c['success_ci95'][0]:.2f}, {c['success_ci95'][1]:.2f}] {swap:>5} {reach:>9} "
                      f"{c['bytes_held']['peak']:>11,} {round(c['bytes_held']['mean']):>11,} {tokens:>6} {size:>7} "
-                     f"{per_frame:>7} {rate:>6} {c['refused']:>7} {c['missed']:>6}")
+                     f"{per_frame:>7} {rate:>6} {c['refused']:>7} {c['missed']:>6} {c['invalid']:>7}")
     lines += [f"note: {note}" for note in report["notes"]]
+    lines += [f"error ({c['variant']}): {line}" for c in report["cells"] if (line := invalid_line(c))]
     lines += [f"note ({c['variant']}): {c['note']}" for c in report["cells"] if c["note"]]
     lines.append("swap: share of cue swaps whose first action after the release heads for the cued target; "
                  "peak / mean B: memory held (KV with the prompt + policy state); x tok / x bytes: frame tokens seen "
@@ -598,6 +603,14 @@ def format_table(report: dict[str, Any]) -> str:
     if any(c["gate_rate"] is not None for c in report["cells"]):
         lines.append("w rate: the write rate an aura:* row is matched to (the aura row's writes / frames)")
     return "\n".join(lines)
+
+
+def invalid_line(cell: dict[str, Any]) -> str:
+    """What a cell's invalid outputs mean, or "" when it had none."""
+    if not cell["invalid"]:
+        return ""
+    return (f"the model's output was not finite (NaN or Inf) on {cell['invalid']} cycles: no action came of them, "
+            "so its success rate says nothing about the policy; the checkpoint is corrupt or overflows")
 
 
 def write_report(report: dict[str, Any], out: Path) -> Path:

@@ -28,18 +28,30 @@ from ..model.vl_prompt import embed_vl_prompt, expand_prompt
 
 @dataclass
 class Agreement:
-    """How close two arrays are: cosine similarity and the largest absolute difference."""
+    """How close two arrays are: cosine similarity and the largest absolute difference. Either side holding
+    NaN or Inf is no agreement at all (cosine 0, no error figure), and the counts say which side it was."""
 
     cosine: float
-    max_abs_error: float
+    max_abs_error: float | None
+    ours_nonfinite: int = 0  # values of ours that are NaN or Inf
+    reference_nonfinite: int = 0  # the same of transformers'
 
     @classmethod
     def of(cls, ours: np.ndarray, reference: np.ndarray) -> "Agreement":
         a = np.asarray(ours, dtype=np.float64).ravel()
         b = np.asarray(reference, dtype=np.float64).ravel()
+        bad_a, bad_b = int(a.size - np.isfinite(a).sum()), int(b.size - np.isfinite(b).sum())
+        if bad_a or bad_b:
+            return cls(0.0, None, bad_a, bad_b)
         denom = np.linalg.norm(a) * np.linalg.norm(b)
         cosine = float(a @ b / denom) if denom > 0 else float(np.array_equal(a, b))
         return cls(cosine, float(np.max(np.abs(a - b))) if a.size else 0.0)
+
+    def nonfinite(self) -> str:
+        """"" when both sides are finite, else which side holds how many NaN or Inf values."""
+        sides = [f"{count:,} of ours" if who == "ours" else f"{count:,} of transformers'"
+                 for who, count in (("ours", self.ours_nonfinite), ("reference", self.reference_nonfinite)) if count]
+        return f"NOT FINITE ({' and '.join(sides)} values NaN or Inf)" if sides else ""
 
 
 @dataclass
@@ -54,6 +66,21 @@ class ParityReport:
     image_grid_thw: list[list[int]] = field(default_factory=list)  # patch grid of each image (VL models)
     pixels: Agreement | None = None  # our preprocessing's pixel values vs transformers' (VL models with images)
 
+    def agreements(self) -> dict[str, Agreement]:
+        """Every comparison by its name in the printed report, in the order data flows through the model."""
+        named = {"pixel values": self.pixels} if self.pixels is not None else {}
+        last = len(self.layers) - 1
+        named.update({"embeddings" if i == 0 else f"layer {i}" + (" (+norm)" if i == last else ""): layer
+                      for i, layer in enumerate(self.layers)})
+        named["logits"] = self.logits
+        named["incremental vs full"] = self.incremental
+        return named
+
+    def nonfinite(self) -> list[str]:
+        """The comparisons where either side held NaN or Inf, first to last: where a corrupt model goes bad."""
+        return [f"{name}: {agreement.nonfinite()}" for name, agreement in self.agreements().items()
+                if agreement.nonfinite()]
+
     def worst_cosine(self) -> float:
         pixels = [self.pixels.cosine] if self.pixels is not None else []
         return min([self.logits.cosine, self.incremental.cosine] + [layer.cosine for layer in self.layers] + pixels)
@@ -62,6 +89,7 @@ class ParityReport:
         out = asdict(self)
         out.pop("last_logits")
         out["worst_cosine"] = self.worst_cosine()
+        out["nonfinite"] = self.nonfinite()
         return out
 
 
@@ -95,15 +123,17 @@ def reference_forward(model, token_ids: list[int], position_ids: list[int] | Non
 
 
 def run_parity(model_dir: str | Path, token_ids: Sequence[int | None], backend: str = "numpy", *,
-               image_size: tuple[int, int] = (56, 56), seed: int = 0) -> ParityReport:
+               image_size: tuple[int, int] = (56, 56), seed: int = 0, allow_nonfinite: bool = False) -> ParityReport:
     """Compare logits and every layer's hidden state with HF, and incremental against full decoding.
 
     ``None`` entries of ``token_ids`` are images (a VL checkpoint only): each becomes vision start,
     its pad tokens and vision end, with a random ``image_size`` (height, width) RGB image from ``seed``.
+    Weights holding NaN or Inf are refused (CheckpointError) unless ``allow_nonfinite``; then the report
+    names the first layer whose output is not finite.
     """
     if not token_ids:
         raise ValueError("parity needs at least one token id")
-    checkpoint = load_checkpoint(model_dir, require_vla=False)
+    checkpoint = load_checkpoint(model_dir, require_vla=False, allow_nonfinite=allow_nonfinite)
     if checkpoint.config.vl is not None:
         return _vl_parity(checkpoint, token_ids, backend, image_size, seed)
     if any(token is None for token in token_ids):

@@ -1,9 +1,9 @@
 """The replay report: ``report.json`` (schema below), ``report.md`` (read this first), the per-frame files
 (``frame_files.py``) and the plots (``plots.py``).
 
-report.json, schema ``vla_edge_ros.replay/2``::
+report.json, schema ``vla_edge_ros.replay/3``::
 
-    {"schema": "vla_edge_ros.replay/2",
+    {"schema": "vla_edge_ros.replay/3",
      "bag": {"path", "duration_s", "start_ns", "image_topic", "frames", "rate_hz", "command_topic" (or null),
              "command_type" (or null), "topics": [{"name", "type", "messages", "first_s", "last_s", "rate_hz",
              "role": "camera" | "recorded command" | null}]},
@@ -13,6 +13,7 @@ report.json, schema ``vla_edge_ros.replay/2``::
         as the camera node would, and left out of every deadline figure),
         "actions", "deadline_hits" (actions with every block in time), "deadline_hit_rate" (of decoded frames),
         "refused" (no block late, some block refused), "missed" (some admitted block finished late), "stale",
+        "invalid" (the model's output held NaN or Inf: no action, as live; a corrupt checkpoint),
         "dropped" (decoded, then overwritten in the frame buffer before the reasoner took them),
         "latency_ms": {"p50", "p95", "p99", "max"} or null (camera arrival to action ready),
         "memory_bytes": {"peak", "final"} (KV of kept tokens + policy state),
@@ -22,7 +23,9 @@ report.json, schema ``vla_edge_ros.replay/2``::
         "replay": {"wall_s", "frames_per_s", "x_realtime"},
         "decisions_file", "decisions_sha256", "predictions_file"}}}
 
-Every frame is exactly one of deadline hit, missed, refused, stale, dropped or bad. Action error: each
+Every frame is exactly one of deadline hit, missed, refused, stale, invalid, dropped or bad. An invalid
+output is never a deadline hit and never written as an action; report.md flags it, and ``vla-edge replay``
+exits 2 when any occurred. Action error: each
 action (clipped as the publisher would) is paired with the recorded command nearest in time to when it
 was ready, within ``max_gap_ms`` (``commands.py``); dimensions the command does not map (NaN) are left
 out. Timing fields (``replay``) are wall-clock and differ between runs; everything else is a function
@@ -43,7 +46,7 @@ from .frame_files import decision_lines, write_predictions
 from .plots import PLOTS, write_plots
 from .session import PolicyRun
 
-SCHEMA = "vla_edge_ros.replay/2"
+SCHEMA = "vla_edge_ros.replay/3"
 
 
 def action_error(run: PolicyRun, commands: RecordedCommands) -> dict[str, Any] | None:
@@ -84,7 +87,7 @@ def summarize(run: PolicyRun, bag_duration_s: float, commands: RecordedCommands,
         "frames": counts["frames"], "decoded_frames": decoded, "bad_frames": dict(sorted(run.decode_errors.items())),
         "actions": len(run.actions), "deadline_hits": counts["admitted"],
         "deadline_hit_rate": counts["admitted"] / decoded if decoded else 0.0,
-        "refused": counts["refused"], "missed": counts["missed"], "stale": counts["stale"],
+        "refused": counts["refused"], "missed": counts["missed"], "stale": counts["stale"], "invalid": counts["invalid"],
         "dropped": counts["dropped"], "latency_ms": latency,
         "memory_bytes": {"peak": max((m.memory_bytes for m in memory), default=0),
                          "final": memory[-1].memory_bytes if memory else 0},
@@ -124,12 +127,12 @@ def markdown(report: dict[str, Any]) -> str:
              f"Deadline {config['deadline_ms']:g} ms; cost model `{config['cost_model']}`"
              f"{' (real time)' if config['realtime'] else ''}; model `{config['model_dir']}`, KV arena "
              f"{config['kv_capacity_tokens']} tokens. Every camera frame is one of: a deadline hit, missed, refused, "
-             "stale, dropped (overwritten before the reasoner took it) or undecodable; the deadline hit rate is "
+             "stale, invalid (the model's output was not finite), dropped (overwritten before the reasoner took it) or undecodable; the deadline hit rate is "
              "over decoded frames.", "",
-             "| policy | decoded frames | actions | deadline hits | refused | missed | stale | dropped "
+             "| policy | decoded frames | actions | deadline hits | refused | missed | stale | invalid | dropped "
              "| latency p50 / p95 / p99 / max (ms) | memory peak (B) | writes | evictions | compression "
              "| action L1 / RMSE | replay fps (x real time) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, p in policies.items():
         lat = p["latency_ms"]
         latency = " / ".join(f"{lat[k]:.1f}" for k in ("p50", "p95", "p99", "max")) if lat else "-"
@@ -139,9 +142,16 @@ def markdown(report: dict[str, Any]) -> str:
         speed = p["replay"]
         fps = f"{speed['frames_per_s']:.1f} ({speed['x_realtime']:.2f}x)" if speed["frames_per_s"] else "-"
         lines.append(f"| {name} | {p['decoded_frames']} of {p['frames']} | {p['actions']} | {p['deadline_hits']} "
-                     f"({100 * p['deadline_hit_rate']:.0f}%) | {p['refused']} | {p['missed']} | {p['stale']} | "
+                     f"({100 * p['deadline_hit_rate']:.0f}%) | {p['refused']} | {p['missed']} | {p['stale']} | {p['invalid']} | "
                      f"{p['dropped']} | {latency} | {p['memory_bytes']['peak']:,} | {p['memory_writes']} "
                      f"{p['write_unit']} | {p['evictions']} {p['write_unit']} | {ratio} | {err} | {fps} |")
+    invalid = {name: p["invalid"] for name, p in policies.items() if p["invalid"]}
+    if invalid:
+        lines += ["", "**The model's output was not finite (NaN or Inf)** on "
+                  + ", ".join(f"{count} of {policies[name]['decoded_frames']} frames under {name}"
+                              for name, count in invalid.items())
+                  + ": no action came of them (live, the robot would have been sent none). The checkpoint is "
+                  "corrupt or overflows; `vla-edge parity` tells which layer goes bad."]
     bad = next(iter(policies.values()))["bad_frames"] if policies else {}
     if bad:  # decoding does not depend on the policy
         reasons = ", ".join(f"{reason}: {count}" for reason, count in bad.items())

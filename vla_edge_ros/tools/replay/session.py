@@ -27,7 +27,8 @@ from ...runtime.image_codec import ImageDecodeError, frame_from_message
 from ...runtime.loader import load_engine
 from .memory_view import MemoryRecord, MemoryView
 
-CYCLE_OUTCOMES = ("admitted", "refused", "missed", "stale")  # a cycle ran on the frame
+CYCLE_OUTCOMES = ("admitted", "refused", "missed", "stale", "invalid")  # a cycle ran on the frame
+# invalid: the model's output held NaN or Inf; no action came of it (the live publisher would send none)
 OUTCOMES = (*CYCLE_OUTCOMES, "dropped", "bad_frame")  # dropped: overwritten unread; bad_frame: undecodable
 
 
@@ -48,7 +49,7 @@ class FrameRecord:
     index: int  # in the camera topic, from 0
     arrival_ns: int  # bag receive time
     outcome: str  # one of OUTCOMES
-    detail: str = ""  # the gate's verdict and any refused block; a bad frame's reason
+    detail: str = ""  # the gate's verdict and any refused block; a bad frame's or an invalid output's reason
     done_ns: int | None = None  # clock when its cycle ended
     ready_ns: int | None = None  # when its action was ready (a missed cycle may have one, late)
     action: np.ndarray | None = None  # clipped as the action publisher would
@@ -161,6 +162,8 @@ def replay_policy(frames: Iterable[RecordedFrame], settings: Settings, policy: s
 
 def _outcome(cycle: Cycle) -> str:
     result = cycle.result
+    if result.invalid:
+        return "invalid"
     if result.missed:
         return "missed"
     if result.action is not None:
@@ -170,7 +173,8 @@ def _outcome(cycle: Cycle) -> str:
 
 def _detail(cycle: Cycle) -> str:
     result = cycle.result
-    return result.verdict.value + (f" {result.refused_block.value}" if result.refused_block else "")
+    return (result.verdict.value + (f" {result.refused_block.value}" if result.refused_block else "")
+            + (f": {result.invalid}" if result.invalid else ""))
 
 
 def _deliver(recorded: RecordedFrame, index: int, driver: Driver, size: tuple[int, int],
