@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import reprlib
+import stat
 import sys
 import typing
 from collections.abc import Mapping, Sequence
@@ -19,6 +21,8 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import yaml
+from yaml.composer import Composer
+from yaml.nodes import MappingNode, Node
 
 PACKAGE = "vla_edge_ros"
 
@@ -31,6 +35,23 @@ class ConfigError(ValueError):
 # ValueError (ConfigError, CheckpointError, BagError, ...), and the system's are OSErrors. An entry point
 # turns these into one line and exit code 2; anything else is a bug and keeps its traceback.
 USER_ERRORS = (ValueError, OSError)
+
+_REPR = reprlib.Repr()  # a value in a message: a few items, levels and characters of it, whatever its size
+_REPR.maxlevel = _REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 4
+_REPR.maxstring = _REPR.maxlong = _REPR.maxother = 40
+SHOWN_CHARS = 80
+
+
+def shown(value: Any) -> str:
+    """``value`` as an error message shows it: the start of its repr. A config value may be a megabyte long
+    (or, built from YAML aliases, billions of items), and the message that refuses it must stay one short
+    line, cheap to build."""
+    return _cut(_REPR.repr(value))
+
+
+def _cut(text: str) -> str:
+    """At most SHOWN_CHARS characters of ``text`` (a name or a parser's words about a file may be long too)."""
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -57,7 +78,7 @@ class Param:
         if self.kind is list:
             # ROS hands array parameters over as array.array, YAML as list: any non-text sequence will do
             if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-                raise ConfigError(f"{where}: {self.name} must be a list of {self.item.__name__}, got {value!r}")
+                raise ConfigError(f"{where}: {self.name} must be a list of {self.item.__name__}, got {shown(value)}")
             low, high = self.items
             if not low <= len(value) <= high:
                 wanted = f"{low}" if low == high else f"{low} to {high}"
@@ -66,18 +87,23 @@ class Param:
         return self._check_one(value, self.kind, where, self.name)
 
     def _check_one(self, value: Any, kind: type, where: str, label: str) -> Any:
+        given = value
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)  # `deadline_ms: 33` means 33.0
+            try:
+                value = float(value)  # `deadline_ms: 33` means 33.0
+            except OverflowError:  # an integer beyond every float: refused as not finite, shown as written
+                value = math.inf
         if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-            raise ConfigError(f"{where}: {label} must be of type {kind.__name__}, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{where}: {label} must be of type {kind.__name__}, got {type(value).__name__} "
+                              f"{shown(value)}")
         if kind is float and not math.isfinite(value):
-            raise ConfigError(f"{where}: {label} must be a finite number, got {value!r}")
+            raise ConfigError(f"{where}: {label} must be a finite number, got {shown(given)}")
         if self.choices and value not in self.choices:
-            raise ConfigError(f"{where}: {label} must be one of {list(self.choices)}, got {value!r}")
+            raise ConfigError(f"{where}: {label} must be one of {list(self.choices)}, got {shown(value)}")
         if self.minimum is not None and value < self.minimum:
-            raise ConfigError(f"{where}: {label}={value} is below the minimum {self.minimum:g}")
+            raise ConfigError(f"{where}: {label}={shown(value)} is below the minimum {self.minimum:g}")
         if self.maximum is not None and value > self.maximum:
-            raise ConfigError(f"{where}: {label}={value} is above the maximum {self.maximum:g}")
+            raise ConfigError(f"{where}: {label}={shown(value)} is above the maximum {self.maximum:g}")
         return value
 
 
@@ -255,7 +281,7 @@ class Settings:
         specs = {p.name: p for p in SCHEMA[node]}
         unknown = sorted(set(changes) - set(specs))
         if unknown:
-            raise ConfigError(f"{self.source}: unknown keys {node}.{unknown}")
+            raise ConfigError(f"{self.source}: unknown keys {node}.{shown(unknown)}")
         checked = {name: specs[name].check(value, f"{self.source}: {node}") for name, value in changes.items()}
         return Settings({**self.values, node: {**self.values[node], **checked}}, self.source)
 
@@ -320,14 +346,18 @@ def parse_settings(raw: Any, source: str, base: Path | None = None) -> Settings:
     values = {node: {p.name: default_of(node, p.name) for p in params} for node, params in SCHEMA.items()}
     for node, section in raw.items():
         if node not in SCHEMA:
-            raise ConfigError(f"{source}: unknown node {node!r}; known: {sorted(SCHEMA)}")
+            raise ConfigError(f"{source}: unknown node {shown(node)}; known: {sorted(SCHEMA)}")
         params = section.get("ros__parameters") if isinstance(section, dict) else None
         if not isinstance(params, dict):
             raise ConfigError(f"{source}: {node} must contain a 'ros__parameters' mapping")
         specs = {p.name: p for p in SCHEMA[node]}
-        for key, value in _flatten(params).items():
+        try:
+            flat = _flatten(params)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {node}: {exc}") from None
+        for key, value in flat.items():
             if key not in specs:
-                raise ConfigError(f"{source}: unknown key {node}.{key}; known: {sorted(specs)}")
+                raise ConfigError(f"{source}: unknown key {node}.{_cut(key)}; known: {sorted(specs)}")
             values[node][key] = specs[key].check(value, f"{source}: {node}")
     for group in KNOB_GROUPS:  # the rules a group has beyond each value's range
         try:
@@ -338,30 +368,141 @@ def parse_settings(raw: Any, source: str, base: Path | None = None) -> Settings:
 
 
 def _flatten(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested YAML mappings become dotted names, as ROS 2 parameter files do (``kv: {policy: x}`` -> ``kv.policy``)."""
+    """Nested YAML mappings become dotted names, as ROS 2 parameter files do (``kv: {policy: x}`` -> ``kv.policy``).
+    A name written both ways (``kv.policy: x`` beside ``kv: {policy: y}``) is refused: neither may win silently."""
     flat: dict[str, Any] = {}
     for key, value in params.items():
         name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(_flatten(value, name + "."))
-        else:
-            flat[name] = value
+        for dotted, leaf in (_flatten(value, name + ".") if isinstance(value, dict) else {name: value}).items():
+            if dotted in flat:
+                raise ConfigError(f"{_cut(dotted)} is given twice")
+            flat[dotted] = leaf
     return flat
 
 
+MAX_CONFIG_BYTES = 1 << 20  # 1 MiB: a config file is a few kilobytes; anything near this is not one
+MAX_CONFIG_DEPTH = 32  # collections inside collections; the schema's deepest value is 7 levels down
+MAX_CONFIG_NODES = 20_000  # keys, values and list items together; config/default.yaml has about 150
+
+
+class _Refused(yaml.MarkedYAMLError):
+    """Valid YAML that a config file may not hold (an anchor, an alias, a duplicate key, too deep or too big)."""
+
+
+class _Bounded:
+    """The rules a config file's YAML is composed and constructed under, whichever parser reads it.
+
+    Anchors and aliases are refused outright: an alias of an alias makes a few hundred bytes stand for
+    billions of values (the "billion laughs"), and a ROS 2 parameter file never needs one. Nesting and the
+    node count are bounded before PyYAML's recursive composer can run out of stack or memory, and a key
+    given twice in one mapping is an error instead of the last one silently winning."""
+
+    _depth = 0
+    _nodes = 0
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node:
+        event = self.peek_event()
+        if event.anchor is not None:  # &name on a node, or *name
+            raise _Refused(problem="YAML anchors and aliases (&name, *name) are not allowed in a config file",
+                           problem_mark=event.start_mark)
+        self._depth += 1
+        self._nodes += 1
+        if self._depth > MAX_CONFIG_DEPTH:
+            raise _Refused(problem=f"nested deeper than {MAX_CONFIG_DEPTH} levels", problem_mark=event.start_mark)
+        if self._nodes > MAX_CONFIG_NODES:
+            raise _Refused(problem=f"more than {MAX_CONFIG_NODES:,} YAML nodes (keys, values and list items)",
+                           problem_mark=event.start_mark)
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<`: PyYAML's merge, which overrides by design
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = first_lines.get(key)
+            except TypeError:  # an unhashable key: PyYAML's own construction says so
+                continue
+            if first is not None:
+                raise _Refused(problem=f"duplicate key {shown(key)} (first at line {first + 1})",
+                               problem_mark=key_node.start_mark)
+            first_lines[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
+class PurePythonLoader(_Bounded, yaml.SafeLoader):
+    """PyYAML's own parser and safe constructor, under the config rules."""
+
+
+CONFIG_LOADERS: tuple[type, ...] = (PurePythonLoader,)
+if yaml.__with_libyaml__:
+    class LibyamlLoader(_Bounded, Composer, yaml.CSafeLoader):
+        """libyaml's event parser (a megabyte in milliseconds, against a second in Python), with PyYAML's
+        composer in place of libyaml's so that the config rules see every node."""
+
+        def __init__(self, stream: str) -> None:
+            yaml.CSafeLoader.__init__(self, stream)
+            Composer.__init__(self)
+
+    CONFIG_LOADERS += (LibyamlLoader,)
+ConfigLoader = CONFIG_LOADERS[-1]
+
+
+def _read_text(path: Path) -> str:
+    """The text of config file ``path``, read within MAX_CONFIG_BYTES. A FIFO, a device or a directory is
+    refused before any read: a FIFO would block until a writer comes, /dev/zero never ends."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens without waiting for a writer
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ConfigError(f"cannot read config {path}: not a regular file")
+            with os.fdopen(fd, "rb", closefd=False) as file:
+                data = file.read(MAX_CONFIG_BYTES + 1)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES:,} bytes, the most a config file may be")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a UTF-8 text file: {exc}") from exc
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A PyYAML error in one short line with its place (its own text spans lines and may quote a megabyte)."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return _cut(" ".join(str(exc).split()))
+    words = ": ".join(_cut(part) for part in (exc.context, exc.problem) if part)
+    mark = exc.problem_mark or exc.context_mark
+    return f"line {mark.line + 1}, column {mark.column + 1}: {words}" if mark else words
+
+
 def load_settings(path: str | Path | None) -> Settings:
-    """Read and validate a YAML config file (None: the built-in defaults, which equal config/default.yaml)."""
+    """Read and validate a YAML config file (None: the built-in defaults, which equal config/default.yaml).
+
+    The file is read within bounds (MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, MAX_CONFIG_NODES; no anchors,
+    aliases or duplicate keys), so that any file costs at most a short error line, quickly."""
     if path is None:
         return defaults()
     path = Path(path)
+    text = _read_text(path)
+    loader = ConfigLoader(text)
     try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+        raw = loader.get_single_data()
+    except _Refused as exc:
+        raise ConfigError(f"{path}: {_yaml_problem(exc)}") from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    except ValueError as exc:  # e.g. bytes that are not UTF-8
-        raise ConfigError(f"{path}: not a text file: {exc}") from exc
+        raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from exc
+    except ValueError as exc:  # a value Python cannot hold as written: an integer of more than 4300 digits
+        raise ConfigError(f"{path}: cannot convert a value: {_cut(str(exc))}") from exc
+    finally:
+        loader.dispose()
     return parse_settings(raw, str(path), path.resolve().parent)
 
 
@@ -488,7 +629,7 @@ class DmsKnobs(KnobGroup):
     def check(self) -> None:
         if not (self.target_ratio == 0 or self.target_ratio >= 1):
             raise ConfigError(f"{self.NODE}: kv.dms.target_ratio must be 0 (use kv.dms.threshold) or >= 1, "
-                              f"got {self.target_ratio}")
+                              f"got {shown(self.target_ratio)}")
 
 
 @dataclass(frozen=True)
