@@ -25,7 +25,7 @@ def cmd_init_model(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from ..model.budget import edge_table
-    from ..runtime.loader import plan_for, plan_known
+    from ..runtime.loader import check_settings, plan_for, plan_known
 
     settings = load_settings(args.config)
     if args.known_model:
@@ -33,6 +33,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         where, stored = f"{args.known_model}: public config.json, no weights", "bf16"
     else:
         plan, checkpoint = plan_for(settings)
+        check_settings(settings, checkpoint)  # what `run` would refuse, refused here with the same line
         config, where, stored = checkpoint.config, str(checkpoint.path), checkpoint.storage_dtype
     family = config.vl.family if config.vl else "qwen2"
     print(f"model      {where} ({family}, {config.num_hidden_layers} layers, hidden {config.hidden_size}, "

@@ -40,7 +40,10 @@ def check_knobs(knobs: MemoryKnobs, site: MemorySite, policies: Iterable[str] = 
     """ValueError (or CheckpointError) for any ``kv.*`` value that ``policies`` would refuse at ``site``,
     building nothing: the running policy's knobs and those it could switch to at the next episode alike,
     and the tensors of ``knobs.policy`` and whether it runs on the site's KV pool (a pool below the dense
-    size serves dms alone: a live switch to another policy is refused then, with the numbers)."""
+    size serves dms alone: a live switch to another policy is refused then, with the numbers). An arena
+    without room for one frame beside the prompt is blamed on ``kv_capacity_tokens`` first: no policy knob
+    is the cause then."""
+    site.check_capacity()
     site.check_pool(knobs.policy, POLICY_TYPES[knobs.policy].per_kv_head)  # a switch to another is checked as it comes
     for name in policies:
         POLICY_TYPES[name].check_knobs(getattr(knobs, name, None), site)

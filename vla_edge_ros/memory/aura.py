@@ -126,6 +126,12 @@ class AuraPolicy(MemoryPolicy):
         self.last_surprise = math.nan
 
     @classmethod
+    def check_knobs(cls, knobs: AuraKnobs, site: MemorySite) -> None:
+        """The arena must hold aura's memory token beside the prompt and one frame (a live switch to aura
+        would otherwise fail at the next episode's prefill)."""
+        site.check_capacity(int(cls.needs_prefix), "aura's memory token")
+
+    @classmethod
     def check_tensors(cls, site: MemorySite) -> None:
         check_aura(site.checkpoint)
 

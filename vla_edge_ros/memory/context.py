@@ -22,7 +22,8 @@ from ..config import default_of
 from ..model.arena import KVArena
 from ..model.checkpoint import Checkpoint
 from ..model.config import ModelConfig
-from ..model.layout import arena_capacity, frames_in_arena, kv_bytes_per_token, kv_page_bytes, kv_pages_for
+from ..model.layout import (arena_capacity, frames_in_arena, kv_bytes_per_token, kv_page_bytes, kv_pages_for,
+                            scratch_tokens)
 from ..numerics import ops
 
 
@@ -58,7 +59,26 @@ class MemorySite:
 
     def free_tokens(self) -> int:
         """Slots left beside the prompt, one frame and the action scratch."""
-        return self.capacity - arena_capacity(self.config, self.prompt_tokens, 1)
+        return self.capacity - self.least_capacity()
+
+    def least_capacity(self, reserved_tokens: int = 0) -> int:
+        """Slots an arena needs for the prompt, ``reserved_tokens`` beside it, one frame and the action scratch."""
+        return arena_capacity(self.config, self.prompt_tokens, 1, reserved_tokens)
+
+    def check_capacity(self, reserved_tokens: int = 0, reserved: str = "") -> None:
+        """ValueError (``too_small``) when the arena cannot hold the prompt, ``reserved_tokens``, one frame and
+        the action tokens: no policy knob can make room then, only a larger arena."""
+        if self.capacity < self.least_capacity(reserved_tokens):
+            raise self.too_small(reserved_tokens, reserved)
+
+    def too_small(self, reserved_tokens: int = 0, reserved: str = "") -> ValueError:
+        """The error that blames ``kv_capacity_tokens`` and says the least it must be: the prompt,
+        ``reserved_tokens`` (``reserved`` names what they are), one frame and the action tokens."""
+        beside = f", {reserved} ({reserved_tokens})" if reserved_tokens else ""
+        c = self.config
+        return ValueError(f"kv_capacity_tokens={self.capacity} must be at least {self.least_capacity(reserved_tokens)}"
+                          f": the arena holds the prompt ({self.prompt_tokens} tokens){beside}, one frame "
+                          f"({c.vision.tokens_per_frame}) and the action tokens ({scratch_tokens(c)})")
 
 
 @dataclass(frozen=True)

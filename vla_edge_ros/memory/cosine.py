@@ -21,6 +21,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..config import CosineKnobs, MemoryKnobs, choices_of
+from ..model.layout import arena_capacity
 from ..numerics import ops
 from .base import FrameTokens, _array
 from .context import MemoryContext, MemorySite
@@ -59,9 +60,12 @@ class CosinePolicy(FrameWindowPolicy):
         if bad and cosine.signature != "embeddings":
             raise ValueError(f"kv.cosine.signature_layers {bad} out of range for a {layers}-layer model")
         capacity = site.frames()
-        if not 0 <= cosine.protect_recent_frames < capacity:
-            raise ValueError(f"kv.cosine.protect_recent_frames={cosine.protect_recent_frames} must be in "
-                             f"[0, {capacity - 1}]: the arena holds {capacity} frames and one must stay evictable")
+        protect = cosine.protect_recent_frames
+        if not 0 <= protect < capacity:
+            enough = arena_capacity(site.config, site.prompt_tokens, protect + 1)
+            raise ValueError(f"kv.cosine.protect_recent_frames={protect} must be in [0, {capacity - 1}]: the arena "
+                             f"holds {capacity} frames and one must stay evictable (or kv_capacity_tokens at least "
+                             f"{enough})")
 
     def attach(self, context: MemoryContext) -> None:
         super().attach(context)

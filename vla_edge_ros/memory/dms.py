@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from ..config import DmsKnobs, MemoryKnobs
-from ..model.layout import arena_capacity, scratch_tokens
+from ..model.layout import scratch_tokens
 from ..model.memory_tensors import has_dms_gate
 from .base import DecodedTokens, FrameTokens, MemoryPolicy, _array
 from .context import MemoryContext, MemorySite
@@ -129,10 +129,13 @@ class DmsPolicy(MemoryPolicy):
         limit = site.free_tokens()
         c = site.config
         if knobs.window > limit:
+            if limit < 1:  # not even a one-token window fits beside one frame: the arena is what is too small
+                raise site.too_small(knobs.window, "kv.dms.window")
             raise ValueError(f"kv.dms.window={knobs.window} must be in [1, {limit}]: the {site.capacity}-slot arena "
                              f"holds the prompt ({site.prompt_tokens}), the window, one frame "
-                             f"({c.vision.tokens_per_frame}) and the action tokens ({scratch_tokens(c)})")
-        least = site.pages_per_head(arena_capacity(c, site.prompt_tokens, 1, knobs.window))
+                             f"({c.vision.tokens_per_frame}) and the action tokens ({scratch_tokens(c)}) (or "
+                             f"kv_capacity_tokens at least {site.least_capacity(knobs.window)})")
+        least = site.pages_per_head(site.least_capacity(knobs.window))
         if site.pool_pages and site.pool_pages < least:
             raise ValueError(f"kv_pool_pages={site.pool_pages} must be at least {least}: every (layer, KV head) holds "
                              f"the prompt ({site.prompt_tokens}), the window ({knobs.window}), one frame "

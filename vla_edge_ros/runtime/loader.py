@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -83,9 +84,40 @@ def open_kv_store(node: dict[str, Any], checkpoint: Checkpoint) -> BlockStore | 
                       budget_bytes=node["kv_store.budget_bytes"], min_free_bytes=node["kv_store.min_free_bytes"])
 
 
+@contextmanager
+def _reasoning_errors(settings: Settings) -> Iterator[None]:
+    """A ValueError inside names the file and the reasoning node."""
+    try:
+        yield
+    except ValueError as exc:
+        raise ValueError(f"{settings.source}: reasoning: {exc}") from exc
+
+
+def check_settings(settings: Settings, checkpoint: Checkpoint, policies: Iterable[str] = POLICIES) -> None:
+    """ValueError for what the settings ask of this checkpoint that it cannot do: prompt ids beyond its
+    vocabulary, commands its action does not fit, an arena or ``kv.*`` knobs a policy in ``policies``
+    cannot run with (an arena without room for one frame names ``kv_capacity_tokens``). Shapes only:
+    ``load_engine`` checks this before building anything, and ``vla-edge plan`` refuses what it refuses."""
+    node = settings["reasoning"]
+    prompt = node["prompt_token_ids"]
+    vocab = checkpoint.config.vocab_size
+    if any(t >= vocab for t in prompt):
+        raise ValueError(f"{settings.source}: reasoning.prompt_token_ids has ids >= vocab_size {vocab}")
+    try:
+        check_fits_action(OutputKnobs.of(settings["action_publisher"]), checkpoint.config.action.dof)
+    except ValueError as exc:
+        raise ValueError(f"{settings.source}: action_publisher: {exc} (the model's action has "
+                         f"{checkpoint.config.action.dof} dimensions)") from exc
+    with _reasoning_errors(settings):
+        site = MemorySite(checkpoint, node["kv_capacity_tokens"], len(prompt), node["kv_page_tokens"],
+                          node["kv_pool_pages"])
+        check_knobs(MemoryKnobs.of(node), site, policies)
+
+
 def load_engine(settings: Settings, policies: Iterable[str] = POLICIES, checkpoint: Checkpoint | None = None
                 ) -> LoadedEngine:
-    """Plan, check the budget, load the engine, prefill (or load) the pinned prompt, warm up, restore memory.
+    """Plan, check the budget and ``check_settings``, load the engine, prefill (or load) the pinned prompt,
+    warm up, restore memory.
 
     The ``kv.*`` knobs of every policy in ``policies`` are checked against this arena, not only the
     configured one's: a live node may switch to any of them at the next episode. An offline run that
@@ -94,28 +126,15 @@ def load_engine(settings: Settings, policies: Iterable[str] = POLICIES, checkpoi
     node = settings["reasoning"]
     plan, checkpoint = plan_for(settings, checkpoint)
     require_fit(plan)
+    check_settings(settings, checkpoint, policies)
     if node["blas_threads"]:
         threadpool_limits(limits=node["blas_threads"], user_api="blas")  # process-wide, from here on
     prompt = node["prompt_token_ids"]
-    vocab = checkpoint.config.vocab_size
-    if any(t >= vocab for t in prompt):
-        raise ValueError(f"{settings.source}: reasoning.prompt_token_ids has ids >= vocab_size {vocab}")
-    knobs = MemoryKnobs.of(node)
-    try:
-        check_fits_action(OutputKnobs.of(settings["action_publisher"]), checkpoint.config.action.dof)
-    except ValueError as exc:
-        raise ValueError(f"{settings.source}: action_publisher: {exc} (the model's action has "
-                         f"{checkpoint.config.action.dof} dimensions)") from exc
-    try:
-        site = MemorySite(checkpoint, node["kv_capacity_tokens"], len(prompt), node["kv_page_tokens"],
-                          node["kv_pool_pages"])
-        check_knobs(knobs, site, policies)
+    with _reasoning_errors(settings):
         engine = VlaEngine(checkpoint, backend=plan.backend, kv_capacity_tokens=node["kv_capacity_tokens"],
-                           policy=build_policy(knobs), kv_page_tokens=node["kv_page_tokens"],
+                           policy=build_policy(MemoryKnobs.of(node)), kv_page_tokens=node["kv_page_tokens"],
                            kv_pool_pages=node["kv_pool_pages"])
         store = open_kv_store(node, checkpoint)
-    except ValueError as exc:
-        raise ValueError(f"{settings.source}: reasoning: {exc}") from exc
     from_store = restored = False
     if store is not None and node["kv_store.prompt"]:
         from_store = load_or_prefill_prompt(engine, store, prompt)
