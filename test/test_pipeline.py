@@ -102,3 +102,41 @@ def test_vla_edge_run_shuts_down_cleanly_on_a_signal(tiny_model, tmp_path, signa
     assert process.returncode == 0, err[-2000:]
     assert "summary:" in out and summary.is_file()
     assert "Traceback" not in err and "terminate called" not in err
+
+
+def test_a_model_whose_output_is_not_finite_never_commands_the_robot(tiny_model, tmp_path):
+    """NaN action logits (a corrupt head, loaded with the debugging knob): over DDS, every command is the safe
+    stop, and the reasoning node reports the invalid outputs as an error rather than "acting on 100 %"."""
+    import numpy as np
+
+    from vla_edge_ros.model.init_model import write_model
+    from vla_edge_ros.model.config import load_model_config
+    from vla_edge_ros.model.safetensors_io import read_safetensors
+
+    arrays = {name: t.to_float32().copy() for name, t in read_safetensors(tiny_model / "model.safetensors").items()}
+    arrays["lm_head.weight"][-256:] = np.nan  # the bins' rows: argmax once read them as bin 0, i.e. -0.996
+    corrupt = write_model(tmp_path / "nan-head", load_model_config(tiny_model), arrays, "bfloat16")
+    settings = parse_settings({
+        "reasoning": {"ros__parameters": {"model_dir": str(corrupt), "backend": "numpy", "kv_capacity_tokens": 256,
+                                          "deadline_ms": 1000.0, "allow_nonfinite_weights": True}},
+        "camera_subscriber": {"ros__parameters": {"frame_height": 120, "frame_width": 160}},
+        "action_publisher": {"ros__parameters": {"control_rate_hz": 50.0, "command_type": "float32_multi_array"}},
+    }, "test.yaml")
+    with private_graph() as (context, _):
+        pipeline = Pipeline(settings, context=context, synthetic_camera=True)
+        listener = Node("listener", context=context)
+        commands: list[list[float]] = []
+        listener.create_subscription(Float32MultiArray, "/vla/command", lambda m: commands.append(list(m.data)),
+                                     qos_profile_sensor_data)
+        pipeline.executor.add_node(listener)
+        try:
+            assert _run_until(pipeline, lambda: pipeline.reasoning.invalid_outputs >= 5 and len(commands) >= 10)
+            assert commands and all(v == 0.0 for c in commands for v in c)  # stops only (empty: no action yet)
+            assert pipeline.reasoning.actions == 0
+            report = pipeline.reasoning.report()
+            assert report.level == ERROR and "not finite" in report.message and "acting on" not in report.message
+            assert pipeline.reasoning.figures()["invalid_outputs"] >= 5
+        finally:
+            pipeline.executor.remove_node(listener)
+            listener.destroy_node()
+            pipeline.shutdown()

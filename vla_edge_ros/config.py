@@ -154,6 +154,9 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               "per 28x28 pixels after the 2x2 merge) plus vision start and end, known before the first frame. "
               "The default gives 224 x 224: 64 + 2 tokens. Unused by other checkpoints.",
               minimum=28 * 28, maximum=8192 * 8192),
+        Param("allow_nonfinite_weights", False, "Debugging only: load a checkpoint whose weights hold NaN or "
+              "Inf, which is otherwise refused at load. Cycles whose hidden state or logits are not finite "
+              "still produce no action; they are counted as invalid."),
         Param("backend", "auto", "Compute backend: auto picks cuda when a GPU is present, else numpy.",
               choices=("auto", "numpy", "cuda")),
         Param("blas_threads", 1, "Threads of the BLAS library under the numpy backend. 1 keeps cycle times "

@@ -51,7 +51,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_parity(args: argparse.Namespace) -> int:
     from ..tools.parity import run_parity
 
-    report = run_parity(args.model, args.token_ids, args.backend, image_size=args.image_size, seed=args.seed)
+    report = run_parity(args.model, args.token_ids, args.backend, image_size=args.image_size, seed=args.seed,
+                        allow_nonfinite=args.allow_nonfinite_weights)
     if args.save_logits:
         np.save(args.save_logits, report.last_logits)
     threshold = args.min_cosine if args.min_cosine is not None else MIN_COSINE[report.backend]
@@ -63,13 +64,12 @@ def cmd_parity(args: argparse.Namespace) -> int:
         images = f", {len(report.image_grid_thw)} images (t x h x w patches: {grids})" if grids else ""
         print(f"parity of {report.model} on {report.backend} against transformers (fp32, CPU), "
               f"{len(report.token_ids)} tokens{images}")
-        if report.pixels is not None:
-            print(f"  pixel values           cosine {report.pixels.cosine:.12f}  max|err| {report.pixels.max_abs_error:.3e}")
-        print(f"  logits                 cosine {report.logits.cosine:.12f}  max|err| {report.logits.max_abs_error:.3e}")
-        for index, layer in enumerate(report.layers):
-            label = "embeddings" if index == 0 else f"layer {index}" + (" (+norm)" if index == len(report.layers) - 1 else "")
-            print(f"  {label:<22} cosine {layer.cosine:.12f}  max|err| {layer.max_abs_error:.3e}")
-        print(f"  incremental vs full    cosine {report.incremental.cosine:.12f}  max|err| {report.incremental.max_abs_error:.3e}")
+        for label, agreement in report.agreements().items():
+            print(f"  {label:<22} " + (agreement.nonfinite() or
+                                      f"cosine {agreement.cosine:.12f}  max|err| {agreement.max_abs_error:.3e}"))
+        bad = report.nonfinite()
+        if bad:
+            print(f"  outputs are not finite, first at {bad[0]}")
         print(f"  worst cosine {report.worst_cosine():.12f} (bar {threshold}): {'PASS' if passed else 'FAIL'}")
     return 0 if passed else 1
 
@@ -126,6 +126,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--save-logits", type=Path, help="write our last-position logits (float32 [vocab]) as .npy")
     p.add_argument("--min-cosine", type=float, help="pass bar (default 0.99999 numpy, 0.999 cuda)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--allow-nonfinite-weights", action="store_true",
+                   help="debugging: load weights holding NaN or Inf (refused otherwise) to see where outputs go bad")
     p.set_defaults(func=cmd_parity)
 
     p = sub.add_parser("engine", help="run the engine alone (no ROS, no deadline) on synthetic frames; print timings")

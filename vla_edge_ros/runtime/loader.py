@@ -38,7 +38,8 @@ def load_model(settings: Settings) -> Checkpoint:
     """The configured checkpoint (tensor headers; weights memory-mapped) as the runtime sees it: for a VL
     checkpoint, with the frame geometry ``reasoning.vision_max_pixels`` gives it (``vl_frames``)."""
     node = settings["reasoning"]
-    return with_frame_geometry(load_checkpoint(Path(node["model_dir"])), node["vision_max_pixels"])
+    checkpoint = load_checkpoint(Path(node["model_dir"]), allow_nonfinite=node["allow_nonfinite_weights"])
+    return with_frame_geometry(checkpoint, node["vision_max_pixels"])
 
 
 def plan_for(settings: Settings, checkpoint: Checkpoint | None = None) -> tuple[MemoryPlan, Checkpoint]:
@@ -140,7 +141,10 @@ def load_engine(settings: Settings, policies: Iterable[str] = POLICIES, checkpoi
         from_store = load_or_prefill_prompt(engine, store, prompt)
     else:
         engine.set_prompt(prompt)
-    engine.warm_up()
+    invalid = engine.warm_up()
+    if invalid:
+        _LOG.error("the warm-up cycle on a blank frame gave no action: %s; every cycle whose output is not finite "
+                   "is refused and counted as invalid", invalid)
     if store is not None and node["kv_store.memory"]:
         restored = restore_memory(engine, store, node["kv_store.memory_name"])
     return LoadedEngine(engine, plan, store, from_store, restored)
