@@ -233,7 +233,8 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               "empty: no store. A relative path resolves against the YAML file's directory.", path=True),
         Param("kv_store.encryption", "aes-256-gcm", "Block encryption: aes-256-gcm, or none (plain blocks with a "
               "SHA-256 checksum; logged as such).", choices=("aes-256-gcm", "none")),
-        Param("kv_store.key_file", "", "File holding the 256-bit store key (hex, base64 or raw); must not be "
+        Param("kv_store.key_file", "", "File holding the 256-bit store key: 64 hex digits, base64 of 32 bytes, "
+              "or 32 raw bytes that are not all printable text (`vla-edge kv-store keygen` writes one); must not be "
               "readable by group or others. Takes precedence over kv_store.key_env. A relative path resolves against "
               "the YAML file's directory.", path=True),
         Param("kv_store.key_env", "VLA_EDGE_KV_KEY", "Environment variable holding the store key (hex or base64) "
