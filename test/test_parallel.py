@@ -209,3 +209,61 @@ def test_replay_of_a_batch_on_two_workers_writes_what_a_serial_replay_writes(tin
             for policy in report["policies"].values():
                 policy.pop("replay")  # wall time and frames per second: timing, not results
         assert reports[0] == reports[1]
+
+
+def test_ray_without_workers_uses_every_cpu_of_the_cluster(tmp_path, monkeypatch):
+    """--ray without --workers once ran one actor, leaving a cluster idle: now one actor per CPU it has."""
+    ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'vla_edge_ros[ray]'")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        address = ray.get_runtime_context().gcs_address
+        summary = run_units(job(), units(6, sleep=0.3), tmp_path, ray_address=address)
+    finally:
+        ray.shutdown()
+    assert summary.workers == 3 and not summary.failed
+    assert len({result["pid"] for result in summary.results.values()}) == 3  # three actors ran units
+
+
+def test_a_cluster_that_refuses_this_client_says_what_to_set(tmp_path, monkeypatch):
+    """Ray's own answer to a client without a token-authenticated cluster's token is a bare 'Failed to connect'
+    (seen against `RAY_AUTH_MODE=token ray start --head`, Ray 2.60); ours says what to set."""
+    ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'vla_edge_ros[ray]'")
+
+    def refuse(**kwargs):
+        raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.9:6379")
+
+    def no_token(**kwargs):
+        raise ray.exceptions.AuthenticationError("Token authentication is enabled but no authentication token "
+                                                 "was found.")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    with pytest.raises(ValueError, match=r"^cannot connect to the Ray cluster at 10.0.0.9:6379: Failed to connect.*"
+                                         r"set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN to the cluster's token"):
+        run_units(job(), units(2), tmp_path, ray_address="10.0.0.9:6379")
+    monkeypatch.setattr(ray, "init", no_token)
+    with pytest.raises(ValueError, match=r"no token was found: set RAY_AUTH_TOKEN .* or RAY_AUTH_TOKEN_PATH"):
+        run_units(job(), units(2), tmp_path, ray_address="10.0.0.9:6379")
+
+
+@pytest.mark.slow
+def test_a_token_authenticated_cluster_refuses_a_client_without_its_token_in_one_line(tmp_path):
+    """The real thing (about 30 s): a head started with RAY_AUTH_MODE=token, and `vla-edge evaluate --ray` from a
+    machine (here: a HOME) without the token."""
+    pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'vla_edge_ros[ray]'")
+    ray_cli = Path(sys.executable).with_name("ray")
+    head_env = {**os.environ, "HOME": str(tmp_path / "head"), "RAY_AUTH_MODE": "token"}
+    subprocess.run([str(ray_cli), "get-auth-token", "--generate"], env=head_env, capture_output=True, check=True)
+    port = 6300 + os.getpid() % 600
+    subprocess.run([str(ray_cli), "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
+                    "--disable-usage-stats"], env=head_env, capture_output=True, check=True, timeout=120)
+    try:
+        client = {**os.environ, "HOME": str(tmp_path / "client")}
+        done = subprocess.run([sys.executable, "-m", "vla_edge_ros", "evaluate", "--episodes", "1", "--ray",
+                               f"127.0.0.1:{port}", "--out", str(tmp_path / "out")],
+                              env=client, capture_output=True, text=True, timeout=300)
+    finally:
+        subprocess.run([str(ray_cli), "stop", "--force"], env=head_env, capture_output=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    ours = [line for line in done.stderr.splitlines() if line.startswith("vla-edge evaluate: error:")]
+    assert len(ours) == 1 and "RAY_AUTH_TOKEN" in ours[0] and "Traceback" not in done.stderr

@@ -115,10 +115,12 @@ def workers(text: str) -> int:
 
 def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
     """--workers, --ray and --resume, the same on every command that runs units of work (tools/parallel.py)."""
-    parser.add_argument("--workers", type=workers, default=1,
-                        help="local worker processes (each loads the model once and runs units: 1 runs here)")
+    parser.add_argument("--workers", type=workers, default=None,
+                        help="worker processes, each loading the model once (default: 1, in this process; with "
+                             "--ray, one per CPU of the cluster)")
     parser.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                         help="run the units as Ray tasks on the cluster at ADDRESS (no address: a local Ray "
-                             "instance of --workers CPUs); inputs must be on paths every node sees")
+                             "instance of --workers CPUs, all when not given); inputs must be on paths every node "
+                             "sees")
     parser.add_argument("--resume", action="store_true",
                         help="keep the units an earlier run of the same job left in --out/units; run the rest")

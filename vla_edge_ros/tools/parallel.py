@@ -18,10 +18,13 @@ in native code) has its unit run once more on a fresh worker; if that dies too, 
 failed. Other units are not affected. Ctrl-C / SIGTERM stops every worker and leaves the finished units on
 disk.
 
-Backends. ``workers=1``: this process, in order. ``workers=N``: N spawned processes on this machine.
-``ray=ADDRESS``: one Ray actor per worker on the cluster at ADDRESS (``""``: a Ray
-instance started here), each preparing once; inputs (model directory, bags) are read from paths every
-node sees, i.e. a shared filesystem; results come back to this process and are written here.
+Backends. ``workers=1`` (or None): this process, in order. ``workers=N``: N spawned processes on this
+machine. ``ray=ADDRESS``: one Ray actor per worker on the cluster at ADDRESS (``""``: a Ray instance
+started here, of ``workers`` CPUs), each preparing once; ``workers=None`` there means one actor per CPU of
+the cluster, so a cluster is used whole unless told otherwise. Inputs (model directory, bags) are read from
+paths every node sees, i.e. a shared filesystem; results come back to this process and are written here.
+A cluster that refuses this client (not running, or token authentication without the token here) is one
+error line saying what to set.
 
 Every backend runs its units with one BLAS thread. N workers share the cores anyway, and a float32 product
 split over two threads rounds differently from one on one thread (memory-bench's cue attention moved in the
@@ -76,7 +79,7 @@ class RunSummary:
     resumed: int = 0  # units read back from an earlier run
     seconds: float = 0.0  # wall time of the run
     busy_seconds: float = 0.0  # CPU time the units took: what one worker with a core to itself would need
-    workers: int = 1
+    workers: int = 1  # how many ran (on Ray: actors, one CPU each)
     backend: str = "serial"
 
     @property
@@ -86,7 +89,7 @@ class RunSummary:
         return self.busy_seconds / self.seconds if self.seconds > 0 else 0.0
 
 
-def run_units(job: Job, units: Sequence[Unit], out: Path, *, workers: int = 1, ray_address: str | None = None,
+def run_units(job: Job, units: Sequence[Unit], out: Path, *, workers: int | None = None, ray_address: str | None = None,
               resume: bool = False, progress: Callable[[int, int], None] = lambda done, total: None,
               on_result: Callable[[str, dict], None] = lambda key, result: None) -> RunSummary:
     """Run ``units`` (see the module doc); returns every result and failure, whatever happened to workers.
@@ -99,8 +102,8 @@ def run_units(job: Job, units: Sequence[Unit], out: Path, *, workers: int = 1, r
         raise ValueError("unit keys must be unique")
     directory = out / UNITS_DIR
     directory.mkdir(parents=True, exist_ok=True)
-    summary = RunSummary(workers=workers, backend="ray" if ray_address is not None else
-                         "processes" if workers > 1 else "serial")
+    summary = RunSummary(workers=workers or 1, backend="ray" if ray_address is not None else
+                         "processes" if (workers or 1) > 1 else "serial")
     pending = []
     for unit in units:
         earlier = _read(directory / f"{unit.key}.json", job.identity) if resume else None
@@ -128,9 +131,9 @@ def run_units(job: Job, units: Sequence[Unit], out: Path, *, workers: int = 1, r
 
     progress(done[0], len(units))
     if ray_address is not None:
-        _run_ray(job, pending, workers, ray_address, finished)
-    elif workers > 1:
-        _run_processes(job, pending, workers, finished)
+        summary.workers = _run_ray(job, pending, workers, ray_address, finished)
+    elif summary.workers > 1:
+        _run_processes(job, pending, summary.workers, finished)
     else:
         with one_blas_thread():
             state = job.prepare(job.context) if pending else None
@@ -282,15 +285,16 @@ def _after_a_death(unit: Unit, exitcode: int | None, todo: list[Unit], deaths: d
 # --- Ray ---------------------------------------------------------------------------------------------------
 
 
-def _run_ray(job: Job, pending: Sequence[Unit], workers: int, address: str,
-             finished: Callable[[str, dict | None, str | None], None]) -> None:
+def _run_ray(job: Job, pending: Sequence[Unit], workers: int | None, address: str,
+             finished: Callable[[str, dict | None, str | None], None]) -> int:
+    """Run ``pending`` on ``workers`` actors (None: one per CPU of the cluster); returns how many there were."""
     try:
         import ray
     except ImportError:
         raise ValueError("--ray needs Ray: pip install 'vla_edge_ros[ray]' (or pip install ray)") from None
-    ray.init(address=address or None, num_cpus=None if address else workers, include_dashboard=False,
-             log_to_driver=False, ignore_reinit_error=True, configure_logging=False)
+    _connect(ray, address, workers)
     try:
+        workers = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
         actor = ray.remote(num_cpus=1, max_restarts=RETRIES_AFTER_A_DEATH)(_RayWorker)
         pool = [actor.remote(job) for _ in range(min(workers, len(pending)))]
         todo, running, deaths = list(pending), {}, {}
@@ -318,6 +322,29 @@ def _run_ray(job: Job, pending: Sequence[Unit], workers: int, address: str,
             finished(unit.key, result, error, seconds)
     finally:
         ray.shutdown()
+    return workers
+
+
+_TOKEN = ("RAY_AUTH_TOKEN to the cluster's token (`ray get-auth-token` on its head node prints it), or "
+          "RAY_AUTH_TOKEN_PATH to a file holding it")
+
+
+def _connect(ray: Any, address: str, workers: int | None) -> None:
+    """ray.init on the cluster at ``address`` (``""``: a new local instance of ``workers`` CPUs, all when None).
+
+    A client without the token of a cluster that uses token authentication (``RAY_AUTH_MODE=token``; Ray
+    turns it on by default from 2.59 for local clusters, 2.61 for all) gets only Ray's "Failed to connect"
+    after its retries; ValueError says what to set instead."""
+    try:
+        ray.init(address=address or None, num_cpus=None if address else workers, include_dashboard=False,
+                 log_to_driver=False, ignore_reinit_error=True, configure_logging=False)
+    except ray.exceptions.AuthenticationError:
+        raise ValueError(f"Ray token authentication is on here (RAY_AUTH_MODE=token) but no token was found: set "
+                         f"{_TOKEN}") from None
+    except ConnectionError as exc:
+        raise ValueError(f"cannot connect to the Ray cluster at {address}: {' '.join(str(exc).split())}. Is it "
+                         f"running (`ray status` on its head node)? If it uses token authentication, set "
+                         f"RAY_AUTH_MODE=token and {_TOKEN}") from None
 
 
 class _RayWorker:
@@ -356,13 +383,14 @@ def run_line(run: dict, seconds: float) -> str:
             f"({run['cores']} cores), {run['speedup']:.2f}x one worker, {run['failed']} failed{resumed}")
 
 
-def run_figures(summaries: Sequence[RunSummary], workers: int, ray_address: str | None) -> dict[str, Any]:
+def run_figures(summaries: Sequence[RunSummary], workers: int | None, ray_address: str | None) -> dict[str, Any]:
     """How a run of one or more passes went: wall time, units/s, speed-up, failures, who ran it. Timing
     fields, which differ from run to run (``seconds`` is popped into a report's ``runtime_s``)."""
     seconds = sum(s.seconds for s in summaries)
     busy = sum(s.busy_seconds for s in summaries)
     ran = sum(len(s.results) - s.resumed for s in summaries)
-    return {"seconds": seconds, "workers": workers, "backend": summaries[0].backend if summaries else "serial",
+    return {"seconds": seconds, "workers": max((s.workers for s in summaries), default=workers or 1),
+            "backend": summaries[0].backend if summaries else "serial",
             "ray_address": ray_address, "cores": os.cpu_count(), "units": sum(len(s.results) for s in summaries),
             "resumed": sum(s.resumed for s in summaries), "failed": sum(len(s.failed) for s in summaries),
             "units_per_s": ran / seconds if seconds > 0 else 0.0, "speedup": busy / seconds if seconds > 0 else 0.0}

@@ -93,7 +93,7 @@ def run_unit(state: dict[str, Any], unit: ReplayUnit) -> dict[str, Any]:
 
 
 def replay_bags(bags: Sequence[BagInput], outs: Sequence[Path], settings: Settings, policies: Sequence[str],
-                costs: CostModel, units_dir: Path, *, realtime: bool = False, workers: int = 1,
+                costs: CostModel, units_dir: Path, *, realtime: bool = False, workers: int | None = None,
                 ray_address: str | None = None, resume: bool = False,
                 bar: Callable[[int, int], None] = lambda done, total: None,
                 log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
