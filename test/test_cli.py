@@ -65,18 +65,3 @@ def test_bad_token_ids_are_rejected_by_the_parser(capsys):
     with pytest.raises(SystemExit):
         main(["parity", "--model", "x", "--token-ids", "1,a"])
     assert "comma-separated" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("value", ["-1", "0", "nan", "inf", "fast"])
-def test_a_learning_rate_must_be_a_finite_positive_number(value, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["train", "--out", "never", "--aura-decoder-lr", value])
-    assert exit_info.value.code == 2 and "--aura-decoder-lr" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize(("flag", "value"), [("--aura-dagger", "-1"), ("--aura-dagger", "many"),
-                                             ("--aura-memory-warmup", "-5")])
-def test_a_count_of_training_steps_or_episodes_must_be_a_whole_number_from_zero(flag, value, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["train", "--out", "never", flag, value])
-    assert exit_info.value.code == 2 and flag in capsys.readouterr().err

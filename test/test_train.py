@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,9 +16,9 @@ from vla_edge_ros.model.checkpoint import load_checkpoint
 from vla_edge_ros.model.init_model import preset
 from vla_edge_ros.model.vision import resize_frame
 from vla_edge_ros.train.demos import perception_samples, record_demo, sample_frames
+from vla_edge_ros.train.rollouts import aura_rollouts
+from vla_edge_ros.train.spec import DEFAULT_PROMPT, AuraSpec, DmsSpec, EpisodeStageSpec, StageSpec, TrainSpec
 from vla_edge_ros.train.stages import (
-    AuraRecipe,
-    StageSpec,
     aura_actions,
     aura_batches,
     behaviour_cloning,
@@ -27,11 +26,11 @@ from vla_edge_ros.train.stages import (
     make_batch,
     sequence_actions,
     train_aura,
+    write_forcing,
     write_labels,
 )
-from vla_edge_ros.train.rollouts import aura_rollouts
 from vla_edge_ros.train.torch_model import DmsMask, VlaModel
-from vla_edge_ros.train.trainer import DEFAULT_PROMPT, TrainSpec, export, load_weights, train
+from vla_edge_ros.train.trainer import export, load_weights, train
 from vla_edge_ros.worlds.sim.world import CueReachEnv, TaskSpec
 
 pytestmark = pytest.mark.train
@@ -156,8 +155,8 @@ def test_behaviour_cloning_fits_a_few_demonstrations(demo):
         for name, param in model.named_parameters():  # from HF's init, as training starts
             param.normal_(0.0, 0.02) if not name.endswith("norm.weight") else param.fill_(1.0)
     losses: list[float] = []
-    behaviour_cloning(model, [demo, demo], torch.tensor(PROMPT), StageSpec(steps=40, batch=2, lr=3e-3),
-                      np.random.default_rng(0), 100, lambda step, figures: losses.append(figures["action"]))
+    behaviour_cloning(model, [demo, demo], torch.tensor(PROMPT), EpisodeStageSpec(steps=40, batch=2, lr=3e-3),
+                      np.random.default_rng(0), lambda step, figures: losses.append(figures["action"]))
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
 
 
@@ -171,13 +170,13 @@ def test_where_head_is_trained_but_not_exported(tmp_path):
 
 def test_the_aura_stage_trains_the_decoder_only_when_asked(demo):
     """The default aura stage trains aura.* alone; the decoder
-    learns with it only under ``AuraRecipe.train_decoder``."""
+    learns with it only under ``AuraSpec.train_decoder``."""
     demos = [demo, record_demo(TaskSpec(name="cue-reach", hold_s=0.3), seed=4, image_size=CONFIG.vision.image_size)]
     for train_decoder in (False, True):
         model = random_model(1)
         before = {name: param.detach().clone() for name, param in model.named_parameters()}
-        train_aura(model, demos, torch.tensor(PROMPT), StageSpec(2, 2, 1e-2), np.random.default_rng(0), 12,
-                   AuraRecipe(0.5, 0.15, 1.0, train_decoder, bc_batch=2), lambda *_: None)
+        spec = AuraSpec(2, 2, 1e-2, max_frames=12, train_decoder=train_decoder, bc_batch=2)
+        train_aura(model, demos, torch.tensor(PROMPT), spec, np.random.default_rng(0), lambda *_: None)
         moved = {name for name, param in model.named_parameters() if not torch.equal(param, before[name])}
         aura = {name for name in before if name.startswith("aura.")}
         assert moved & aura
@@ -185,16 +184,15 @@ def test_the_aura_stage_trains_the_decoder_only_when_asked(demo):
 
 
 def test_train_writes_a_checkpoint_every_policy_runs_on_and_repeats_itself(tmp_path):
-    spec = replace(TrainSpec(tasks=("cue-reach",)), episodes=4, max_frames=12, dms_max_frames=8,
-                   perception=StageSpec(2, 8, 1e-3), bc=StageSpec(2, 2, 1e-3), aura=StageSpec(2, 2, 1e-3), dms=StageSpec(2, 2, 1e-3))
-    first = train(spec, tmp_path / "a")
-    train(spec, tmp_path / "b")
+    spec = TrainSpec(tasks=("cue-reach",), episodes=4, perception=StageSpec(2, 8, 1e-3),
+                     bc=EpisodeStageSpec(2, 2, 1e-3, max_frames=12), aura=AuraSpec(2, 2, 1e-3, max_frames=12),
+                     dms=DmsSpec(2, 2, 1e-3, max_frames=8))
+    first = train(spec, tmp_path / "a", "a")
+    train(spec, tmp_path / "b", "b")
     assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
     assert set(first.stages) == {"perception", "bc", "aura", "dms"}
     assert all(len(rows) == 2 for rows in first.stages.values())
-    log = json.loads((tmp_path / "a" / "train_log.json").read_text())
-    assert log["schema"] == "vla_edge_ros.train/1" and log["spec"]["seed"] == 0
-    assert (tmp_path / "a" / "loss.png").stat().st_size > 0
+    assert first.spec["seed"] == 0 and first.spec["aura"]["max_frames"] == 12
     checkpoint = load_checkpoint(tmp_path / "a")
     assert "aura.gate.weight" in checkpoint.tensors and checkpoint.storage_dtype == "BF16"
     frame = np.zeros((96, 96, 3), np.uint8)
@@ -216,15 +214,15 @@ def test_write_labels_mark_where_the_cue_appears(demo):
 
 
 def test_cue_write_recipe_forces_the_labels_then_hands_the_gate_control(demo):
-    recipe = AuraRecipe(0.5, 0.15, 1.0, train_decoder=True, cue_writes=True, forced_fraction=0.5, label_weight=2.0)
+    spec = AuraSpec(10, 1, 1e-3, train_decoder=True, cue_writes=True, forced_fraction=0.5, label_weight=2.0)
     batch = make_batch([demo], [np.arange(10)])
-    forced, weight = recipe.forcing(4, 10, batch)
+    forced, weight = write_forcing(spec, 4, 10, batch)
     assert torch.equal(forced, write_labels(batch)) and weight == 2.0
-    later = [recipe.forcing(step, 10, batch) for step in (5, 7, 9)]
+    later = [write_forcing(spec, step, 10, batch) for step in (5, 7, 9)]
     assert all(forced is None for forced, _ in later)
     assert [weight for _, weight in later] == pytest.approx([2.0, 1.0, 0.0])  # annealed away by the last step
     with pytest.raises(ValueError, match="forced_fraction"):
-        AuraRecipe(0.5, 0.15, 1.0, cue_writes=True, forced_fraction=1.0)
+        AuraSpec(10, 1, 1e-3, cue_writes=True, forced_fraction=1.0)
 
 
 def test_cue_write_training_writes_the_labels_then_the_gate_learns_them(demo):
@@ -235,9 +233,9 @@ def test_cue_write_training_writes_the_labels_then_the_gate_learns_them(demo):
     model = random_model(5)
     decoder_before = model.action_head.weight.detach().clone()
     rows: list[dict[str, float]] = []
-    recipe = AuraRecipe(0.5, 0.15, 1.0, train_decoder=True, bc_batch=0, decoder_lr=1e-3, cue_writes=True,
-                        forced_fraction=0.7, label_weight=1.0, memory_goal=1.0, memory_warmup=2)
-    train_aura(model, demos, torch.tensor(PROMPT), StageSpec(10, 2, 3e-2), np.random.default_rng(0), 10, recipe,
+    spec = AuraSpec(10, 2, 3e-2, max_frames=10, train_decoder=True, bc_batch=0, decoder_lr=1e-3, cue_writes=True,
+                    forced_fraction=0.7, label_weight=1.0, memory_goal=1.0, memory_warmup=2)
+    train_aura(model, demos, torch.tensor(PROMPT), spec, np.random.default_rng(0),
                lambda step, figures: rows.append(figures))
     warmup, rows = rows[:2], rows[2:]
     assert all(set(r) == {"loss", "memory_goal"} for r in warmup)  # the memory alone first, no decoder pass
@@ -260,8 +258,8 @@ def test_the_memory_warm_up_writes_the_cue_and_learns_where_it_was(demo):
     model = random_model(7)
     encoder_before = next(model.vision.parameters()).detach().clone()
     rows: list[dict[str, float]] = []
-    recipe = AuraRecipe(0.5, 0.15, 1.0, train_decoder=True, cue_writes=True, memory_goal=1.0, memory_warmup=120)
-    train_aura(model, demos, torch.tensor(PROMPT), StageSpec(0, 2, 1e-2), np.random.default_rng(1), 10, recipe,
+    spec = AuraSpec(0, 2, 1e-2, max_frames=10, train_decoder=True, cue_writes=True, memory_goal=1.0, memory_warmup=120)
+    train_aura(model, demos, torch.tensor(PROMPT), spec, np.random.default_rng(1),
                lambda step, figures: rows.append(figures))
     assert len(rows) == 120 and all(set(r) == {"loss", "memory_goal"} for r in rows)
     assert np.mean([r["memory_goal"] for r in rows[-10:]]) < 0.3 * np.mean([r["memory_goal"] for r in rows[:10]])
@@ -269,11 +267,11 @@ def test_the_memory_warm_up_writes_the_cue_and_learns_where_it_was(demo):
 
 
 def test_a_stage_runs_alone_from_a_checkpoint(tmp_path):
-    """``--from models/sim --stages aura``: the shipped weights are the start, only the aura stage runs, and
-    on the frozen decoder every other exported tensor leaves it unchanged."""
-    spec = replace(TrainSpec(tasks=("cue-reach",)), episodes=2, max_frames=12, aura=StageSpec(2, 2, 1e-2),
-                   stages=("aura",), init_from=str(SHIPPED))
-    log = train(spec, tmp_path)
+    """``init_from: models/sim``, ``stages: [aura]``: the shipped weights are the start, only the aura stage runs,
+    and on the frozen decoder every other exported tensor leaves it unchanged."""
+    spec = TrainSpec(tasks=("cue-reach",), episodes=2, aura=AuraSpec(2, 2, 1e-2, max_frames=12), stages=("aura",),
+                     init_from=str(SHIPPED))
+    log = train(spec, tmp_path, "aura")
     assert set(log.stages) == {"aura"} and log.demos["episodes"] == 2
     shipped, trained = load_checkpoint(SHIPPED), load_checkpoint(tmp_path)
     changed = {name for name in shipped.tensors
@@ -281,25 +279,23 @@ def test_a_stage_runs_alone_from_a_checkpoint(tmp_path):
     assert changed and all(name.startswith("aura.") for name in changed), sorted(changed)[:5]
     export(random_model(0), CONFIG, tmp_path / "small", TrainSpec(dtype="float32"))
     with pytest.raises(ValueError, match="differs from the preset"):
-        train(replace(spec, init_from=str(tmp_path / "small")), tmp_path / "never")
-    with pytest.raises(ValueError, match="stages"):
-        TrainSpec(stages=("aura", "polish"))
+        train(replace(spec, init_from=str(tmp_path / "small")), tmp_path / "never", "never")
 
 
 def test_the_progress_of_the_aura_stage_counts_its_memory_warm_up(tmp_path):
     """The memory warm-up runs inside the aura stage: progress numbers its steps and the stage's on from 0
     against one total, so a bar ends where the stage does."""
-    spec = replace(TrainSpec(tasks=("cue-reach",)), episodes=2, max_frames=12, aura=StageSpec(2, 2, 1e-2),
-                   aura_train_decoder=True, aura_bc_batch=0, aura_cue_writes=True,
-                   aura_memory_goal=1.0, aura_memory_warmup=3, stages=("aura",), init_from=str(SHIPPED))
+    aura = AuraSpec(2, 2, 1e-2, max_frames=12, train_decoder=True, bc_batch=0, cue_writes=True, memory_goal=1.0,
+                    memory_warmup=3)
+    spec = TrainSpec(tasks=("cue-reach",), episodes=2, aura=aura, stages=("aura",), init_from=str(SHIPPED))
     calls: list[tuple[str, int, int]] = []
-    log = train(spec, tmp_path, lambda stage, step, steps, figures: calls.append((stage, step, steps)))
+    log = train(spec, tmp_path, "aura", lambda stage, step, steps, figures: calls.append((stage, step, steps)))
     assert calls == [("aura", step, 5) for step in range(5)] and len(log.stages["aura"]) == 5
 
 
 def test_a_checkpoint_with_another_aura_layout_starts_the_memory_afresh(tmp_path):
     """An earlier train's ``concat`` memory cannot be carried into the ``hidden`` one: everything else loads,
-    the memory keeps its fresh initialisation."""
+    the memory keeps its fresh initialisation; ``aura.fresh`` asks for that with a memory of the same layout."""
     from vla_edge_ros.model.init_model import write_model
 
     export(random_model(0), CONFIG, tmp_path / "hidden", TrainSpec(dtype="float32"))
@@ -314,6 +310,10 @@ def test_a_checkpoint_with_another_aura_layout_starts_the_memory_afresh(tmp_path
     load_weights(model, tmp_path / "concat")
     assert all(torch.equal(p, fresh[name]) for name, p in model.named_parameters() if name.startswith("aura."))
     np.testing.assert_array_equal(model.action_head.weight.detach().numpy(), arrays["action_head.weight"])
+    model = random_model(1)
+    load_weights(model, tmp_path / "hidden", fresh_memory=True)  # the same layout, but a fresh memory asked for
+    assert all(torch.equal(p, fresh[name]) for name, p in model.named_parameters() if name.startswith("aura."))
+    np.testing.assert_array_equal(model.action_head.weight.detach().numpy(), stored.float32("action_head.weight"))
     load_weights(model, tmp_path / "hidden")  # the same layout: the memory loads too
     np.testing.assert_array_equal(model.aura.k_proj.weight.detach().numpy(), stored.float32("aura.k_proj.weight"))
 
@@ -358,20 +358,14 @@ def test_dagger_fills_half_of_each_aura_batch_with_the_policys_own_episodes(monk
         return collected[-1]
 
     monkeypatch.setattr(stages, "aura_rollouts", rollouts)
-    recipe = AuraRecipe(0.5, 0.15, 1.0, dagger_episodes=2, dagger_rounds=2)
+    spec = AuraSpec(4, 2, 1e-3, max_frames=10, dagger_episodes=2, dagger_rounds=2)
     model = random_model(3)
-    made = list(aura_batches(model, [demo], torch.tensor(PROMPT), StageSpec(4, 2, 1e-3), np.random.default_rng(0), 10,
-                             recipe))
+    made = list(aura_batches(model, [demo], torch.tensor(PROMPT), spec, np.random.default_rng(0)))
     assert len(made) == 4 and len(collected) == 2 and all(len(round_) == 2 for round_ in collected)
     for step, batch in enumerate(made):
         pool = [episode for round_ in collected[:1 + step // 2] for episode in round_]
         np.testing.assert_array_equal(batch.frames[0][batch.valid[0]].numpy(), demo.frames[:10])
         own = batch.frames[1][batch.valid[1]].numpy()
         assert any(np.array_equal(own, episode.frames) for episode in pool)
-    with pytest.raises(ValueError, match="half a batch"):
-        list(aura_batches(model, [demo], torch.tensor(PROMPT), StageSpec(1, 8, 1e-3), np.random.default_rng(0), 10,
-                          recipe))
-    with pytest.raises(ValueError, match="rounds"):
-        AuraRecipe(0.5, 0.15, 1.0, dagger_rounds=0)
-    with pytest.raises(ValueError, match="half a batch of 8"):  # refused up front, before any demonstration
-        TrainSpec(aura_dagger_episodes=3)
+    with pytest.raises(ValueError, match="half a batch of 8"):  # refused with the spec, before any demonstration
+        AuraSpec(500, 8, 3e-3, dagger_episodes=3)

@@ -27,17 +27,6 @@ def counts(text: str) -> tuple[int, ...]:
     return values
 
 
-def learning_rate(text: str) -> float:
-    """A finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from exc
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
-    return value
-
-
 def seed(text: str) -> int:
     return count(text, minimum=0)
 

@@ -12,13 +12,13 @@
    aura policy shows it: prompt, one memory token (what the fast weights return before this frame's
    write), the frame; the write then stores the frame's last hidden state (``aura_unroll``). Loss: the
    action error plus a one-sided penalty on the write rate above rho.
-   ``AuraRecipe.train_decoder`` trains the decoder with the memory instead (alone, measured, it did
-   not make the policy use its memory). ``AuraRecipe.cue_writes`` (recipe E, with the decoder) adds
-   privileged write supervision: writes are forced where the cue appears, so the memory holds the cue
-   when the decoder must act on it, then the gate takes over (see ``AuraRecipe.forcing``). With
-   ``memory_warmup`` the memory first learns alone to say where the goal was (``_warm_memory``);
-   only that, and enough steps after it, made the decoder read the memory (README, Training).
-   ``AuraRecipe.dagger_episodes`` puts the policy's own closed-loop episodes in every batch (``aura_batches``).
+   ``AuraSpec.train_decoder`` trains the decoder with the memory instead (alone, measured, it did
+   not make the policy use its memory). ``AuraSpec.cue_writes`` (with the decoder) adds privileged
+   write supervision: writes are forced where the cue appears, so the memory holds the cue when the
+   decoder must act on it, then the gate takes over (see ``write_forcing``). With ``memory_warmup``
+   the memory first learns alone to say where the goal was (``_warm_memory``); only that, and enough
+   steps after it, made the decoder read the memory (README, Training).
+   ``AuraSpec.dagger_episodes`` puts the policy's own closed-loop episodes in every batch (``aura_batches``).
 3. ``train_dms``: only the per-layer dms gates learn. The student reads the whole episode with
    per-KV-head evictions enforced once a token has left the window; the teacher is the same frozen
    model reading everything. Loss: the student's action error against the teacher's plus a one-sided
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from ..worlds.sim.world import TaskSpec
 from .demos import Demo, perception_samples, sample_frames
 from .rollouts import AuraPass, aura_frame, aura_rollouts
+from .spec import AuraSpec, DmsSpec, EpisodeStageSpec, StageSpec
 from .torch_model import DmsMask, VlaModel, straight_through
 
 Progress = Callable[[int, dict[str, float]], None]
@@ -47,13 +48,6 @@ VIEWS_PER_LAYOUT = 8
 WHERE_WEIGHT = 1.0
 WARMUP_PAIRS = 64  # the memory warm-up's batch: cue + later frame of this many episodes
 AURA_OPEN_FRACTION = 1 / 3  # frozen decoder: the first steps write every frame, so the read-out learns before the gate may close
-
-
-@dataclass(frozen=True)
-class StageSpec:
-    steps: int
-    batch: int
-    lr: float
 
 
 @dataclass
@@ -86,7 +80,7 @@ def make_batch(demos: list[Demo], picks: list[np.ndarray]) -> Batch:
 
 def write_labels(batch: Batch) -> torch.Tensor:
     """[B, F] 1.0 where the cue appears: the first frame of each run of cue frames, i.e. frame 0 of a
-    whole episode of either task. The privileged write targets of ``AuraRecipe.cue_writes``: one
+    whole episode of either task. The privileged write targets of ``AuraSpec.cue_writes``: one
     delta-rule step (beta 1/2, with the bias) makes the memory return that frame's value exactly, so the
     later cue frames (the same ring, in ``reach`` on every frame) are not surprising and add nothing; a
     label on every cue frame would ask the gate to write all of ``reach`` and to count frames it cannot
@@ -96,12 +90,11 @@ def write_labels(batch: Batch) -> torch.Tensor:
     return (cue & ~before).float()
 
 
-def batches(demos: list[Demo], spec: StageSpec, rng: np.random.Generator, max_frames: int, partial: bool
-            ) -> Iterator[Batch]:
+def batches(demos: list[Demo], spec: EpisodeStageSpec, rng: np.random.Generator, partial: bool) -> Iterator[Batch]:
     """``spec.steps`` batches of random demos; ``partial`` samples frame subsets, else whole episodes."""
     for _ in range(spec.steps):
         chosen = [demos[i] for i in rng.choice(len(demos), size=spec.batch, replace=False)]
-        picks = [sample_frames(d, rng, max_frames) if partial else np.arange(min(len(d.frames), max_frames))
+        picks = [sample_frames(d, rng, spec.max_frames) if partial else np.arange(min(len(d.frames), spec.max_frames))
                  for d in chosen]
         yield make_batch(chosen, picks)
 
@@ -197,9 +190,9 @@ def _action_loss(model: VlaModel, prompt_ids: torch.Tensor, batch: Batch) -> tup
     return action + WHERE_WEIGHT * where, {"action": float(action.detach()), "where": float(where.detach())}
 
 
-def behaviour_cloning(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: StageSpec,
-                      rng: np.random.Generator, max_frames: int, progress: Progress) -> None:
-    _fit_actions(model, prompt_ids, spec, batches(demos, spec, rng, max_frames, partial=True), progress)
+def behaviour_cloning(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: EpisodeStageSpec,
+                      rng: np.random.Generator, progress: Progress) -> None:
+    _fit_actions(model, prompt_ids, spec, batches(demos, spec, rng, partial=True), progress)
 
 
 def aura_unroll(model: VlaModel, prompt_ids: torch.Tensor, frames: torch.Tensor, beta: float,
@@ -227,55 +220,20 @@ def aura_actions(model: VlaModel, prompt_ids: torch.Tensor, frames: torch.Tensor
     return model.actions(run.hidden), run.writes
 
 
-@dataclass(frozen=True)
-class AuraRecipe:
-    """How the aura stage trains: delta-rule step, write-rate target and penalty, whether the decoder learns
-    too (with its own lr and frame-history sequences beside the episodes), and whether writes are
-    supervised with the privileged cue labels (``write_labels``)."""
-
-    beta: float
-    rho: float
-    penalty: float
-    train_decoder: bool = False  # False: aura.* alone on the frozen decoder (the default recipe)
-    bc_batch: int = 4            # train_decoder: frame-history sequences per step beside the aura episodes (0: none)
-    decoder_lr: float = 1e-3     # train_decoder: the decoder's, encoder's and heads' learning rate
-    cue_writes: bool = False     # the first ``forced_fraction`` of the steps write exactly where the cue appears
-    forced_fraction: float = 0.5  # cue_writes: share of the steps with forced writes; the gate decides after
-    label_weight: float = 1.0    # cue_writes: weight of the gate's BCE toward the labels, to 0 by the last step
-    memory_goal: float = 0.0     # weight of the goal's position regressed from the memory token (0: off)
-    memory_warmup: int = 0       # cue_writes: steps of aura.* alone on that regression first (no decoder pass)
-    dagger_episodes: int = 0     # closed-loop episodes of the policy collected per round, half of each batch (0: off)
-    dagger_rounds: int = 4       # dagger_episodes: collections, evenly spread over the stage, the first at step 0
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.forced_fraction < 1:
-            raise ValueError(f"forced_fraction must be in [0, 1): the gate must decide the last steps, got "
-                             f"{self.forced_fraction}")
-        if self.label_weight < 0:
-            raise ValueError(f"label_weight must be >= 0, got {self.label_weight}")
-        if self.dagger_episodes < 0 or self.dagger_rounds < 1:
-            raise ValueError(f"dagger: need episodes >= 0 and rounds >= 1, got {self.dagger_episodes} and "
-                             f"{self.dagger_rounds}")
-
-    @property
-    def warmup_steps(self) -> int:
-        """Steps of the memory warm-up that run before the stage (``memory_warmup`` applies with ``cue_writes``)."""
-        return self.memory_warmup if self.cue_writes else 0
-
-    def forcing(self, step: int, steps: int, batch: Batch) -> tuple[torch.Tensor | None, float]:
-        """(the writes to force on ``batch`` at ``step`` of ``steps``, or None: the gate decides; the weight
-        of the write-label loss). ``cue_writes``: the labels for the first ``forced_fraction`` of the steps,
-        the label loss at full weight there, then falling linearly to zero at the last step, so the gate ends
-        trained by the action loss and the write-rate penalty alone, in control. Otherwise the frozen
-        decoder's open phase: every frame for the first ``AURA_OPEN_FRACTION`` (no labels)."""
-        if self.cue_writes:
-            start = self.forced_fraction * steps
-            if step < start:
-                return write_labels(batch), self.label_weight
-            return None, self.label_weight * max(0.0, 1.0 - (step - start) / max(1.0, steps - 1 - start))
-        if not self.train_decoder and step < steps * AURA_OPEN_FRACTION:
-            return torch.ones(batch.valid.shape), 0.0
-        return None, 0.0
+def write_forcing(spec: AuraSpec, step: int, steps: int, batch: Batch) -> tuple[torch.Tensor | None, float]:
+    """(the writes to force on ``batch`` at ``step`` of ``steps``, or None: the gate decides; the weight of the
+    write-label loss). ``cue_writes``: the labels for the first ``forced_fraction`` of the steps, the label
+    loss at full weight there, then falling linearly to zero at the last step, so the gate ends trained by
+    the action loss and the write-rate penalty alone, in control. Otherwise the frozen decoder's open phase:
+    every frame for the first ``AURA_OPEN_FRACTION`` (no labels)."""
+    if spec.cue_writes:
+        start = spec.forced_fraction * steps
+        if step < start:
+            return write_labels(batch), spec.label_weight
+        return None, spec.label_weight * max(0.0, 1.0 - (step - start) / max(1.0, steps - 1 - start))
+    if not spec.train_decoder and step < steps * AURA_OPEN_FRACTION:
+        return torch.ones(batch.valid.shape), 0.0
+    return None, 0.0
 
 
 def _label_loss(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -287,30 +245,30 @@ def _label_loss(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor)
     return torch.stack(parts).mean()
 
 
-def _aura_loss(model: VlaModel, prompt_ids: torch.Tensor, batch: Batch, recipe: AuraRecipe, step: int, steps: int,
-               where: bool) -> tuple[torch.Tensor, dict[str, float]]:
+def _aura_loss(model: VlaModel, prompt_ids: torch.Tensor, batch: Batch, spec: AuraSpec, step: int, where: bool
+               ) -> tuple[torch.Tensor, dict[str, float]]:
     """The aura episodes' loss: action error on every valid frame (+ the position error when ``where``), the
-    one-sided write-rate penalty, and the write-label BCE per ``recipe.forcing``. Figures: ``write_rate``
+    one-sided write-rate penalty, and the write-label BCE per ``write_forcing``. Figures: ``write_rate``
     counts the writes made (forced ones too); ``gate_rate`` and ``gate_recall`` are what the gate alone
     decides (of all frames, of the labelled ones)."""
-    forced, label_weight = recipe.forcing(step, steps, batch)
-    hidden, writes, logits, memory = aura_unroll(model, prompt_ids, batch.frames, recipe.beta, forced)
+    forced, label_weight = write_forcing(spec, step, spec.steps, batch)
+    hidden, writes, logits, memory = aura_unroll(model, prompt_ids, batch.frames, spec.beta, forced)
     action = masked_mse(model.actions(hidden), batch.labels, batch.valid)
     rate = writes[batch.valid].mean()
-    loss = action + recipe.penalty * F.relu(rate - recipe.rho)
+    loss = action + spec.penalty * F.relu(rate - spec.rho)
     gate = (logits > 0)[batch.valid].float().mean()
     figures = {"action": float(action.detach()), "write_rate": float(rate.detach()), "gate_rate": float(gate)}
     if where:
         position = masked_mse(model.where_head(hidden), batch.where, batch.valid)
         loss = loss + WHERE_WEIGHT * position
         figures["where"] = float(position.detach())
-    if recipe.memory_goal > 0:
+    if spec.memory_goal > 0:
         written = ((writes.detach().cumsum(1) - writes.detach()) > 0) & batch.valid  # the memory holds something
         if written.any():
             goal = masked_mse(model.memory_goal_head(memory), batch.where[..., 2:], written)
-            loss = loss + recipe.memory_goal * goal
+            loss = loss + spec.memory_goal * goal
             figures["memory_goal"] = float(goal.detach())
-    if recipe.cue_writes:
+    if spec.cue_writes:
         labels = write_labels(batch)
         bce = _label_loss(logits, labels, batch.valid)
         loss = loss + label_weight * bce
@@ -319,57 +277,50 @@ def _aura_loss(model: VlaModel, prompt_ids: torch.Tensor, batch: Batch, recipe: 
     return loss, figures
 
 
-def check_dagger(episodes: int, batch: int) -> None:
-    """A DAgger round must fill the half of an aura batch that ``aura_batches`` draws from it."""
-    if 0 < episodes < batch // 2:
-        raise ValueError(f"dagger: {episodes} episodes a round cannot fill half a batch of {batch}")
-
-
-def aura_batches(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: StageSpec,
-                 rng: np.random.Generator, max_frames: int, recipe: AuraRecipe) -> Iterator[Batch]:
-    """The aura stage's whole episodes: demonstrations, or with ``recipe.dagger_episodes`` half of each batch
+def aura_batches(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: AuraSpec,
+                 rng: np.random.Generator) -> Iterator[Batch]:
+    """The aura stage's whole episodes: demonstrations, or with ``spec.dagger_episodes`` half of each batch
     from the policy's own closed-loop episodes (``rollouts.aura_rollouts``: DAgger, aggregated over
-    ``recipe.dagger_rounds`` collections with the weights of the time, on fresh layouts). The rollouts'
+    ``spec.dagger_rounds`` collections with the weights of the time, on fresh layouts). The rollouts'
     seeds are drawn from 2**31 up: never an evaluation's."""
-    if not recipe.dagger_episodes:
-        yield from batches(demos, spec, rng, max_frames, partial=False)
+    if not spec.dagger_episodes:
+        yield from batches(demos, spec, rng, partial=False)
         return
-    check_dagger(recipe.dagger_episodes, spec.batch)
     own = spec.batch // 2
     tasks = [TaskSpec(name=name) for name in dict.fromkeys(demo.task for demo in demos)]
-    every = max(1, spec.steps // recipe.dagger_rounds)
+    every = max(1, spec.steps // spec.dagger_rounds)
     pool: list[Demo] = []
     for step in range(spec.steps):
-        if step % every == 0 and step // every < recipe.dagger_rounds:
-            seeds = [int(seed) for seed in rng.integers(2**31, 2**62, size=recipe.dagger_episodes)]
-            pool += aura_rollouts(model, prompt_ids, tasks, seeds, recipe.beta, max_frames)
+        if step % every == 0 and step // every < spec.dagger_rounds:
+            seeds = [int(seed) for seed in rng.integers(2**31, 2**62, size=spec.dagger_episodes)]
+            pool += aura_rollouts(model, prompt_ids, tasks, seeds, spec.beta, spec.max_frames)
         chosen = [demos[i] for i in rng.choice(len(demos), size=spec.batch - own, replace=False)]
         chosen += [pool[i] for i in rng.choice(len(pool), size=own, replace=False)]
-        yield make_batch(chosen, [np.arange(min(len(demo.frames), max_frames)) for demo in chosen])
+        yield make_batch(chosen, [np.arange(min(len(demo.frames), spec.max_frames)) for demo in chosen])
 
 
-def train_aura(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: StageSpec, rng: np.random.Generator,
-               max_frames: int, recipe: AuraRecipe, progress: Progress) -> None:
-    """The aura memory on the frozen decoder (``recipe.train_decoder``: with the decoder, see
-    ``_train_aura_and_decoder``). Each step: ``spec.batch`` whole episodes run frame by frame as the aura
-    policy runs them (``aura_unroll``), the action error taken on every valid frame. Writes are forced early on
-    (``AuraRecipe.forcing``): without labels the first ``AURA_OPEN_FRACTION`` of the steps write every
-    frame, since with a random read-out every write is noise and the gate learned never to write, where
-    the sigmoid is flat and it cannot recover."""
-    if recipe.warmup_steps:
-        _warm_memory(model, prompt_ids, spec, demos, rng, recipe, progress)
-    if recipe.train_decoder:
-        _train_aura_and_decoder(model, demos, prompt_ids, spec, rng, max_frames, recipe, progress)
+def train_aura(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: AuraSpec, rng: np.random.Generator,
+               progress: Progress) -> None:
+    """The aura memory on the frozen decoder (``spec.train_decoder``: with the decoder, see
+    ``_train_aura_and_decoder``), after the memory warm-up when ``spec.memory_warmup`` asks for one. Each
+    step: ``spec.batch`` whole episodes run frame by frame as the aura policy runs them (``aura_unroll``),
+    the action error taken on every valid frame. Writes are forced early on (``write_forcing``): without
+    labels the first ``AURA_OPEN_FRACTION`` of the steps write every frame, since with a random read-out
+    every write is noise and the gate learned never to write, where the sigmoid is flat and it cannot
+    recover."""
+    if spec.memory_warmup:
+        _warm_memory(model, prompt_ids, spec, demos, rng, progress)
+    if spec.train_decoder:
+        _train_aura_and_decoder(model, demos, prompt_ids, spec, rng, progress)
         return
     params = [*model.aura.parameters(), *model.memory_goal_head.parameters()]
     _freeze(model, params)
 
     def loss_of(step_batch: tuple[int, Batch]) -> tuple[torch.Tensor, dict[str, float]]:
         step, batch = step_batch
-        return _aura_loss(model, prompt_ids, batch, recipe, step, spec.steps, where=False)
+        return _aura_loss(model, prompt_ids, batch, spec, step, where=False)
 
-    _fit(params, spec, enumerate(aura_batches(model, demos, prompt_ids, spec, rng, max_frames, recipe)), loss_of,
-         progress)
+    _fit(params, spec, enumerate(aura_batches(model, demos, prompt_ids, spec, rng)), loss_of, progress)
 
 
 def cue_pairs(demos: list[Demo], count: int, rng: np.random.Generator) -> Batch:
@@ -379,29 +330,29 @@ def cue_pairs(demos: list[Demo], count: int, rng: np.random.Generator) -> Batch:
     return make_batch(chosen, [np.array([0, rng.integers(1, len(d.frames))]) for d in chosen])
 
 
-def _warm_memory(model: VlaModel, prompt_ids: torch.Tensor, spec: StageSpec, demos: list[Demo],
-                 rng: np.random.Generator, recipe: AuraRecipe, progress: Progress) -> None:
-    """``recipe.memory_warmup`` steps of ``aura.*`` alone (and ``memory_goal_head``) on ``cue_pairs``:
-    frame 0 written, the goal's position regressed from the memory token the later frame reads; two frames
-    per episode, not all of them, so a step costs a few decoder passes. Through the action loss alone the
-    memory token stayed at the mean's goal error (runs E1, E2); this way it learns it in a few hundred
-    steps, so the decoder then reads a token that says where the cue was."""
+def _warm_memory(model: VlaModel, prompt_ids: torch.Tensor, spec: AuraSpec, demos: list[Demo],
+                 rng: np.random.Generator, progress: Progress) -> None:
+    """``spec.memory_warmup`` steps of ``aura.*`` alone (and ``memory_goal_head``) on ``cue_pairs``: frame 0
+    written, the goal's position regressed from the memory token the later frame reads; two frames per
+    episode, not all of them, so a step costs a few decoder passes. Through the action loss alone the
+    memory token stayed at the mean's goal error; this way it learns it in a few hundred steps, so the
+    decoder then reads a token that says where the cue was."""
     params = [*model.aura.parameters(), *model.memory_goal_head.parameters()]
     _freeze(model, params)
-    warmup = replace(spec, steps=recipe.memory_warmup, batch=WARMUP_PAIRS)
+    warmup = StageSpec(steps=spec.memory_warmup, batch=WARMUP_PAIRS, lr=spec.lr)
 
     def loss_of(batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        memory = aura_unroll(model, prompt_ids, batch.frames, recipe.beta, write_labels(batch)).memory
+        memory = aura_unroll(model, prompt_ids, batch.frames, spec.beta, write_labels(batch)).memory
         goal = F.mse_loss(model.memory_goal_head(memory[:, 1]), batch.where[:, 1, 2:], reduction="sum") / len(memory)
         return goal, {"memory_goal": float(goal.detach())}
 
     _fit(params, warmup, (cue_pairs(demos, WARMUP_PAIRS, rng) for _ in range(warmup.steps)), loss_of, progress)
 
 
-def _train_aura_and_decoder(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: StageSpec,
-                            rng: np.random.Generator, max_frames: int, recipe: AuraRecipe, progress: Progress) -> None:
+def _train_aura_and_decoder(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: AuraSpec,
+                            rng: np.random.Generator, progress: Progress) -> None:
     """The aura memory and the decoder together (an option, not the default). Each step: the aura episodes
-    as ``train_aura`` takes them, with the position error too, plus ``recipe.bc_batch`` frame-history
+    as ``train_aura`` takes them, with the position error too, plus ``spec.bc_batch`` frame-history
     sequences as behaviour cloning draws them, so that the decoder keeps serving the KV policies. Without
     ``cue_writes`` the gate decides from the first step; measured from models/sim (README, Training) that
     did not make aura use its memory (cue swap at chance, no-write ablation equal) and lowered fifo's
@@ -410,14 +361,14 @@ def _train_aura_and_decoder(model: VlaModel, demos: list[Demo], prompt_ids: torc
     decoder = model.decoder_parameters()
     memory = [*model.aura.parameters(), *model.where_head.parameters(), *model.memory_goal_head.parameters()]
     _freeze(model, decoder + memory)
-    groups = [{"params": decoder, "lr": recipe.decoder_lr}, {"params": memory, "lr": spec.lr}]
-    episodes = aura_batches(model, demos, prompt_ids, spec, rng, max_frames, recipe)
-    histories = batches(demos, replace(spec, batch=recipe.bc_batch), rng, max_frames, partial=True)
-    steps = zip(episodes, histories) if recipe.bc_batch else ((batch, None) for batch in episodes)
+    groups = [{"params": decoder, "lr": spec.decoder_lr}, {"params": memory, "lr": spec.lr}]
+    episodes = aura_batches(model, demos, prompt_ids, spec, rng)
+    histories = batches(demos, EpisodeStageSpec(spec.steps, spec.bc_batch, spec.lr, spec.max_frames), rng, partial=True)
+    steps = zip(episodes, histories) if spec.bc_batch else ((batch, None) for batch in episodes)
 
     def loss_of(step_pair: tuple[int, tuple[Batch, Batch | None]]) -> tuple[torch.Tensor, dict[str, float]]:
         step, (batch, history) = step_pair
-        loss, figures = _aura_loss(model, prompt_ids, batch, recipe, step, spec.steps, where=True)
+        loss, figures = _aura_loss(model, prompt_ids, batch, spec, step, where=True)
         if history is not None:
             bc, bc_figures = _action_loss(model, prompt_ids, history)
             loss = loss + bc
@@ -427,8 +378,7 @@ def _train_aura_and_decoder(model: VlaModel, demos: list[Demo], prompt_ids: torc
     _fit(groups, spec, enumerate(steps), loss_of, progress)
 
 
-def train_dms(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: StageSpec,
-              rng: np.random.Generator, max_frames: int, window: int, target_ratio: float, penalty: float,
+def train_dms(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: DmsSpec, rng: np.random.Generator,
               progress: Progress) -> None:
     params = model.dms_parameters()
     _freeze(model, params)
@@ -439,12 +389,12 @@ def train_dms(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec
         count = batch.frames.shape[1]
         with torch.no_grad():
             teacher, _ = sequence_actions(model, prompt_ids, batch.frames)
-        mask = DmsMask.for_frames(prompt, count, per_frame, window)
+        mask = DmsMask.for_frames(prompt, count, per_frame, spec.window)
         student, keeps = sequence_actions(model, prompt_ids, batch.frames, mask)
         frame_tokens = batch.valid.repeat_interleave(per_frame, dim=1)  # [B, F * T]
         keep_rate = torch.stack([straight_through(k, k > 0.5)[:, prompt:][frame_tokens].mean() for k in keeps]).mean()
         distill = masked_mse(student, teacher, batch.valid)
-        loss = distill + penalty * F.relu(keep_rate - 1.0 / target_ratio)
+        loss = distill + spec.penalty * F.relu(keep_rate - 1.0 / spec.target_ratio)
         return loss, {"distill": float(distill.detach()), "keep_rate": float(keep_rate.detach())}
 
-    _fit(params, spec, batches(demos, spec, rng, max_frames, partial=False), loss_of, progress)
+    _fit(params, spec, batches(demos, spec, rng, partial=False), loss_of, progress)

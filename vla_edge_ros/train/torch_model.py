@@ -266,7 +266,7 @@ class VlaModel(nn.Module):
     """Decoder + frame encoder + linear action head, aura memory and dms gates.
 
     ``memory_goal_head`` (training only too) regresses the goal's position from aura's memory token:
-    privileged supervision of what the memory holds (``AuraRecipe.memory_goal``).
+    privileged supervision of what the memory holds (``AuraSpec.memory_goal``).
 
     ``where_head`` is for training only and is not exported: from the same hidden state as the
     action it regresses where the robot and the goal are (the simulator's privileged state). The

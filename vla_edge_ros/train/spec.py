@@ -1,0 +1,156 @@
+"""What decides one training run's weights: ``TrainSpec`` and one dataclass per stage's knobs, nested in it.
+
+These dataclasses are the recipe file's schema (``recipe.py`` reads a file against them): every field
+carries its meaning and range in ``knob`` metadata, so a key's default, type, range and description live
+in one place. The rules between fields (a DAgger round that fills half a batch, prompt ids within the
+vocabulary, ...) are checked on construction, however a spec is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, field, replace
+from typing import Any
+
+from ..model.init_model import PRESETS, STORAGE_DTYPES
+from ..worlds.sim.world import TASKS
+
+STAGES = ("perception", "bc", "aura", "dms")  # in the order they run
+DEFAULT_PROMPT = (151, 9, 402, 77, 1030, 12)  # the default config's instruction tokens
+# training drives the simulator's 2-D velocity: a preset with a linear head of 2 degrees of freedom
+TRAINABLE_PRESETS = tuple(name for name, config in PRESETS.items()
+                          if config.action.head == "linear" and config.action.dof == 2)
+
+
+def knob(doc: str, default: Any = MISSING, *, minimum: float | None = None, maximum: float | None = None,
+         choices: tuple[str, ...] = ()) -> Any:
+    """A spec field with what a recipe file's value for it must satisfy (``choices``: of each item, for a tuple)."""
+    metadata = {"doc": doc, "minimum": minimum, "maximum": maximum, "choices": choices}
+    return field(metadata=metadata) if default is MISSING else field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """The optimiser's share of a stage: AdamW for ``steps`` batches of ``batch`` at ``lr`` (5 % warm-up,
+    cosine decay to a tenth)."""
+
+    steps: int = knob("optimiser steps", minimum=1, maximum=1_000_000)
+    batch: int = knob("samples per step (single frames for perception, sequences or episodes after it)",
+                      minimum=1, maximum=4096)
+    lr: float = knob("peak learning rate", minimum=1e-9, maximum=1.0)
+
+
+@dataclass(frozen=True)
+class EpisodeStageSpec(StageSpec):
+    """A stage trained on sequences of demonstration frames."""
+
+    max_frames: int = knob("frames per training sequence at most (a cue-reach demonstration has <= 99)", 100,
+                           minimum=1, maximum=1000)
+
+
+@dataclass(frozen=True)
+class AuraSpec(EpisodeStageSpec):
+    """How the aura stage trains: delta-rule step, write-rate target and penalty; whether the decoder learns
+    too (with its own lr and frame-history sequences beside the episodes); whether writes are supervised with
+    the privileged cue labels (``stages.write_labels``), after a warm-up of the memory alone; and DAgger."""
+
+    beta: float = knob("delta-rule step of a write (kv.aura.beta)", 0.5, minimum=1e-6, maximum=1.0)
+    rho: float = knob("target write rate: writes above it are penalised", 0.15, minimum=0.0, maximum=1.0)
+    penalty: float = knob("weight of the one-sided write-rate penalty", 1.0, minimum=0.0, maximum=1000.0)
+    train_decoder: bool = knob("the decoder, encoder and heads learn with the memory (else aura.* alone)", False)
+    bc_batch: int = knob("train_decoder: frame-history sequences per step as bc draws them, so the decoder keeps "
+                         "serving the KV policies (0: none)", 4, minimum=0, maximum=4096)
+    decoder_lr: float = knob("train_decoder: the decoder's, encoder's and heads' learning rate", 1e-3,
+                             minimum=1e-9, maximum=1.0)
+    cue_writes: bool = knob("privileged write labels where the cue appears: writes forced on them first, then "
+                            "the gate decides, its BCE toward them annealed to 0", False)
+    forced_fraction: float = knob("cue_writes: share of the steps whose writes are forced, below 1", 0.5,
+                                  minimum=0.0, maximum=1.0)
+    label_weight: float = knob("cue_writes: weight of the gate's BCE toward the labels at the start", 1.0,
+                               minimum=0.0, maximum=1000.0)
+    memory_goal: float = knob("weight of the goal's position regressed from the memory token (0: off)", 0.0,
+                              minimum=0.0, maximum=1000.0)
+    memory_warmup: int = knob("cue_writes: steps of aura.* alone on that regression before the stage's steps", 0,
+                              minimum=0, maximum=1_000_000)
+    dagger_episodes: int = knob("closed-loop episodes of the policy per collection, half of each batch (0: off)",
+                                0, minimum=0, maximum=4096)
+    dagger_rounds: int = knob("dagger_episodes: collections, evenly spread, the first at step 0", 4,
+                              minimum=1, maximum=1000)
+    fresh: bool = knob("the memory starts from its initialisation, not from the weights the phase starts from",
+                       False)
+
+    def __post_init__(self) -> None:
+        if self.forced_fraction >= 1:
+            raise ValueError(f"aura.forced_fraction must be below 1 (the gate must decide the last steps), got "
+                             f"{self.forced_fraction}")
+        if self.memory_warmup and not self.cue_writes:
+            raise ValueError("aura.memory_warmup needs aura.cue_writes: the warm-up writes where the cue labels say")
+        if 0 < self.dagger_episodes < self.batch // 2:
+            raise ValueError(f"aura.dagger_episodes: {self.dagger_episodes} episodes a round cannot fill half a "
+                             f"batch of {self.batch} (aura.batch)")
+
+
+@dataclass(frozen=True)
+class DmsSpec(EpisodeStageSpec):
+    """How the dms gates train: the window their decisions wait out, the compression they aim at."""
+
+    window: int = knob("recent tokens always readable (kv.dms.window)", 32, minimum=1, maximum=8192)
+    target_ratio: float = knob("tokens seen per token kept (kv.dms.target_ratio)", 4.0, minimum=1.0, maximum=1000.0)
+    penalty: float = knob("weight of the one-sided keep-rate penalty", 1.0, minimum=0.0, maximum=1000.0)
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """Everything that decides the trained weights of one phase. Defaults: ~30 min on a 2-core x86 CPU (the
+    aura stage, unrolled frame by frame, ~1.4 s a step)."""
+
+    seed: int = knob("seeds the demonstrations, the fresh weights and every sampled batch", 0,
+                     minimum=0, maximum=2**32 - 1)
+    preset: str = knob("the model's shape (model/init_model.py)", "sim", choices=TRAINABLE_PRESETS)
+    dtype: str = knob("storage dtype of model.safetensors", "bfloat16", choices=STORAGE_DTYPES)
+    prompt_ids: tuple[int, ...] = knob("instruction tokens every sequence starts with", DEFAULT_PROMPT,
+                                       minimum=0, maximum=1_000_000)
+    tasks: tuple[str, ...] = knob("the demonstrations alternate between these tasks", ("reach", "cue-reach"),
+                                  choices=TASKS)
+    episodes: int = knob("scripted-expert demonstrations for bc, aura and dms", 1200, minimum=1, maximum=100_000)
+    stages: tuple[str, ...] = knob("the stages that run, always in the order perception, bc, aura, dms", STAGES,
+                                   choices=STAGES)
+    init_from: str | None = knob("checkpoint whose weights the phase starts from (None: fresh weights)", None)
+    perception: StageSpec = knob("single frames that show what to do", StageSpec(steps=1000, batch=64, lr=1e-3))
+    bc: EpisodeStageSpec = knob("behaviour cloning on whole and partial episodes",
+                                EpisodeStageSpec(steps=900, batch=4, lr=1e-3))
+    aura: AuraSpec = knob("the aura memory (and with train_decoder the decoder)",
+                          AuraSpec(steps=500, batch=8, lr=3e-3))
+    dms: DmsSpec = knob("the dms gates on the frozen decoder", DmsSpec(steps=100, batch=2, lr=2e-2, max_frames=64))
+
+    def __post_init__(self) -> None:
+        if len(set(self.stages)) != len(self.stages):
+            raise ValueError(f"stages: each stage at most once, got {list(self.stages)}")
+        vocabulary = PRESETS[self.preset].vocab_size
+        if max(self.prompt_ids, default=0) >= vocabulary:
+            raise ValueError(f"prompt_ids: every id must be below the vocabulary size {vocabulary} of preset "
+                             f"{self.preset!r}, got {max(self.prompt_ids)}")
+        if self.episodes < self.demo_batch:
+            raise ValueError(f"episodes: {self.episodes} demonstrations cannot fill a batch of {self.demo_batch} "
+                             f"distinct ones")
+        if self.aura.fresh and "aura" not in self.stages:
+            raise ValueError("aura.fresh needs the aura stage: a fresh memory must be trained")
+
+    @property
+    def demo_batch(self) -> int:
+        """The most distinct demonstrations one step of the stages that run draws (0: none is needed)."""
+        histories = self.aura.bc_batch if self.aura.train_decoder else 0
+        drawn = {"bc": self.bc.batch, "aura": max(self.aura.batch, histories), "dms": self.dms.batch}
+        return max((drawn[name] for name in self.stages if name in drawn), default=0)
+
+    def scaled(self, factor: float) -> TrainSpec:
+        """The same spec with every stage's steps, the memory warm-up, the demonstrations and DAgger's episodes
+        scaled, as few as a batch still needs (smoke runs)."""
+        def scale(count: int, least: int = 1) -> int:
+            return max(least, round(count * factor)) if count else 0
+
+        aura = replace(self.aura, steps=scale(self.aura.steps), memory_warmup=scale(self.aura.memory_warmup),
+                       dagger_episodes=scale(self.aura.dagger_episodes, self.aura.batch // 2))
+        return replace(self, episodes=scale(self.episodes, self.demo_batch),
+                       perception=replace(self.perception, steps=scale(self.perception.steps)),
+                       bc=replace(self.bc, steps=scale(self.bc.steps)), aura=aura,
+                       dms=replace(self.dms, steps=scale(self.dms.steps)))

@@ -1,0 +1,57 @@
+"""The one log a training run writes: every phase's spec, demonstrations, seconds and a summary of its losses.
+
+``train_log.json`` (schema ``vla_edge_ros.train/2``) is rewritten after each phase, so a run cut short still
+says what it finished. A stage's per-step figures (thousands of rows, hundreds of kilobytes) are summarised
+as the means of ``SEGMENTS`` runs of consecutive steps: the loss curve at a glance, in a few kilobytes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SCHEMA = "vla_edge_ros.train/2"
+LOG_NAME = "train_log.json"
+SEGMENTS = 20  # means per figure and stage
+DIGITS = 6  # significant digits of a summarised mean
+
+
+@dataclass
+class PhaseLog:
+    """One phase as it ran. ``spec_schema`` names the layout of ``spec``: ``SCHEMA`` (``TrainSpec``'s nested
+    one) for a phase trained now; ``vla_edge_ros.train/1``, the flat one of before phases, for the first
+    phases of the shipped models/sim."""
+
+    name: str
+    spec: dict[str, Any]
+    stages: dict[str, list[dict[str, float]]] = field(default_factory=dict)  # every step's figures, per stage
+    seconds: dict[str, float] = field(default_factory=dict)  # per stage, and "demos"
+    demos: dict[str, Any] = field(default_factory=dict)
+    spec_schema: str = SCHEMA
+
+    def summary(self) -> dict[str, Any]:
+        return {"name": self.name, "spec_schema": self.spec_schema, "spec": self.spec, "seconds": self.seconds,
+                "demos": self.demos, "losses": {stage: summarise(rows) for stage, rows in self.stages.items()}}
+
+
+def summarise(rows: list[dict[str, float]]) -> dict[str, Any]:
+    """``{"steps": n, "every": k, "means": {figure: [mean of steps 0 to k-1, k to 2k-1, ...]}}``, a mean over
+    the finite values a run of steps has (null where it has none: aura's memory warm-up has no action error)."""
+    every = max(1, math.ceil(len(rows) / SEGMENTS))
+    names = dict.fromkeys(name for row in rows for name in row)
+    means: dict[str, list[float | None]] = {}
+    for name in names:
+        means[name] = []
+        for start in range(0, len(rows), every):
+            values = [row[name] for row in rows[start:start + every] if math.isfinite(row.get(name, math.nan))]
+            means[name].append(float(f"{np.mean(values):.{DIGITS}g}") if values else None)
+    return {"steps": len(rows), "every": every, "means": means}
+
+
+def write_log(path: Path, phases: list[PhaseLog]) -> None:
+    path.write_text(json.dumps({"schema": SCHEMA, "phases": [phase.summary() for phase in phases]}, indent=1) + "\n")
