@@ -26,7 +26,8 @@ setup(
         (f"share/{PACKAGE}", ["package.xml"]),
         (f"share/{PACKAGE}/config", glob("config/*.yaml") + glob("config/*.xml")),
         (f"share/{PACKAGE}/launch", glob("launch/*.launch.py")),
-        (f"share/{PACKAGE}/models/sim", glob("models/sim/*")),  # the trained default checkpoint
+        (f"share/{PACKAGE}/models/sim", [f"models/sim/{name}" for name in (  # the trained default checkpoint
+            "config.json", "model.safetensors", "recipe.yaml", "train_log.json")]),
     ],
     install_requires=[
         "setuptools",

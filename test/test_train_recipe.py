@@ -1,10 +1,13 @@
 """``vla-edge train --recipe``: a recipe file is checked key by key, its phases run in order each from the weights
-of the one before, and one log holds them all."""
+of the one before, one log holds them all, and models/sim/recipe.yaml is exactly the specs that made models/sim."""
 
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,6 +15,104 @@ import pytest
 from vla_edge_ros.cli import main
 from vla_edge_ros.model.checkpoint import load_checkpoint
 from vla_edge_ros.train.recipe import load_recipe
+from vla_edge_ros.train.spec import AuraSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ROOT / "models" / "sim"
+SHIPPED_FILES = ("config.json", "model.safetensors", "recipe.yaml", "train_log.json")
+
+# vla_edge_ros.train/1, the flat spec the shipped phases logged, in TrainSpec's nested names
+FLAT_NAMES = {
+    "max_frames": ("bc.max_frames", "aura.max_frames"),
+    **{f"dms_{name}": (f"dms.{name}",) for name in ("max_frames", "window", "target_ratio", "penalty")},
+    **{f"aura_{name}": (f"aura.{name}",) for name in (
+        "beta", "rho", "penalty", "train_decoder", "bc_batch", "decoder_lr", "cue_writes", "forced_fraction",
+        "label_weight", "memory_goal", "memory_warmup")},
+    "aura_dagger_episodes": ("aura.dagger_episodes",),
+    "aura_dagger_rounds": ("aura.dagger_rounds",),
+}
+# knobs of the code of the time that today's has not, each with the one value today's code does what it did with
+NO_LONGER_KNOBS = {
+    "aura_memory_lr": None,  # None: the memory learned at aura.lr, as it always does now
+}
+# knobs of the code of the time that today's cannot do: the recipe's comment says so
+NOT_REPRODUCIBLE = {
+    "aura_scored_frames": 16,  # the aura action loss on 16 frames of each episode; today's scores every frame
+}
+# today's knobs that a flat spec predates: off, as they were
+PREDATED = {"aura.dagger_episodes": 0, "aura.dagger_rounds": 4}
+
+
+def dotted(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(dotted(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
+def nested_names(flat_spec: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any]:
+    """A train/1 spec in today's dotted names. ``aura.fresh``: the code that scored a subset of frames (and
+    dropped it with 6704d7d) held the memory in an earlier layout, so the first phase after it started the
+    memory afresh (``load_weights`` drops a memory of another shape)."""
+    nested: dict[str, Any] = dict(PREDATED)
+    for name, value in dotted(flat_spec).items():
+        if name in NO_LONGER_KNOBS or name in NOT_REPRODUCIBLE:
+            assert value == {**NO_LONGER_KNOBS, **NOT_REPRODUCIBLE}[name], (name, value)
+            continue
+        for new in FLAT_NAMES.get(name, (name,)):
+            nested[new] = value
+    nested["aura.fresh"] = (previous is not None and "aura_scored_frames" in previous
+                            and "aura_scored_frames" not in flat_spec)
+    return nested
+
+
+def test_the_shipped_recipe_resolves_to_the_specs_its_log_records(tmp_path):
+    """Phase by phase, every knob of models/sim/recipe.yaml (defaults included) against what train_log.json
+    says that phase ran with; only the paths of init_from differ (they were other machines' directories)."""
+    recipe = load_recipe(SHIPPED / "recipe.yaml")
+    logged = json.loads((SHIPPED / "train_log.json").read_text())["phases"]
+    assert [phase.name for phase in recipe.phases] == [phase["name"] for phase in logged]
+    previous = None
+    for (phase, _), log in zip(recipe.chained(tmp_path), logged):
+        resolved = dotted(json.loads(json.dumps(asdict(phase.spec))))  # tuples as the log's lists
+        assert log["spec_schema"] == "vla_edge_ros.train/1"
+        expected = nested_names(log["spec"], previous)
+        assert (resolved.pop("init_from") is None) == (expected.pop("init_from") is None), phase.name
+        assert resolved == expected, (phase.name, {k: (resolved.get(k), expected.get(k))
+                                                   for k in resolved.keys() | expected.keys()
+                                                   if resolved.get(k) != expected.get(k)})
+        previous = log["spec"]
+    assert [phase.spec.aura.fresh for phase in recipe.phases] == [False, False, False, True, False]
+
+
+def test_the_shipped_log_sums_up_every_phase_that_made_the_checkpoint():
+    """One log, five phases: their seconds and demonstrations as they were logged, each stage's figures as
+    segment means, the steps each stage ran."""
+    log = json.loads((SHIPPED / "train_log.json").read_text())
+    assert log["schema"] == "vla_edge_ros.train/2"
+    assert [sorted(phase["losses"]) for phase in log["phases"]] == [
+        ["aura", "bc", "dms", "perception"], ["aura", "bc", "dms"], ["aura", "dms"], ["aura", "dms"], ["aura", "dms"]]
+    steps = [{stage: summary["steps"] for stage, summary in phase["losses"].items()} for phase in log["phases"]]
+    assert steps[3] == {"aura": 2000, "dms": 100} and steps[4] == {"aura": 600, "dms": 100}  # warm-up + stage steps
+    seconds = sum(sum(phase["seconds"].values()) for phase in log["phases"])
+    assert 6000 < seconds < 7000
+    first = log["phases"][0]["losses"]["perception"]
+    assert len(first["means"]["action"]) == 20 and first["means"]["action"][-1] < first["means"]["action"][0]
+
+
+def test_setup_installs_exactly_the_shipped_model_files():
+    from distutils.core import run_setup
+
+    from setuptools import distutils  # noqa: F401  (setuptools' bundled distutils, as on Python 3.12+)
+
+    here = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        data_files = dict(run_setup("setup.py", stop_after="init").data_files)
+    finally:
+        os.chdir(here)
+    assert sorted(data_files["share/vla_edge_ros/models/sim"]) == sorted(f"models/sim/{name}" for name in SHIPPED_FILES)
+    assert all((SHIPPED / name).is_file() for name in SHIPPED_FILES)
 
 
 def recipe_file(tmp_path: Path, text: str) -> Path:
@@ -114,3 +215,11 @@ def test_a_two_phase_recipe_runs_the_second_phase_from_the_first_ones_weights(tm
     assert list(two["losses"]) == ["dms"] and len(two["losses"]["dms"]["means"]["distill"]) == 3
     assert set(two["seconds"]) == {"demos", "dms"} and two["demos"]["episodes"] == 2
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "phases", "train_log.json"]
+
+
+def test_a_smoke_run_scales_every_phase():
+    recipe = load_recipe(SHIPPED / "recipe.yaml").scaled(0.02)
+    fresh, dagger = recipe.phases[3].spec.aura, recipe.phases[4].spec.aura
+    assert (fresh.steps, fresh.memory_warmup, recipe.phases[0].spec.episodes) == (20, 20, 24)
+    assert dagger == AuraSpec(12, 8, 3e-3, train_decoder=True, decoder_lr=3e-4, cue_writes=True, memory_goal=1.0,
+                              dagger_episodes=4)  # half a batch, the least a round may collect
