@@ -31,12 +31,16 @@ EXPONENT_TEXT = re.compile(r"[-+]?[0-9]+[eE][-+]?[0-9]+")  # 3e-4: a float to YA
 
 @dataclass(frozen=True)
 class Phase:
+    """One run of the trainer: its name (the log's, and its directory's) and everything that decides it."""
+
     name: str
     spec: TrainSpec
 
 
 @dataclass(frozen=True)
 class Recipe:
+    """The phases that make one checkpoint, in the order they run."""
+
     phases: tuple[Phase, ...]
 
     def scaled(self, factor: float) -> Recipe:

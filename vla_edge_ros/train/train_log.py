@@ -35,6 +35,7 @@ class PhaseLog:
     spec_schema: str = SCHEMA
 
     def summary(self) -> dict[str, Any]:
+        """The phase as train_log.json holds it: each stage's figures summarised, the rest as it is."""
         return {"name": self.name, "spec_schema": self.spec_schema, "spec": self.spec, "seconds": self.seconds,
                 "demos": self.demos, "losses": {stage: summarise(rows) for stage, rows in self.stages.items()}}
 
