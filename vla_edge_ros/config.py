@@ -456,6 +456,23 @@ if yaml.__with_libyaml__:
 ConfigLoader = CONFIG_LOADERS[-1]
 
 
+def read_yaml(path: Path) -> Any:
+    """The one YAML document of file ``path`` (a config, a training recipe), read within bounds
+    (MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, MAX_CONFIG_NODES; no anchors, aliases or duplicate keys), so that
+    any file costs at most a short ConfigError line, quickly."""
+    loader = ConfigLoader(_read_text(path))
+    try:
+        return loader.get_single_data()
+    except _Refused as exc:
+        raise ConfigError(f"{path}: {_yaml_problem(exc)}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from exc
+    except ValueError as exc:  # a value Python cannot hold as written: an integer of more than 4300 digits
+        raise ConfigError(f"{path}: cannot convert a value: {_cut(str(exc))}") from exc
+    finally:
+        loader.dispose()
+
+
 def _read_text(path: Path) -> str:
     """The text of config file ``path``, read within MAX_CONFIG_BYTES. A FIFO, a device or a directory is
     refused before any read: a FIFO would block until a writer comes, /dev/zero never ends."""
@@ -488,26 +505,12 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 
 
 def load_settings(path: str | Path | None) -> Settings:
-    """Read and validate a YAML config file (None: the built-in defaults, which equal config/default.yaml).
-
-    The file is read within bounds (MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, MAX_CONFIG_NODES; no anchors,
-    aliases or duplicate keys), so that any file costs at most a short error line, quickly."""
+    """Read (``read_yaml``: within bounds) and validate a YAML config file (None: the built-in defaults, which
+    equal config/default.yaml)."""
     if path is None:
         return defaults()
     path = Path(path)
-    text = _read_text(path)
-    loader = ConfigLoader(text)
-    try:
-        raw = loader.get_single_data()
-    except _Refused as exc:
-        raise ConfigError(f"{path}: {_yaml_problem(exc)}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from exc
-    except ValueError as exc:  # a value Python cannot hold as written: an integer of more than 4300 digits
-        raise ConfigError(f"{path}: cannot convert a value: {_cut(str(exc))}") from exc
-    finally:
-        loader.dispose()
-    return parse_settings(raw, str(path), path.resolve().parent)
+    return parse_settings(read_yaml(path), str(path), path.resolve().parent)
 
 
 # Typed knob groups: each field is the schema parameter of the same name under the group's prefix. A group

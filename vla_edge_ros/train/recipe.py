@@ -19,9 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from ..config import ConfigError, ConfigLoader, Param, _read_text, _yaml_problem, resolve_path, shown
+from ..config import ConfigError, Param, read_yaml, resolve_path, shown
 from .spec import TrainSpec
 
 PHASES_DIR = "phases"  # under the output directory: the checkpoints of every phase but the last
@@ -62,7 +60,7 @@ class Recipe:
 def load_recipe(path: str | Path) -> Recipe:
     """Read and check a recipe file."""
     path = Path(path)
-    raw = _read_yaml(path)
+    raw = read_yaml(path)
     if not isinstance(raw, dict) or "phases" not in raw:
         raise ConfigError(f"{path}: a recipe is a mapping with one key, 'phases' (a list of phases)")
     for key in raw:
@@ -75,19 +73,6 @@ def load_recipe(path: str | Path) -> Recipe:
     for number, item in enumerate(items, start=1):
         phases.append(_phase(item, number, path, {phase.name for phase in phases}))
     return Recipe(tuple(phases))
-
-
-def _read_yaml(path: Path) -> Any:
-    """The YAML document of ``path``, read as a config file is (within bounds, one line on any error)."""
-    loader = ConfigLoader(_read_text(path))
-    try:
-        return loader.get_single_data()
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not a valid recipe file: {_yaml_problem(exc)}") from exc
-    except ValueError as exc:  # a value Python cannot hold as written: an integer of more than 4300 digits
-        raise ConfigError(f"{path}: cannot convert a value: {shown(str(exc))}") from exc
-    finally:
-        loader.dispose()
 
 
 def _phase(item: Any, number: int, path: Path, taken: set[str]) -> Phase:
