@@ -41,3 +41,11 @@ def test_the_site_builds_strict(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "site" / "reference" / "configuration" / "index.html").is_file()
+
+
+def test_the_readme_opens_with_the_two_commands_and_stays_short():
+    """The README is the front page: `make run` and `make test` first, the rest in docs/."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    first = [line.split("#")[0].strip() for line in lines[:6] if line.startswith("make ")]
+    assert first == ["make run", "make test"], lines[:6]
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines: move detail to a page under docs/"
