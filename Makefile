@@ -1,6 +1,7 @@
 # make run   : set up .venv, run the three nodes with the shipped trained model (models/sim) driving the simulated robot (DURATION=10 s)
 # make test  : set up .venv, run the default test suite: every test but the slow and soak tiers
 # make test-slow / test-soak / test-all : the slow tier, the soak tier, every test
+# make docs  : build the documentation site (mkdocs, strict: a broken link is an error) into site/
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -9,7 +10,7 @@ MODEL  := models/sim
 DURATION ?= 10
 TASK ?= reach
 
-.PHONY: setup run test test-slow test-soak test-all bench clean
+.PHONY: setup run test test-slow test-soak test-all bench docs clean
 
 setup: $(STAMP)
 
@@ -20,7 +21,7 @@ $(STAMP): setup.py
 	    apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); \
 	  else echo "error: '$(PYTHON) -m venv' failed; install the python3-venv package" >&2; exit 1; fi; }
 	$(PY) -m pip install -q --upgrade pip setuptools
-	$(PY) -m pip install -q --no-build-isolation -e ".[ros,train,test,ray]"
+	$(PY) -m pip install -q --no-build-isolation -e ".[ros,train,test,ray,docs]"
 	@touch $(STAMP)
 
 run: $(STAMP)
@@ -42,6 +43,9 @@ test-all: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/bench_model.py
+
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) models/tiny build *.egg-info

@@ -59,6 +59,7 @@ setup(
         ],
         "train": [TORCH],
         "ray": ["ray>=2.9"],  # --ray: replay, evaluate and memory-bench units as Ray tasks
+        "docs": ["mkdocs>=1.6,<2"],
         "test": [
             TORCH,
             "transformers>=4.45",  # the reference our forward pass is proven against
