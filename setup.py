@@ -55,6 +55,7 @@ setup(
             "ros-rosgraph-msgs==2.3.0",
             "ros-diagnostic-msgs==5.5.1",
             "ros-rcl-interfaces==2.3.0",
+            "ros-lifecycle-msgs==2.3.0",
             "ros-rmw-fastrtps-cpp==9.3.3",
         ],
         "train": [TORCH],

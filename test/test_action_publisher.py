@@ -210,7 +210,15 @@ class Graph:
         self.nodes = [self.probe]
 
     def start(self, slot: ActionSlot, **overrides) -> ActionPublisher:
-        """An action publisher with the defaults, commanding float arrays unless ``overrides`` say otherwise."""
+        """An active action publisher with the defaults, commanding float arrays unless ``overrides`` say
+        otherwise."""
+        node = self.create(slot, **overrides)
+        node.transition("configure")
+        node.transition("activate")
+        return node
+
+    def create(self, slot: ActionSlot, **overrides) -> ActionPublisher:
+        """``start``'s publisher as it comes up: unconfigured."""
         settings = {**defaults()["action_publisher"], "command_type": "float32_multi_array", **overrides}
         node = ActionPublisher(slot, settings, context=self.context)
         self.executor.add_node(node)
@@ -358,7 +366,8 @@ def test_diagnostics_report_error_during_a_safe_stop_and_ok_once_fresh(graph):
     status = diagnostics[-1][1].status[0]
     values = {kv.key: kv.value for kv in status.values}
     assert status.name == "vla_edge_ros: action_publisher"
-    assert (status.level, status.message) == (DiagnosticStatus.ERROR, "safe stop: no action yet")
+    assert (status.level, status.message) == (
+        DiagnosticStatus.ERROR, "safe stop: no action from reasoning (none yet, or reasoning is not active)")
     # every tick so far was a safe stop for want of an action, and was published (however many ticks a
     # busy machine managed in the second before the first report)
     assert int(values["safe_stops"]) == int(values["no_action"]) == int(values["published"]) >= 1
@@ -415,7 +424,7 @@ def test_a_live_change_that_cannot_serve_the_action_is_refused_with_the_reason(g
     """Knobs that depend on each other or on the model's action are checked on every change, not at a tick."""
     node = ActionPublisher(_now_slot([0.5, 2.0, -3.0]), {**defaults()["action_publisher"],
                                                          "command_type": "float32_multi_array"},
-                           dof=3, context=graph.context)
+                           dof=lambda: 3, context=graph.context)
     graph.nodes.append(node)
     refused = node.set_parameters([Parameter("action_min", Parameter.Type.DOUBLE_ARRAY, [2.0])])[0]
     assert not refused.successful and "action_min is above action_max in dimension 0" in refused.reason
@@ -425,3 +434,39 @@ def test_a_live_change_that_cannot_serve_the_action_is_refused_with_the_reason(g
     assert not refused.successful and "must be a finite number" in refused.reason
     accepted = node.set_parameters([Parameter("action_max", Parameter.Type.DOUBLE_ARRAY, [1.0, 0.5, 0.25])])[0]
     assert accepted.successful, accepted.reason
+
+
+@needs_ros
+def test_only_an_active_publisher_commands_and_deactivate_sends_one_explicit_stop(graph):
+    """Configured but inactive: silent, whatever the slot holds. Active: the action. Deactivated: one stop, then
+    silence again; re-activated: the action again."""
+    heard = graph.listen(Float32MultiArray, "/vla/command")
+    diagnostics = graph.listen(DiagnosticArray, "/diagnostics")
+    node = graph.create(_now_slot([0.5, -0.5]), control_rate_hz=50.0, action_timeout_ms=60000.0)
+    node.transition("configure")
+    assert graph.spin_until(lambda: len(diagnostics) >= 2)  # a second and more: 50 ticks had there been a timer
+    assert not heard and node.figures()["published"] == 0
+    status = diagnostics[-1][1].status[0]
+    assert (status.level, status.message) == (DiagnosticStatus.OK, "inactive: publishing no commands")
+    for _ in range(2):
+        node.transition("activate")
+        assert graph.spin_until(lambda: heard and list(heard[-1][1].data) == [0.5, -0.5])
+        node.transition("deactivate")
+        published = node.figures()["published"]
+        assert graph.spin_until(lambda: len(heard) == published)  # everything sent arrived: the stop, last
+        assert list(heard[-1][1].data) == [0.0, 0.0]
+        shown = len(diagnostics)
+        assert graph.spin_until(lambda: len(diagnostics) >= shown + 2)
+        assert len(heard) == node.figures()["published"] == published  # then silence
+        assert [t.timer_period_ns for t in node.timers] == [1_000_000_000]  # diagnostics only: no control timer
+    assert node.figures()["shutdown_stops"] == 2
+
+
+@needs_ros
+def test_a_trajectory_robot_never_commanded_gets_no_stop_on_deactivate(graph):
+    """Zero joint positions are a motion, not a stop: with no position ever commanded there is nothing to hold."""
+    node = graph.start(ActionSlot(), command_type="joint_trajectory", control_rate_hz=50.0)
+    assert graph.spin_until(lambda: node.figures()["no_action"] >= 3)
+    node.transition("deactivate")
+    assert node.state == "inactive"
+    assert node.figures()["published"] == node.figures()["shutdown_stops"] == 0

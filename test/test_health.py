@@ -107,15 +107,15 @@ def test_the_reasoning_node_reports_error_while_it_refuses_and_says_why(tiny_mod
     from vla_edge_ros.nodes.reasoning import ReasoningNode
     from vla_edge_ros.runtime.action_slot import ActionSlot
     from vla_edge_ros.runtime.frame_buffer import FrameBuffer
-    from vla_edge_ros.runtime.loader import load_engine
     from vla_edge_ros.worlds.synthetic import SyntheticCamera
 
     settings = parse_settings({"reasoning": {"ros__parameters": {
         "model_dir": str(tiny_model), "backend": "numpy", "kv_capacity_tokens": 128, "warmup_cycles": 1}}}, "t.yaml")
     buffer, camera = FrameBuffer(48, 64), SyntheticCamera(height=48, width=64, seed=4)
     with private_graph() as (context, _):
-        node = ReasoningNode(load_engine(settings).engine, buffer, ActionSlot(), settings["reasoning"], context=context)
-        node.start()
+        node = ReasoningNode(buffer, ActionSlot(), settings, context=context)
+        node.transition("configure")
+        node.transition("activate")
         try:
             assert node.set_parameters([Parameter("deadline_ms", Parameter.Type.DOUBLE, 1.0)])[0].successful
             deadline = time.monotonic() + 120  # nothing fits in 1 ms: every frame after the first is refused
@@ -126,7 +126,7 @@ def test_the_reasoning_node_reports_error_while_it_refuses_and_says_why(tiny_mod
             assert report.level == DiagnosticStatus.ERROR, report.message
             assert "no action for" in report.message and "against the 1 ms deadline" in report.message
         finally:
-            node.stop()
+            node.transition("deactivate")
             node.destroy_node()
 
 
@@ -144,6 +144,8 @@ def test_the_publisher_warns_when_its_timer_falls_behind_control_rate_hz():
 
     with private_graph() as (context, _):  # never spun: only the ticks this test writes are counted
         node = ActionPublisher(ActionSlot(), defaults()["action_publisher"], context=context)
+        node.transition("configure")
+        node.transition("activate")
         start = time.monotonic_ns()
         for k in range(36):  # 18 Hz for 2 s against control_rate_hz 30
             node._ticks.add("tick", start + k * S // 18)

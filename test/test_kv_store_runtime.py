@@ -154,16 +154,15 @@ def test_save_memory_service_and_shutdown_save_over_ros(tiny_model, tmp_path, ke
     # the longest deadline the schema allows: a 33 ms one would have the gate refuse cycles on a loaded
     # machine, and frames must reach the engine for there to be a memory to save
     settings = settings.replace("reasoning", {"deadline_ms": 1000.0})
-    loaded = load_engine(settings)
     buffer = FrameBuffer(48, 64)
     camera = SyntheticCamera(height=48, width=64, seed=4)
     with private_graph() as (context, executor):
-        node = ReasoningNode(loaded.engine, buffer, ActionSlot(), settings["reasoning"], store=loaded.store,
-                             context=context)
+        node = ReasoningNode(buffer, ActionSlot(), settings, context=context)
         user = Node("user", context=context)
         executor.add_node(node)
         executor.add_node(user)
-        node.start()
+        node.transition("configure")
+        node.transition("activate")
         deadline = time.monotonic() + WAIT_S
         while node.engine.memory_stats().frames_kept < 3:
             assert time.monotonic() < deadline, "the engine kept no 3 frames"
@@ -174,7 +173,7 @@ def test_save_memory_service_and_shutdown_save_over_ros(tiny_model, tmp_path, ke
         assert "episode memory saved" in answer.message and node.memory_saves == 1
         values = {kv.key: kv.value for kv in node.report().values}
         assert values["kv_store_writes"] == "2" and values["kv_store_failures"] == "none"
-        node.stop()  # saves again on the way down
+        node.transition("deactivate")  # saves again on the way down
         assert node.memory_saves == 2
         kept = node.engine.memory_stats().frames_kept
         node.destroy_node()

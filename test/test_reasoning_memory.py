@@ -19,7 +19,6 @@ from vla_edge_ros.config import parse_settings  # noqa: E402
 from vla_edge_ros.nodes.reasoning import ReasoningNode  # noqa: E402
 from vla_edge_ros.runtime.action_slot import ActionSlot  # noqa: E402
 from vla_edge_ros.runtime.frame_buffer import FrameBuffer  # noqa: E402
-from vla_edge_ros.runtime.loader import load_engine  # noqa: E402
 from vla_edge_ros.worlds.synthetic import SyntheticCamera  # noqa: E402
 
 pytestmark = pytest.mark.ros
@@ -33,14 +32,14 @@ def graph(tiny_model):
         # the longest deadline the schema allows: a 33 ms one would have the gate refuse cycles on a loaded
         # machine, and these tests need frames to reach the engine, not the deadline
         "deadline_ms": 1000.0, "kv": {"policy": "cosine", "cosine": {"protect_recent_frames": 2}}}}}, "test.yaml")
-    engine = load_engine(settings).engine
     buffer = FrameBuffer(48, 64)
     with private_graph() as (context, executor):
-        node = ReasoningNode(engine, buffer, ActionSlot(), settings["reasoning"], context=context)
+        node = ReasoningNode(buffer, ActionSlot(), settings, context=context)
         user = Node("user", context=context)
         executor.add_node(node)
         executor.add_node(user)
-        node.start()
+        node.transition("configure")
+        node.transition("activate")
         camera = SyntheticCamera(height=48, width=64, seed=2)
 
         def set_param(name, value):
@@ -65,7 +64,7 @@ def graph(tiny_model):
             return True
 
         yield node, set_param, reset_episode, feed_until
-        node.stop()
+        node.transition("deactivate")
         node.destroy_node()
         user.destroy_node()
 

@@ -21,28 +21,31 @@ from vla_edge_ros.config import parse_settings  # noqa: E402
 from vla_edge_ros.nodes.reasoning import ReasoningNode  # noqa: E402
 from vla_edge_ros.runtime.action_slot import ActionSlot  # noqa: E402
 from vla_edge_ros.runtime.frame_buffer import FrameBuffer  # noqa: E402
-from vla_edge_ros.runtime.loader import load_engine  # noqa: E402
 from vla_edge_ros.worlds.synthetic import SyntheticCamera  # noqa: E402
 
 pytestmark = pytest.mark.ros
 
 
-@pytest.fixture
-def reasoning(tiny_model):
+def _settings(tiny_model):
     # The longest deadline the schema allows: the tiny model's cycle takes tens of ms on a shared 2-core
     # machine, and a 33 ms deadline would have the gate (rightly) refuse it. What is under test here is the
     # node's wiring; the deadline is the gate's business, tested on the virtual clock.
-    settings = parse_settings({"reasoning": {"ros__parameters": {
+    return parse_settings({"reasoning": {"ros__parameters": {
         "model_dir": str(tiny_model), "backend": "numpy", "kv_capacity_tokens": 256, "deadline_ms": 1000.0}}},
         "test.yaml")
-    engine = load_engine(settings).engine
+
+
+@pytest.fixture
+def reasoning(tiny_model):
     buffer, slot = FrameBuffer(48, 64), ActionSlot()
     with private_graph() as (context, executor):
-        node = ReasoningNode(engine, buffer, slot, settings["reasoning"], context=context)
+        node = ReasoningNode(buffer, slot, _settings(tiny_model), context=context)
         executor.add_node(node)
-        node.start()
+        node.transition("configure")
+        node.transition("activate")
         yield node, buffer, slot
-        node.stop()
+        if node.state == "active":
+            node.transition("deactivate")
         node.destroy_node()
 
 
@@ -149,3 +152,49 @@ def test_a_failing_cycle_is_counted_reported_and_survived(reasoning, monkeypatch
     # ERROR while a failure is recent (within 1 s), then OK on its own, with no frame needed to clear it
     assert _wait(lambda: node.report().level == OK, WAIT_S)
     assert time.monotonic_ns() - failed_ns[-1] >= 1_000_000_000
+
+
+def test_deactivate_stops_reasoning_and_withdraws_the_action_and_cleanup_frees_the_engine(reasoning):
+    import gc
+    import weakref
+
+    node, buffer, slot = reasoning
+    camera = Camera(buffer)
+    camera.feed_until(lambda: node.actions >= 2)
+    node.transition("deactivate")
+    assert slot.latest() is None  # an active publisher commands a stop, not this node's last answer
+    cycles = node.cycles
+    for _ in range(5):
+        camera.write()
+        time.sleep(0.02)
+    assert node.cycles == cycles and buffer.stats().pending == 1  # frames wait, unread: nobody reasons
+    engine = weakref.ref(node.engine)
+    node.transition("cleanup")
+    gc.collect()
+    assert engine() is None and node.engine is None and node.figures() == {"state": "unconfigured"}
+    node.transition("configure")  # a new engine and counters, in the same process
+    node.transition("activate")
+    assert node.actions == 0
+    camera.feed_until(lambda: node.actions >= 1)
+
+
+def test_parameters_are_settable_in_every_state_and_read_at_configure_only_while_unconfigured(tiny_model):
+    with private_graph() as (context, _):
+        node = ReasoningNode(FrameBuffer(48, 64), ActionSlot(), _settings(tiny_model), context=context)
+        try:
+            live = node.set_parameters([Parameter("deadline_ms", Parameter.Type.DOUBLE, 250.0)])[0]
+            assert live.successful, live.reason  # no gate yet: kept for configure
+            capacity = node.set_parameters([Parameter("kv_capacity_tokens", Parameter.Type.INTEGER, 192)])[0]
+            assert capacity.successful, capacity.reason
+            node.transition("configure")
+            assert node.gate.snapshot().deadline_ms == 250.0 and node.engine.arena.capacity == 192
+            node.transition("activate")
+            refused = node.set_parameters([Parameter("kv_capacity_tokens", Parameter.Type.INTEGER, 128)])[0]
+            assert not refused.successful
+            assert "kv_capacity_tokens is read-only while the node is active" in refused.reason
+            assert "while unconfigured (ros2 lifecycle set /reasoning deactivate, then cleanup)" in refused.reason
+            assert node.set_parameters([Parameter("deadline_ms", Parameter.Type.DOUBLE, 500.0)])[0].successful
+            assert node.gate.snapshot().deadline_ms == 500.0  # live, at once
+            node.transition("deactivate")
+        finally:
+            node.destroy_node()

@@ -1,5 +1,7 @@
 """``vla-edge run``: the three ROS 2 nodes in this process, fed by a camera topic, a synthetic camera or the
-simulated robot; one status line a second, then a summary."""
+simulated robot; one status line a second, then a summary. The managed nodes come up active; `ros2 lifecycle`
+(or a ChangeState call) may deactivate, clean up and configure them again while it runs, and the status line
+then says which state reasoning is in."""
 
 from __future__ import annotations
 
@@ -18,13 +20,17 @@ def _ms(value: float | None) -> str:
 
 
 def status_line(camera: dict, reasoning: dict, publisher: dict, sim: str = "") -> str:
-    """One line a second from the nodes' figures."""
+    """One line a second from the nodes' figures (reasoning's engine figures only while it has an engine)."""
+    state = "" if reasoning["state"] == "active" else f"reasoning {reasoning['state']} | "
+    thinking = "" if "actions" not in reasoning else (
+        f"actions {reasoning['actions']}, refused {reasoning['refused']}, stale {reasoning['stale']}, missed "
+        f"{reasoning['missed']}, invalid {reasoning['invalid_outputs']}, latency p50 "
+        f"{_ms(reasoning['latency_p50_ms'])} p99 {_ms(reasoning['latency_p99_ms'])} ms | kv {reasoning['kv_policy']} {reasoning['kv_tokens']} tokens, "
+        f"{reasoning['kv_bytes']} B (+{reasoning['memory_state_bytes']} B state) | ")
+    publishing = "" if publisher["state"] == "active" else f"publisher {publisher['state']}, "
     return (f"in {camera['input_fps']:.1f} fps, dropped {camera['dropped']} (+{camera['buffer_overwritten_unread']} "
-            f"unread) | actions {reasoning['actions']}, refused {reasoning['refused']}, stale {reasoning['stale']}, "
-            f"missed {reasoning['missed']}, invalid {reasoning['invalid_outputs']}, latency p50 {_ms(reasoning['latency_p50_ms'])} p99 "
-            f"{_ms(reasoning['latency_p99_ms'])} ms | kv {reasoning['kv_policy']} {reasoning['kv_tokens']} tokens, "
-            f"{reasoning['kv_bytes']} B (+{reasoning['memory_state_bytes']} B state) | "
-            f"published {publisher['published']}, safe stops {publisher['safe_stops']}" + (f" | {sim}" if sim else ""))
+            f"unread) | {state}{thinking}{publishing}published {publisher['published']}, safe stops "
+            f"{publisher['safe_stops']}" + (f" | {sim}" if sim else ""))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -46,8 +52,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                 pipeline.camera.figures(), pipeline.reasoning.figures(), pipeline.publisher.figures(),
                 f"sim {pipeline.sim.successes}/{pipeline.sim.episodes} reached" if pipeline.sim else ""), flush=True),
                 stop=args.stop)
+            reports = {node: node.report() for node in (pipeline.camera, pipeline.reasoning, pipeline.publisher)}
             pipeline.stop()  # the robot's explicit stop is part of the summary
-            summary = _summary(args, pipeline)
+            summary = _summary(args, pipeline, reports)
         finally:
             pipeline.shutdown()
     print("summary: " + json.dumps(summary, indent=2))
@@ -58,15 +65,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _banner(args: argparse.Namespace, settings: Settings, pipeline) -> str:
     """What runs, from where, on what."""
-    engine = pipeline.reasoning.engine
+    engine, loaded = pipeline.reasoning.engine, pipeline.reasoning.loaded
     source = (f" (simulated robot, {args.sim})" if args.sim else
               f" (synthetic, {args.camera_rate_hz:.0f} Hz)" if args.image_topic is None else "")
-    lines = [f"vla-edge run: {settings['reasoning']['model_dir']} on {pipeline.plan.backend}, camera "
+    lines = [f"vla-edge run: {settings['reasoning']['model_dir']} on {loaded.plan.backend}, camera "
              f"{settings['camera_subscriber']['image_topic']}{source}, deadline "
              f"{settings['reasoning']['deadline_ms']:.1f} ms, commands on {settings['action_publisher']['command_topic']}"
              f" ({settings['action_publisher']['command_type']}), KV arena {engine.arena.capacity} tokens, "
              f"memory policy {engine.policy.name}"]
-    loaded = pipeline.loaded
     if loaded.store is not None:
         lines.append(f"KV store {loaded.store.directory} ({'aes-256-gcm' if loaded.store.encrypted else 'PLAIN'}): "
                      f"prompt {'loaded from the store' if loaded.prompt_from_store else 'prefilled'}, episode memory "
@@ -74,11 +80,11 @@ def _banner(args: argparse.Namespace, settings: Settings, pipeline) -> str:
     return "\n".join(lines)
 
 
-def _summary(args: argparse.Namespace, pipeline) -> dict:
-    """Each node's final level, message and figures (and the simulated robot's episodes)."""
+def _summary(args: argparse.Namespace, pipeline, reports: dict) -> dict:
+    """Each node's level and message as the run ended (``reports``, taken before the nodes were deactivated),
+    and its figures after the stop (and the simulated robot's episodes)."""
     summary = {node.get_name(): {"level": int.from_bytes(report.level, "little"), "message": report.message,
-                                 **node.figures()}
-               for node, report in ((n, n.report()) for n in (pipeline.camera, pipeline.reasoning, pipeline.publisher))}
+                                 **node.figures()} for node, report in reports.items()}
     if pipeline.sim is not None:
         sim = pipeline.sim
         summary["sim_world"] = {"task": args.sim, "episodes": sim.episodes, "successes": sim.successes,

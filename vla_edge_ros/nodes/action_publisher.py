@@ -6,19 +6,27 @@ regardless, and ActionOutput decides each tick between the clipped action and a 
 control timer runs on the steady clock, like the slot's timestamps: a paused or missing /clock under
 ``use_sim_time`` must not stop the watchdog. Message stamps come from the node clock, so they follow
 sim time when it is used.
+
+A managed node (``managed_node.py``), because a robot must never be driven by a node that is not
+active: configure builds the command mapping and a lifecycle publisher on ``command_topic``, activate
+starts the control timer, deactivate stops it and sends one explicit stop (the safe stop of the
+command type), after which the node publishes nothing until it is activated again; cleanup waits up
+to ACK_WAIT_S for reliable subscribers to acknowledge what was sent, then removes the publisher. The
+publisher is a lifecycle publisher, so even a stray call could not command the robot while inactive.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from diagnostic_msgs.msg import DiagnosticStatus
 from geometry_msgs.msg import Twist
 from rclpy.clock import Clock, ClockType
 from rclpy.duration import Duration
-from rclpy.node import Node
+from rclpy.lifecycle import LifecyclePublisher
 from rclpy.timer import Timer
 from std_msgs.msg import Float32MultiArray, MultiArrayDimension
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
@@ -28,28 +36,30 @@ from ..runtime.action_output import ActionOutput, Command, Outcome, check_fits_a
 from ..runtime.action_slot import ActionSlot
 from ..runtime.event_window import EventWindow
 from .diagnostics import ERROR, OK, WARN, DiagnosticsTimer, status
+from .managed_node import ManagedNode
 from .parameters import NodeParameters
 
 RATE_WINDOW_S = 2.0  # the control timer's achieved rate is measured over this window
 RATE_WARN_SHARE = 0.9  # diagnostics WARN below this share of control_rate_hz
 MESSAGE_TYPES = {"twist": Twist, "float32_multi_array": Float32MultiArray, "joint_trajectory": JointTrajectory}
+ACK_WAIT_S = 1.0  # cleanup waits this long at most for reliable subscribers to acknowledge the last commands
 
 
-class ActionPublisher(Node):
-    """Publishes the command of ``slot``'s newest action on ``command_topic``; see the module doc."""
+class ActionPublisher(ManagedNode):
+    """Publishes the command of ``slot``'s newest action on ``command_topic`` while active; see the module doc."""
 
-    def __init__(self, slot: ActionSlot, settings: dict[str, Any], *, dof: int | None = None,
+    def __init__(self, slot: ActionSlot, settings: dict[str, Any], *, dof: Callable[[], int | None] | None = None,
                  **node_kwargs: Any) -> None:
-        """``dof``: the action's dimensions (the engine's), so limits and mappings are checked against it at
-        start and on every change; None when the node runs without knowing its engine."""
+        """``dof``: the dimensions of the action the slot will hold (the engine's; None while no engine is
+        loaded), so limits and mappings are checked against it at configure and on every change; None when
+        the node runs without knowing its engine."""
         super().__init__("action_publisher", **node_kwargs)
         self._slot = slot
         self._dof = dof
         self._params = NodeParameters(self, "action_publisher", settings)
         self._knobs = OutputKnobs.of(self._params.snapshot())  # replaced whole on a live change
-        self._output = ActionOutput(self._knobs, dof)
-        self._publisher = self.create_publisher(MESSAGE_TYPES[self._output.command_type],
-                                                self._params["command_topic"], 10)
+        self._output: ActionOutput | None = None  # from configure to cleanup
+        self._publisher: LifecyclePublisher | None = None
         self._counts = {"published": 0, "fresh": 0, "safe_stops": 0, "stale": 0, "no_action": 0,
                         "config_errors": 0, "invalid_actions": 0, "shutdown_stops": 0}
         self._last: Command | None = None  # the previous tick's decision
@@ -59,10 +69,49 @@ class ActionPublisher(Node):
 
         self._steady = Clock(clock_type=ClockType.STEADY_TIME)
         self._timer_lock = threading.Lock()
-        self._timer: Timer | None = None
-        self._start_timer()
+        self._timer: Timer | None = None  # exists only while active
         self._params.validate_with(self._check_output)
         self._params.on_change(self._on_change)
+
+    def _action_dof(self) -> int | None:
+        return None if self._dof is None else self._dof()
+
+    def _configure(self) -> None:
+        knobs = OutputKnobs.of(self._params.snapshot())
+        self._output = ActionOutput(knobs, self._action_dof())
+        self._knobs = knobs
+        self._publisher = self.create_lifecycle_publisher(MESSAGE_TYPES[knobs.command_type],
+                                                          self._params["command_topic"], 10)
+
+    def _activate(self) -> None:
+        self._ticks = EventWindow(RATE_WINDOW_S)
+        self._last = None  # the first tick's decision is logged, whatever the last one before was
+        self._start_timer()
+        self.get_logger().info(f"active: commanding {self._publisher.topic_name} at "
+                               f"{self._params['control_rate_hz']:g} Hz")
+
+    def _deactivate(self) -> None:
+        with self._timer_lock:
+            timer, self._timer = self._timer, None
+        if timer is None:  # not commanding: there is nothing to stop
+            return
+        self.destroy_timer(timer)
+        command = self._output.stop(self._slot.latest())
+        if command.values is None:  # a trajectory robot that was never commanded: nothing to hold
+            self.get_logger().info("deactivated: no joint positions were ever commanded, no stop to send")
+            return
+        self._publisher.publish(self._message(command.values))
+        self._counts["published"] += 1
+        self._count(command)
+        self._last = command
+        self.get_logger().info(f"deactivated: sent an explicit stop ({self._output.command_type}); no commands "
+                               "until activated")
+
+    def _cleanup(self) -> None:
+        if self._publisher is not None:  # a base without its own command timeout must get that stop
+            self._publisher.wait_for_all_acked(Duration(nanoseconds=int(ACK_WAIT_S * 1e9)))
+            self.destroy_lifecycle_publisher(self._publisher)
+        self._publisher = self._output = None
 
     def _start_timer(self) -> None:
         """(Re)create the control timer at the current control_rate_hz."""
@@ -74,12 +123,13 @@ class ActionPublisher(Node):
     def _check_output(self, values: dict[str, Any]) -> None:
         """Refuse a change the command knobs cannot take together (min above max) or with this action."""
         knobs = OutputKnobs.of(values)
-        if self._dof is not None:
-            check_fits_action(knobs, self._dof)
+        dof = self._action_dof()
+        if dof is not None:
+            check_fits_action(knobs, dof)
 
     def _on_change(self, changed: dict[str, Any]) -> None:
         self._knobs = OutputKnobs.of(self._params.snapshot())  # read whole by the next tick
-        if "control_rate_hz" in changed:
+        if "control_rate_hz" in changed and self._timer is not None:
             self._ticks = EventWindow(RATE_WINDOW_S)
             self._start_timer()
             self.get_logger().info(f"control rate now {changed['control_rate_hz']:g} Hz")
@@ -95,21 +145,6 @@ class ActionPublisher(Node):
         self._count(command)
         self._log_change(command, timeout_ms)
         self._last, self._last_timeout_ms = command, timeout_ms
-
-    def publish_stop(self, ack_timeout_s: float = 1.0) -> None:
-        """Publish one explicit stop command (the node is going down; its timer no longer runs) and give the
-        transport up to ``ack_timeout_s`` to deliver it, so a base without its own command timeout stops."""
-        command = self._output.stop(self._slot.latest())
-        if command.values is None:  # a trajectory robot that was never commanded: nothing to hold
-            self.get_logger().info("going down: no joint positions were ever commanded, no stop to send")
-            return
-        self._publisher.publish(self._message(command.values))
-        self._counts["published"] += 1
-        self._count(command)
-        self._last = command
-        if hasattr(self._publisher, "wait_for_all_acked"):  # Galactic+: reliable readers acknowledged it
-            self._publisher.wait_for_all_acked(Duration(nanoseconds=int(ack_timeout_s * 1e9)))
-        self.get_logger().info(f"going down: sent an explicit stop ({self._output.command_type})")
 
     def _message(self, values: tuple[float, ...]) -> Twist | Float32MultiArray | JointTrajectory:
         kind = self._output.command_type
@@ -153,16 +188,21 @@ class ActionPublisher(Node):
         if command.outcome is Outcome.STALE:
             return f"action is {command.age_ms:.1f} ms old (timeout {timeout_ms:g} ms)"
         if command.outcome is Outcome.NONE:
-            return "no action yet"
+            return "no action from reasoning (none yet, or reasoning is not active)"
         if command.outcome is Outcome.CONFIG_ERROR:
             return f"configuration error: {command.error}"
         return command.error or command.outcome.value
 
     def report(self, now_ns: int | None = None) -> DiagnosticStatus:
-        """ERROR while the robot gets safe stops; WARN when the control timer runs below RATE_WARN_SHARE of
-        control_rate_hz (the robot then gets commands less often than configured); else OK."""
+        """While active: ERROR while the robot gets safe stops; WARN when the control timer runs below
+        RATE_WARN_SHARE of control_rate_hz (the robot then gets commands less often than configured); else OK.
+        In any other state the robot gets no commands from this node, and the status says so: OK, or ERROR
+        with the reason after a failed transition."""
         now = time.monotonic_ns() if now_ns is None else now_ns
         figures = self.figures(now)
+        if self.state != "active":
+            message = f"{self.state}: publishing no commands" + (f"; {self.failure}" if self.failure else "")
+            return status(self, ERROR if self.failure else OK, message, figures)
         command = self._last or Command(Outcome.NONE, None, None)
         problems, level = [], OK
         if command.safe_stop:
@@ -176,9 +216,9 @@ class ActionPublisher(Node):
         return status(self, level, "; ".join(problems) or "commanding fresh actions", figures)
 
     def figures(self, now_ns: int | None = None) -> dict[str, object]:
-        """The node's counters as plain values: what was published, and why each tick was what it was."""
+        """The node's state and counters as plain values: what was published, and why each tick was what it was."""
         now_ns = time.monotonic_ns() if now_ns is None else now_ns
         command = self._last or Command(Outcome.NONE, None, None)
-        return {**self._counts, "last_action_age_ms": "none" if command.age_ms is None else float(command.age_ms),
-                "command_type": self._output.command_type,
-                "achieved_rate_hz": self._ticks.rate_hz("tick", now_ns)}
+        return {"state": self.state, **self._counts,
+                "last_action_age_ms": "none" if command.age_ms is None else float(command.age_ms),
+                "command_type": self._knobs.command_type, "achieved_rate_hz": self._ticks.rate_hz("tick", now_ns)}

@@ -2,13 +2,24 @@
 
 rclpy has no intra-process transport, so the camera and reasoning nodes share the frame buffer (and
 reasoning and the publisher share the action slot) as plain objects in one process. The reasoning
-loop runs on its own thread; every ROS callback (image decode, publisher timer, diagnostics) runs on
-one SingleThreadedExecutor. Measured here, rclpy's MultiThreadedExecutor busy-waits while a
-mutually exclusive callback group is busy and holds the GIL while doing so: on a 2-core machine it
-starved the reasoning thread (about 1 run in 4 fell to ~2 actions per second). The callbacks take
-well under a millisecond each, so one executor thread is enough. Started by `ros2 run vla_edge_ros
-bringup --config FILE` (what the launch file does) or by `vla-edge run`, which can add a synthetic
-camera publishing over DDS like a real driver, or the 2-D world as a simulated robot (closed loop).
+loop runs on its own thread; every ROS callback (image decode, publisher timer, diagnostics, lifecycle
+and parameter services) runs on one SingleThreadedExecutor. Measured here, rclpy's
+MultiThreadedExecutor busy-waits while a mutually exclusive callback group is busy and holds the GIL
+while doing so: on a 2-core machine it starved the reasoning thread (about 1 run in 4 fell to ~2
+actions per second). The callbacks take well under a millisecond each, so one executor thread is
+enough. Started by `ros2 run vla_edge_ros bringup --config FILE` (what the launch file does) or by
+`vla-edge run`, which can add a synthetic camera publishing over DDS like a real driver, or the 2-D
+world as a simulated robot (closed loop).
+
+Reasoning and the action publisher are managed (lifecycle) nodes, so a robot's bringup can hold them
+loaded but idle and re-activate them after a fault without restarting the process; the camera
+subscriber stays a plain node: it commands nothing, keeps the buffer on the newest frame (so an
+activated reasoning acts on the current view at once) and keeps telling on /diagnostics whether the
+camera is alive while the robot is idle. The process brings the managed nodes to ``start_state``
+(active by default): configure both, then activate reasoning and the publisher, in that order. Going
+down runs the other way: deactivate the publisher first, so that the robot's explicit stop is the
+first thing that happens, then reasoning (which may still save the episode memory), then shut both
+down (the publisher waits at most a second for reliable subscribers to acknowledge the stop).
 """
 
 from __future__ import annotations
@@ -27,14 +38,17 @@ from rclpy.parameter import Parameter
 from ..config import USER_ERRORS, Settings, load_settings
 from ..runtime.action_slot import ActionSlot
 from ..runtime.frame_buffer import FrameBuffer
-from ..runtime.loader import load_engine
 from ..runtime.stop_signals import StopSignals
 from .action_publisher import ActionPublisher
 from .camera_subscriber import CameraSubscriber
+from .managed_node import TransitionError
 from .reasoning import ReasoningNode
 from .ros_session import ros_session
 from .sim_world import SimWorldNode
 from .synthetic_camera import SyntheticCameraPublisher
+
+START_STATES = ("active", "inactive", "unconfigured")
+"""Where the process takes the managed nodes at start: acting, loaded but idle, or waiting for a lifecycle manager."""
 
 
 class Pipeline:
@@ -42,19 +56,20 @@ class Pipeline:
 
     def __init__(self, settings: Settings, *, context: Context | None = None, namespace: str | None = None,
                  synthetic_camera: bool = False, camera_rate_hz: float = 30.0, use_sim_time: bool = False,
-                 sim_task: str | None = None) -> None:
-        """``namespace`` (else the one ``--ros-args -r __ns:=`` gives) holds every node and relative topic."""
-        self.loaded = load_engine(settings)  # refuses an over-budget config before any node exists
-        engine, self.plan = self.loaded.engine, self.loaded.plan
+                 sim_task: str | None = None, start_state: str = "active") -> None:
+        """``namespace`` (else the one ``--ros-args -r __ns:=`` gives) holds every node and relative topic. A
+        configure that fails at start (a bad model, a plan over budget) raises TransitionError, with no node left."""
+        if start_state not in START_STATES:
+            raise ValueError(f"start state must be one of {', '.join(START_STATES)}, got {start_state!r}")
         where = {"context": context} if namespace is None else {"context": context, "namespace": namespace}
         camera = settings["camera_subscriber"]
         self.buffer = FrameBuffer(camera["frame_height"], camera["frame_width"])
         self.slot = ActionSlot()
         self.camera = CameraSubscriber(self.buffer, camera, **where)
-        self.reasoning = ReasoningNode(engine, self.buffer, self.slot, settings["reasoning"], store=self.loaded.store,
-                                       **where)
-        self.publisher = ActionPublisher(self.slot, settings["action_publisher"], dof=engine.config.action.dof,
+        self.reasoning = ReasoningNode(self.buffer, self.slot, settings, **where)
+        self.publisher = ActionPublisher(self.slot, settings["action_publisher"], dof=self.reasoning.action_dof,
                                          **where)
+        self.managed = (self.reasoning, self.publisher)  # bringup order; going down runs the other way
         self.nodes = [self.camera, self.reasoning, self.publisher]
         if synthetic_camera:
             self.nodes.append(SyntheticCameraPublisher(
@@ -70,15 +85,21 @@ class Pipeline:
         if use_sim_time:  # stamps and the publisher's watchdog follow /clock (a bag played with --clock)
             for node in self.nodes:
                 node.set_parameters([Parameter("use_sim_time", Parameter.Type.BOOL, True)])
-        self._stopped = False
         self.executor = SingleThreadedExecutor(context=context)
         for node in self.nodes:
             self.executor.add_node(node)
+        try:
+            for label in {"unconfigured": (), "inactive": ("configure",),
+                          "active": ("configure", "activate")}[start_state]:
+                for node in self.managed:
+                    node.transition(label)
+        except BaseException:  # a failed transition, or a signal during one: nothing stays up
+            self.shutdown()
+            raise
 
     def run(self, duration_s: float | None = None, every_second: Callable[[], None] | None = None,
             stop: StopSignals | None = None) -> None:
         """Spin until ``duration_s`` has passed, ``stop`` reports SIGINT or SIGTERM, or the context shuts down."""
-        self.reasoning.start()
         start = last = time.monotonic()
         if stop is not None:
             stop.running = True
@@ -104,17 +125,30 @@ class Pipeline:
                 stop.running = False
 
     def stop(self) -> None:
-        """Stop reasoning and send the robot one explicit stop command (once; the nodes stay up)."""
-        if self._stopped:
-            return
-        self._stopped = True
-        self.reasoning.stop()
-        if self.executor.context.ok():
-            self.publisher.publish_stop()
+        """Deactivate whichever managed node is active, the publisher first: the robot gets one explicit stop,
+        then reasoning stops (the nodes stay up, inactive)."""
+        self._transition_all("deactivate", ("active",))
 
     def shutdown(self) -> None:
-        """``stop``, then take the nodes down."""
+        """``stop``, shut the managed nodes down (reasoning frees its engine; the publisher waits for the stop
+        to be acknowledged), then take every node down."""
         self.stop()
+        self._transition_all("shutdown", ("inactive", "unconfigured"))
+        self._destroy()
+
+    def _transition_all(self, label: str, states: tuple[str, ...]) -> None:
+        """Take every managed node in one of ``states`` through ``label``, in going-down order; a failure is
+        logged and the others still go (a node that cannot stop must not keep the robot's stop from going out)."""
+        if not self.executor.context.ok():  # nothing can be published any more, not even a stop
+            return
+        for node in reversed(self.managed):
+            if node.state in states:
+                try:
+                    node.transition(label)
+                except TransitionError as exc:
+                    node.get_logger().error(f"going down: {label} failed: {exc}")
+
+    def _destroy(self) -> None:
         self.executor.shutdown()
         for node in self.nodes:
             node.destroy_node()
@@ -125,11 +159,14 @@ def run(args_with_ros: list[str], stop: StopSignals) -> int:
     one line on stderr and exit code 2 (the launch file's on_exit then ends the launch)."""
     parser = argparse.ArgumentParser(prog="bringup", description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, help="vla_edge_ros YAML config (default: built-in defaults)")
+    parser.add_argument("--start-state", choices=START_STATES, default="active",
+                        help="where the managed nodes (reasoning, action_publisher) start: active (default), inactive "
+                             "(model loaded, no commands) or unconfigured (for a lifecycle manager)")
     args = parser.parse_args(rclpy.utilities.remove_ros_args(args_with_ros)[1:])
     try:
         settings = load_settings(args.config)
         with ros_session(args_with_ros):
-            pipeline = Pipeline(settings)
+            pipeline = Pipeline(settings, start_state=args.start_state)
             try:
                 pipeline.run(stop=stop)
             finally:

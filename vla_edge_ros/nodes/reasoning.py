@@ -5,87 +5,134 @@ camera callback or the publisher timer. It always takes the newest frame from th
 backlog), asks the gate before every block, and on a refusal simply goes back to the buffer: the
 action publisher keeps serving the last action until it goes stale.
 
+A managed node (``managed_node.py``): configure loads the engine with ``runtime/loader.load_engine``
+from the node's parameters as they are then (plan the memory and refuse what exceeds the budget, load
+the model, open the KV store, prefill or load the pinned prompt, restore the episode memory); activate
+starts the reasoning thread; deactivate stops it, withdraws the last action from the slot, so an
+active publisher commands a stop from its next tick rather than an answer to an old frame, and saves
+the episode memory when the store is configured to; cleanup drops the engine, and the memory it held
+with it. A failed configure leaves the node unconfigured with the reason (``ManagedNode.failure``).
+
 Live changes reach the engine between cycles, on the reasoning thread: gate knobs at once, memory
 policy knobs (``kv.*``) at the start of the next cycle, and a new ``kv.policy`` at the next episode,
 which the ``~/reset_episode`` service (std_srvs/Trigger) starts: the cache restarts from the pinned
-prompt under the configured policy.
+prompt under the configured policy. While unconfigured a change is only kept, for the next configure.
 
-With a KV store configured (``kv_store.dir``), ``~/save_memory`` (std_srvs/Trigger) and shutdown
+With a KV store configured (``kv_store.dir``), ``~/save_memory`` (std_srvs/Trigger) and deactivate
 save the episode memory; the save runs on the reasoning thread between cycles, and the service
 answers once it is on disk (or with the reason it is not).
 """
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from typing import Any
 
-from rclpy.node import Node
 from std_srvs.srv import Trigger
 
-from ..config import DiagnosticsKnobs, GateKnobs, MemoryKnobs
+from ..config import DiagnosticsKnobs, GateKnobs, MemoryKnobs, Settings
 from ..engine.vla_engine import VlaEngine
 from ..kv_store import BlockStore, load_or_prefill_prompt, save_memory
 from ..memory import build_policy, check_knobs
 from ..runtime.action_slot import ActionSlot
 from ..runtime.admission import AdmissionGate
 from ..runtime.frame_buffer import Frame, FrameBuffer
+from ..runtime.loader import LoadedEngine, load_engine
 from ..runtime.reasoner import Reasoner
 from ..runtime.reasoning_health import Level, ReasoningHealth, outcome_of
 from .diagnostics import ERROR, OK, WARN, DiagnosticStatus, DiagnosticsTimer, status
+from .managed_node import ManagedNode
 from .parameters import NodeParameters
 
 _IDLE_S = 0.0005  # how long the loop sleeps when no new frame has arrived
 LEVELS = {Level.OK: OK, Level.WARN: WARN, Level.ERROR: ERROR}
 _SAVE_WAIT_S = 5.0  # how long ~/save_memory waits for the reasoning thread to write the block
+_JOIN_S = 5.0  # how long deactivate waits for the cycle in progress to end
 
 
-class ReasoningNode(Node):
-    def __init__(self, engine: VlaEngine, buffer: FrameBuffer, slot: ActionSlot, settings: dict[str, Any],
-                 *, store: BlockStore | None = None, **node_kwargs: Any) -> None:
+class ReasoningNode(ManagedNode):
+    """Turns the buffer's newest frame into the slot's action while active; see the module doc."""
+
+    def __init__(self, buffer: FrameBuffer, slot: ActionSlot, settings: Settings, **node_kwargs: Any) -> None:
+        """``settings``: the whole configuration; its reasoning section declares the parameters, and configure
+        loads the engine from those parameters' values (the other sections as given, so the loader can check
+        that the commands fit the model's action)."""
         super().__init__("reasoning", **node_kwargs)
-        self.engine = engine
         self.buffer = buffer
         self.slot = slot
-        self.params = NodeParameters(self, "reasoning", settings)
-        self.gate = AdmissionGate.from_settings(self.params.snapshot())
-        self.reasoner = Reasoner(engine, self.gate)
+        self._settings = settings
+        self.params = NodeParameters(self, "reasoning", settings["reasoning"])
         self.params.validate_with(self._check_memory_knobs, prefix="kv.")
         self.params.on_change(self._reconfigure)
+        self.health = ReasoningHealth(DiagnosticsKnobs.of(self.params.snapshot()))
+        # from configure to cleanup:
+        self.loaded: LoadedEngine | None = None
+        self.engine: VlaEngine | None = None
+        self.store: BlockStore | None = None
+        self.gate: AdmissionGate | None = None
+        self.reasoner: Reasoner | None = None
         self._pending_lock = threading.Lock()
         self._pending_knobs: MemoryKnobs | None = None
         self._reset_requested = False
-        self.episodes = 1
-        self.create_service(Trigger, "~/reset_episode", self._on_reset_episode)
-        self.store = store
-        if store is not None:
-            store.log = self.get_logger().warning
-            self.create_service(Trigger, "~/save_memory", self._on_save_memory)
         self._save_requests: list[tuple[threading.Event, list[str]]] = []
+        self._zero_counters()
+        self._stop = threading.Event()  # one per activation: a thread that outlived its deactivate stays stopped
+        self._thread: threading.Thread | None = None  # alive while active
+        self.create_service(Trigger, "~/reset_episode", self._on_reset_episode)
+        self.create_service(Trigger, "~/save_memory", self._on_save_memory)
+        self._diagnostics = DiagnosticsTimer(self, self.report)
+
+    def _zero_counters(self) -> None:
+        """Counters of one configuration (one engine, one gate): they start again at each configure."""
+        self.episodes = 1
         self.memory_saves = 0
         self.cycles = 0
         self.actions = 0
         self.engine_errors = 0
         self.invalid_outputs = 0
-        self.health = ReasoningHealth(DiagnosticsKnobs.of(self.params.snapshot()))
+
+    def action_dof(self) -> int | None:
+        """The loaded model's action dimensions; None while no model is loaded."""
+        return None if self.engine is None else self.engine.config.action.dof
+
+    def _configure(self) -> None:
+        settings = self._settings.replace("reasoning", self.params.snapshot())
+        loaded = load_engine(settings)  # refuses an over-budget plan or a bad model before anything is built
+        values = settings["reasoning"]
+        self.loaded, self.engine, self.store = loaded, loaded.engine, loaded.store
+        if self.store is not None:
+            self.store.log = self.get_logger().warning
+        self.gate = AdmissionGate.from_settings(values)
+        self.reasoner = Reasoner(self.engine, self.gate)
+        with self._pending_lock:  # what was asked of the previous engine does not carry over
+            self._pending_knobs, self._reset_requested = None, False
+        self._zero_counters()
+        self.get_logger().info(f"configured: {values['model_dir']} on {loaded.plan.backend}, KV arena "
+                               f"{self.engine.arena.capacity} tokens, memory policy {self.engine.policy.name}")
+
+    def _activate(self) -> None:
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="reasoning", daemon=True)
-        self._diagnostics = DiagnosticsTimer(self, self.report)
+        self._thread = threading.Thread(target=self._loop, args=(self._stop,), name="reasoning", daemon=True)
+        self._thread.start()
 
-    def start(self) -> None:
-        """Start the reasoning thread (again calling it is harmless)."""
-        if not self._thread.is_alive() and not self._stop.is_set():
-            self._thread.start()
-
-    def stop(self) -> None:
-        """Stop the reasoning thread, then save the episode memory when the store is configured to."""
+    def _deactivate(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5.0)
-        if self.store is not None and self.params["kv_store.memory"] and not self._thread.is_alive():
+        thread.join(timeout=_JOIN_S)
+        self.slot.clear()  # after the thread's last put: the publisher commands a stop, not our last answer
+        if thread.is_alive():
+            raise RuntimeError(f"the reasoning thread did not end its cycle within {_JOIN_S:g} s")
+        if self.store is not None and self.params["kv_store.memory"]:
             _, message = self._save_memory()
-            self.get_logger().info(f"on shutdown: {message}")
+            self.get_logger().info(f"deactivated: {message}")
+
+    def _cleanup(self) -> None:
+        self.loaded = self.engine = self.store = self.gate = self.reasoner = None
+        gc.collect()  # the engine's weights and KV (host or device) go now, not at some later collection
 
     def _save_memory(self) -> tuple[bool, str]:
         """Write the episode memory to the store (reasoning thread or stopped node only): (saved, one line)."""
@@ -98,8 +145,13 @@ class ReasoningNode(Node):
         return True, f"episode memory saved ({written} bytes, policy {self.engine.policy.name})"
 
     def _on_save_memory(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        if self.engine is None or self.store is None:
+            response.success = False
+            response.message = ("no model loaded: the node is unconfigured" if self.engine is None else
+                                "no KV store is configured (kv_store.dir is empty)")
+            return response
         done, outcome = threading.Event(), []
-        if self._thread.is_alive():
+        if self._thread is not None:
             with self._pending_lock:
                 self._save_requests.append((done, outcome))
             done.wait(_SAVE_WAIT_S)
@@ -111,20 +163,29 @@ class ReasoningNode(Node):
 
     def _check_memory_knobs(self, values: dict[str, Any]) -> None:
         """Reject kv.* values a policy would refuse here (e.g. a protected window as large as the arena),
-        whichever policy runs: it is checked against this engine's site, no policy is built."""
-        check_knobs(MemoryKnobs.of(values), self.engine.memory_site())
+        whichever policy runs: it is checked against this engine's site, no policy is built. Without an
+        engine, configure checks them (the loader does, against the arena it plans)."""
+        engine = self.engine
+        if engine is not None:
+            check_knobs(MemoryKnobs.of(values), engine.memory_site())
 
     def _reconfigure(self, changed: dict[str, Any]) -> None:
         values = self.params.snapshot()
-        if any(name in GateKnobs.keys() for name in changed):
-            self.gate.configure(GateKnobs.of(values))
         if any(name in DiagnosticsKnobs.keys() for name in changed):
             self.health.configure(DiagnosticsKnobs.of(values))
+        if self.gate is None:  # unconfigured: configure reads the values as they then are
+            return
+        if any(name in GateKnobs.keys() for name in changed):
+            self.gate.configure(GateKnobs.of(values))
         if any(name.startswith("kv.") and name != "kv.policy" for name in changed):
             with self._pending_lock:
                 self._pending_knobs = MemoryKnobs.of(values)
 
     def _on_reset_episode(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        if self.engine is None:
+            response.success = False
+            response.message = "no model loaded: the node is unconfigured (configure starts a new episode)"
+            return response
         with self._pending_lock:
             self._reset_requested = True
         response.success = True
@@ -153,21 +214,21 @@ class ReasoningNode(Node):
         if knobs is not None:
             self.engine.policy.configure(knobs)
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
+    def _loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
             self._apply_pending()
             frame = self.buffer.read_latest()
             if frame is None:
                 time.sleep(_IDLE_S)
                 continue
             try:
-                self._cycle(frame)
+                self._cycle(frame, stop)
             except Exception as exc:  # one bad cycle must not stop the robot's reasoning
                 self.engine_errors += 1
                 self.health.record("failed", time.monotonic_ns())
                 self.get_logger().error(f"reasoning cycle failed, frame skipped: {exc!r}", throttle_duration_sec=5.0)
 
-    def _cycle(self, frame: Frame) -> None:
+    def _cycle(self, frame: Frame, stop: threading.Event) -> None:
         self.cycles += 1
         result = self.reasoner.cycle(frame.image, frame.receive_ns)
         self.health.record(outcome_of(result), time.monotonic_ns())
@@ -176,23 +237,34 @@ class ReasoningNode(Node):
             self.get_logger().error(f"no action from this frame: {result.invalid}", throttle_duration_sec=5.0)
         if result.action is None:
             return
+        if stop.is_set():  # deactivating: the slot is about to be cleared, and must stay so
+            return
         self.slot.put(result.action, result.ready_ns, frame.stamp_ns)
         self.actions += 1
 
     def report(self) -> DiagnosticStatus:
-        """This node's diagnostic status: what the robot is getting over the recent window, and why not
-        (``runtime/reasoning_health.py``), with ``figures()`` as its values."""
+        """This node's diagnostic status: while active, what the robot is getting over the recent window, and
+        why not (``runtime/reasoning_health.py``), with ``figures()`` as its values; otherwise the state, OK,
+        or ERROR with the reason after a failed transition (a configure that could not load the model)."""
+        state = self.state
+        if state != "active":
+            doing = {"unconfigured": "no model loaded", "inactive": "model loaded, not reasoning"}.get(state, state)
+            message = f"{state}: {doing}, no actions" + (f"; {self.failure}" if self.failure else "")
+            return status(self, ERROR if self.failure else OK, message, self.figures())
         health = self.health.judge(time.monotonic_ns(), self.gate.snapshot())
         figures = {**self.figures(), **{f"{outcome}_share": share for outcome, share in health.shares.items()}}
         return status(self, LEVELS[health.level], health.message, figures)
 
     def figures(self) -> dict[str, Any]:
-        """The node's counters and measurements as plain values (diagnostics, status line, run summary)."""
+        """The node's state, counters and measurements as plain values (diagnostics, status line, run summary);
+        only the state while no engine is loaded."""
+        if self.engine is None:
+            return {"state": self.state}
         stats = self.gate.snapshot()
         latency = stats.latency
         memory = self.engine.memory_stats()
         return {
-            "cycles": self.cycles, "actions": self.actions, "refused": stats.refused, "stale": stats.stale,
+            "state": self.state, "cycles": self.cycles, "actions": self.actions, "refused": stats.refused, "stale": stats.stale,
             "probes": stats.kinds["cycle"].probes, "recoveries": stats.kinds["cycle"].recoveries,
             "missed": stats.missed, "invalid_outputs": self.invalid_outputs, "engine_errors": self.engine_errors,
             "latency_p50_ms": latency.p50_ms, "latency_p99_ms": latency.p99_ms,

@@ -32,3 +32,8 @@ class ActionSlot:
 
     def latest(self) -> TimedAction | None:
         return self._latest
+
+    def clear(self) -> None:
+        """Withdraw the newest action (reasoning stopped): the publisher commands a stop, not the answer to an
+        old frame, which would stay fresh for up to ``action_timeout_ms``."""
+        self._latest = None
