@@ -214,3 +214,54 @@ def test_the_launch_ends_when_bringup_cannot_start(prefix, tmp_path):
         process.kill()
     assert f"bringup: error: model directory {tmp_path / 'no_such_model'} does not exist" in out, out[-3000:]
     assert process.returncode != 0 and "Traceback" not in out
+
+
+def _patient_config(tmp_path: Path) -> Path:
+    """The shipped defaults with the longest deadline and action timeout: on a busy machine a 33 ms gate refuses
+    every cycle and the robot, rightly, never moves; these tests are about who commands it when."""
+    config = tmp_path / "robot.yaml"
+    config.write_text("reasoning:\n  ros__parameters:\n    deadline_ms: 1000.0\n"
+                      "action_publisher:\n  ros__parameters:\n    action_timeout_ms: 60000.0\n")
+    return config
+
+
+@pytest.mark.ros
+@needs_launch
+def test_the_launch_can_leave_the_managed_nodes_inactive_until_ros2_lifecycle_activates_them(prefix, graph, tmp_path):
+    """``start_state:=inactive``: the model is loaded and checked, nothing is commanded; `ros2 lifecycle set ...
+    activate` on both nodes (here the ChangeState calls it makes) starts the commands."""
+    from diagnostic_msgs.msg import DiagnosticArray
+    from geometry_msgs.msg import Twist
+    from lifecycle_msgs.msg import Transition
+    from lifecycle_msgs.srv import ChangeState, GetState
+
+    from ros_graph import call
+
+    listener, executor = graph
+    commands: list = []
+    statuses: dict[str, str] = {}
+    listener.create_subscription(Twist, "/robot1/vla/command", commands.append, 10)
+    listener.create_subscription(DiagnosticArray, "/diagnostics",
+                                 lambda m: statuses.update((s.name, s.message) for s in m.status), 10)
+    process = _launch(prefix, tmp_path, "namespace:=robot1", "start_state:=inactive",
+                      f"config:={_patient_config(tmp_path)}")
+    output = Output(process)
+    try:
+        for node in ("reasoning", "action_publisher"):
+            client = listener.create_client(GetState, f"/robot1/{node}/get_state")
+            assert call(executor, client, GetState.Request(), 120.0).current_state.label == "inactive", \
+                output.text()[-3000:]
+        assert _spin_until(executor, lambda: statuses.get("vla_edge_ros: action_publisher", "").startswith(
+            "inactive: publishing no commands") or process.poll() is not None), output.text()[-3000:]
+        assert not commands  # a second of diagnostics, and not one command
+        for node in ("reasoning", "action_publisher"):
+            client = listener.create_client(ChangeState, f"/robot1/{node}/change_state")
+            request = ChangeState.Request(transition=Transition(label="activate"))
+            assert call(executor, client, request, 60.0).success, output.text()[-3000:]
+        assert _spin_until(executor, lambda: commands or process.poll() is not None), output.text()[-3000:]
+        assert process.poll() is None, output.text()[-3000:]
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0, output.text()[-3000:]
