@@ -11,15 +11,23 @@ does not fit): active by default; inactive loads and checks the model and comman
 `ros2 lifecycle set` activates them; unconfigured leaves them to a lifecycle manager.
 
 If bringup exits, the launch ends with it: cleanly after a clean exit (SIGINT), with an error and a
-non-zero code after any other (a bad config, a missing model, a crash, a kill).
+non-zero code after any other (a bad config, a missing model, a crash, a kill). On Ctrl-C, launch
+(unless run non-interactively) signals its processes nothing for sigterm_timeout (5 s), taking the
+terminal to have interrupted them already; a SIGINT that reached the launch alone (a `kill`, a
+supervisor, a test) would keep the robot driven until launch's SIGTERM. This file forwards the SIGINT
+to bringup, which takes a second one as the same request.
 """
 
 import os
+import signal
+from collections.abc import Callable
 
 from ament_index_python.packages import get_package_share_directory
-from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, Shutdown
-from launch.events.process import ProcessExited
+from launch import LaunchContext, LaunchDescription
+from launch.actions import DeclareLaunchArgument, EmitEvent, RegisterEventHandler, Shutdown
+from launch.event_handlers import OnShutdown
+from launch.events import matches_action
+from launch.events.process import ProcessExited, SignalProcess
 from launch.substitutions import LaunchConfiguration, PythonExpression
 from launch_ros.actions import Node
 
@@ -29,6 +37,15 @@ def end_with_bringup(event: ProcessExited, context) -> list:
     if event.returncode != 0:
         raise RuntimeError(f"bringup exited with code {event.returncode}")
     return [Shutdown(reason="bringup exited")]
+
+
+def forward_interrupt(bringup: Node) -> Callable[[Shutdown, LaunchContext], list]:
+    """An OnShutdown callback that sends bringup the SIGINT launch itself holds back (see the module doc)."""
+    def on_shutdown(event, context: LaunchContext) -> list:
+        if not event.due_to_sigint or context.noninteractive or bringup.process_details is None:
+            return []  # launch signals bringup itself, or there is no process (yet) to signal
+        return [EmitEvent(event=SignalProcess(signal_number=signal.SIGINT, process_matcher=matches_action(bringup)))]
+    return on_shutdown
 
 
 def generate_launch_description() -> LaunchDescription:
@@ -55,4 +72,5 @@ def generate_launch_description() -> LaunchDescription:
         DeclareLaunchArgument("start_state", default_value="active", choices=["active", "inactive", "unconfigured"],
                               description="state of the managed nodes (reasoning, action_publisher) at start"),
         bringup,
+        RegisterEventHandler(OnShutdown(on_shutdown=forward_interrupt(bringup))),
     ])

@@ -84,9 +84,11 @@ def test_an_installed_package_runs_from_its_prefix_and_finds_its_share(prefix, t
 
 
 def _launch(prefix: dict[str, str], cwd: Path, *arguments: str) -> subprocess.Popen:
-    """``vla-edge launch ARGS`` from the prefix: what README's ROS section tells a user to run."""
+    """``vla-edge launch ARGS`` from the prefix: what README's ROS section tells a user to run, in a process
+    group of its own, as a terminal's foreground job is (``os.killpg`` is that terminal's Ctrl-C)."""
     return subprocess.Popen([str(Path(prefix["prefix"]) / "lib" / "vla_edge_ros" / "vla-edge"), "launch", *arguments],
-                            cwd=cwd, env=prefix, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=cwd, env=prefix, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
 
 
 class Output:
@@ -216,6 +218,11 @@ def test_the_launch_ends_when_bringup_cannot_start(prefix, tmp_path):
     assert process.returncode != 0 and "Traceback" not in out
 
 
+def _moving(message) -> bool:
+    return any((message.linear.x, message.linear.y, message.linear.z,
+                message.angular.x, message.angular.y, message.angular.z))
+
+
 def _patient_config(tmp_path: Path) -> Path:
     """The shipped defaults with the longest deadline and action timeout: on a busy machine a 33 ms gate refuses
     every cycle and the robot, rightly, never moves; these tests are about who commands it when."""
@@ -223,6 +230,54 @@ def _patient_config(tmp_path: Path) -> Path:
     config.write_text("reasoning:\n  ros__parameters:\n    deadline_ms: 1000.0\n"
                       "action_publisher:\n  ros__parameters:\n    action_timeout_ms: 60000.0\n")
     return config
+
+
+@pytest.mark.ros
+@needs_launch
+@pytest.mark.parametrize("interrupted", ["the launch alone", "the terminal's process group"])
+def test_ctrl_c_stops_the_robot_first_and_ends_the_launch_within_its_sigterm_timeout(prefix, graph, tmp_path,
+                                                                                       interrupted):
+    """The robot's explicit stop, then a clean exit, before launch's own 5 s clock escalates to SIGTERM. A SIGINT
+    to the launch alone once reached nobody else: launch held it back from bringup, taking the terminal to have
+    sent it to every process, and the robot kept moving until SIGTERM (stop ~6 s after the interrupt). A
+    terminal's Ctrl-C reaches bringup twice (the terminal's and the forwarded one), which must not cut the
+    stop short either."""
+    from geometry_msgs.msg import Twist
+
+    from vla_edge_ros.nodes.synthetic_camera import SyntheticCameraPublisher
+
+    listener, executor = graph
+    commands: list = []
+    listener.create_subscription(Twist, "/robot1/vla/command", commands.append, 100)
+    camera = SyntheticCameraPublisher("/robot1/camera/image_raw", rate_hz=15.0, height=96, width=96,
+                                      context=listener.context)
+    executor.add_node(camera)
+    process = _launch(prefix, tmp_path, "namespace:=robot1", f"config:={_patient_config(tmp_path)}")
+    output = Output(process)
+    try:
+        assert _spin_until(executor, lambda: any(map(_moving, commands)) or process.poll() is not None), \
+            output.text()[-3000:]
+        assert process.poll() is None, output.text()[-3000:]
+        interrupted_at, before = time.monotonic(), len(commands)
+        if interrupted == "the launch alone":
+            process.send_signal(signal.SIGINT)
+        else:
+            os.killpg(process.pid, signal.SIGINT)
+        assert _spin_until(executor, lambda: process.poll() is not None, 60.0), output.text()[-3000:]
+        exit_s = time.monotonic() - interrupted_at
+        assert _spin_until(executor, lambda: not _moving(commands[-1]), 10.0)  # what was sent last is a stop
+    finally:
+        process.kill()
+        executor.remove_node(camera)
+        camera.destroy_node()
+    text = output.text()
+    assert process.returncode == 0, text[-3000:]
+    assert "escalating to 'SIGTERM'" not in text, f"exit {exit_s:.1f} s after SIGINT\n{text[-3000:]}"
+    stop_line = text.find("deactivated: sent an explicit stop (twist)")
+    assert 0 <= stop_line < text.find("process has finished cleanly"), text[-3000:]
+    after = commands[before:]
+    first_stop = next(i for i, message in enumerate(after) if not _moving(message))
+    assert not any(map(_moving, after[first_stop:])), "the robot was told to move after its stop"
 
 
 @pytest.mark.ros

@@ -71,3 +71,20 @@ def test_a_signal_while_running_only_asks_the_loop_to_stop():
         return 0 if stop.requested == "SIGINT" else 1
 
     assert run_until_interrupted("prog", body) == 0
+
+
+def test_the_same_signal_again_while_stopping_is_the_same_request_and_another_is_an_escalation(capsys):
+    """Ctrl-C reaches every process of a terminal's foreground group, and the launch file forwards it to
+    bringup as well: the second SIGINT must not cut short the stop the first one started (the robot's explicit
+    stop, the memory save, exit 0). A SIGTERM then (launch's escalation after its sigterm_timeout) does."""
+    def body(stop: StopSignals) -> int:
+        stop.running = True
+        os.kill(os.getpid(), signal.SIGINT)  # the terminal's
+        stop.running = False  # the loop saw it and returned: stopping
+        os.kill(os.getpid(), signal.SIGINT)  # launch's copy of the same Ctrl-C
+        stopped_in_full = stop.requested == "SIGINT"
+        os.kill(os.getpid(), signal.SIGTERM)  # escalation: stop now
+        return 0 if stopped_in_full else 1
+
+    assert run_until_interrupted("prog", body) == 2
+    assert capsys.readouterr().err == "prog: interrupted by SIGTERM while stopping\n"

@@ -5,8 +5,11 @@ nodes) a signal aborts the start-up: ``Interrupted`` is raised where the process
 the entry point prints one line and exits 2, with no traceback. Once it runs, a signal only sets
 ``requested``: the spin loop sees it within one iteration and returns, and shutdown then sends the
 robot an explicit stop command before the nodes go down, which an exception thrown into the middle of
-a callback could not guarantee. A second signal while stopping is taken as "stop now": it raises
-``Interrupted`` like a signal during start-up.
+a callback could not guarantee. The same signal again is the same request and is ignored: Ctrl-C in a
+terminal reaches every process of the foreground group, and a launch that forwards it to its
+processes (ours does, so a SIGINT sent to the launch alone still stops the robot at once) delivers
+it a second time while the first is being served. The other signal while stopping is an escalation,
+like launch's SIGTERM after its sigterm_timeout: it raises ``Interrupted``, as during start-up.
 
 Entry points install the handlers first thing (``run_until_interrupted``), before the heavy imports,
 so that even a signal during ``import numpy`` ends cleanly; the previous handlers come back when the
@@ -73,6 +76,8 @@ class StopSignals:
 
     def __call__(self, number: int, frame: FrameType | None) -> None:
         name = signal.Signals(number).name
+        if name == self.requested:  # delivered again (terminal and launch): already being served
+            return
         if self.running and self.requested is None:
             self.requested = name
             return
