@@ -12,12 +12,14 @@ import pytest
 from vla_edge_ros.config import AuraKnobs, ConfigError, parse_settings
 from vla_edge_ros.engine.vla_engine import VlaEngine
 from vla_edge_ros.memory import POLICIES, AuraPolicy, CosinePolicy, FifoPolicy, FrameTokens, MemoryContext, make_policy
+from vla_edge_ros.memory.aura_gate import WriteGate, WriteOffer
 from vla_edge_ros.model.arena import KVArena
 from vla_edge_ros.model.checkpoint import Checkpoint, load_checkpoint
 from vla_edge_ros.model.config import ActionConfig, ModelConfig, VisionConfig
 from vla_edge_ros.model.init_model import preset, write_random_model
 from vla_edge_ros.model.layout import arena_capacity, kv_page_bytes, kv_pages_for
 from vla_edge_ros.model.safetensors_io import StoredTensor
+from vla_edge_ros.tools.aura_gates import baseline_gate
 from vla_edge_ros.worlds.synthetic import SyntheticCamera
 
 TPF = 2  # tokens per frame in the hand-built cases
@@ -34,10 +36,10 @@ def fake_context(frames: int, prompt: int = 1, dim: int = 3) -> MemoryContext:
     return MemoryContext(Checkpoint(Path("fake"), config, {}, True), arena, read_kv=None, device="numpy")
 
 
-def aura_policy(gate: str = "surprise", gate_rate: float = 0.1, seed: int = 0, **knobs) -> AuraPolicy:
-    """An aura policy with ``kv.aura.<name>`` knobs by short name (the rest: the schema's defaults)."""
-    return AuraPolicy(AuraKnobs.of({f"kv.aura.{name}": value for name, value in knobs.items()}), gate=gate,
-                      gate_rate=gate_rate, seed=seed)
+def aura_policy(gate: WriteGate | None = None, **knobs) -> AuraPolicy:
+    """An aura policy with ``kv.aura.<name>`` knobs by short name (the rest: the schema's defaults); ``gate``
+    decides its writes (None: the surprise gate)."""
+    return AuraPolicy(AuraKnobs.of({f"kv.aura.{name}": value for name, value in knobs.items()}), gate)
 
 
 def cosine_policy(**knobs) -> CosinePolicy:
@@ -399,9 +401,48 @@ def test_the_attention_probe_is_a_distribution_over_what_the_frame_may_read(micr
     assert np.all(weights[..., ~readable] == 0) and np.all(weights[..., first.slots].sum(-1) > 0)
 
 
+class ScriptedGate(WriteGate):
+    """Writes the frames it is told to, and keeps what it was offered."""
+
+    def __init__(self, writes: set[int]) -> None:
+        self.writes, self.offers, self.resets = writes, [], 0
+
+    def reset(self) -> None:
+        self.resets += 1
+
+    def decide(self, offer: WriteOffer) -> tuple[float, bool]:
+        self.offers.append(offer)
+        return float("inf"), offer.frame in self.writes
+
+
+def test_the_policy_writes_what_its_gate_decides_and_nothing_else(micro_model):
+    """The gate is the policy's only say on writes: the frames it picks are written even when nothing
+    surprises (threshold 1e6), and a new episode restarts it."""
+    gate = ScriptedGate({2, 5})
+    policy = aura_policy(gate, threshold=1e6)
+    engine = micro_engine(micro_model, policy)
+    assert gate.resets == 1  # the first episode, started by set_prompt
+    written = []
+    for image in frames(6, seed=9):
+        before = policy.writes
+        engine.add_frame(image)
+        written.append(policy.writes - before)
+    assert written == [0, 1, 0, 0, 1, 0]
+    assert [o.frame for o in gate.offers] == [1, 2, 3, 4, 5, 6]
+    last = gate.offers[-1]
+    np.testing.assert_array_equal(last.value, policy.last_value)
+    assert last.scale == pytest.approx(float(np.linalg.norm(policy.last_value)))
+    assert last.threshold == 1e6 and last.learned is None and last.tightening == 0.0
+    engine.set_prompt([5, 6, 7])
+    assert gate.resets == 2 and policy.writes == 0
+
+
+# --- evaluation's baseline gates (tools/aura_gates.py), plugged into the policy -------------------------
+
+
 @pytest.mark.parametrize("gate", ["periodic", "random"])
 def test_baseline_gates_write_at_their_rate_whatever_the_frames_say(micro_model, gate):
-    policy = aura_policy(gate=gate, gate_rate=0.25, seed=11, threshold=0.0)
+    policy = aura_policy(baseline_gate(gate, 0.25, seed=11), threshold=0.0)
     engine = micro_engine(micro_model, policy)
     still = frames(1)[0]
     written = []
@@ -426,7 +467,7 @@ def test_baseline_gates_write_at_their_rate_whatever_the_frames_say(micro_model,
 @pytest.mark.parametrize("rate", [0.657, 0.15, 1 / 3])
 def test_a_periodic_gate_writes_at_its_rate_when_the_period_is_not_whole(micro_model, rate):
     """A whole period (round(1 / 0.657) = 2) wrote at 0.5; the gate must write at the rate it is given."""
-    policy = aura_policy(gate="periodic", gate_rate=rate, seed=5, threshold=0.0)
+    policy = aura_policy(baseline_gate("periodic", rate, seed=5), threshold=0.0)
     engine = micro_engine(micro_model, policy)
     still = frames(1)[0]
     written = []
@@ -439,8 +480,14 @@ def test_a_periodic_gate_writes_at_its_rate_when_the_period_is_not_whole(micro_m
     assert gaps.max() - gaps.min() <= 1  # spread as evenly as whole frames allow
 
 
-def test_the_never_gate_keeps_the_memory_empty_and_reads_zero(micro_model):
-    policy = aura_policy(gate="never", threshold=0.0)
+def test_a_baseline_gate_is_one_of_the_three_at_a_rate_it_can_keep():
+    for name, rate in (("never", 0.5), ("surprise", 0.5), ("random", 0.0), ("periodic", 1.5)):
+        with pytest.raises(ValueError, match="random.*periodic.*no-write|write rate must be in"):
+            baseline_gate(name, rate)
+
+
+def test_the_no_write_gate_keeps_the_memory_empty_and_reads_zero(micro_model):
+    policy = aura_policy(baseline_gate("no-write"), threshold=0.0)
     engine = micro_engine(micro_model, policy)
     for frame in frames(6):
         engine.add_frame(frame)
@@ -491,7 +538,7 @@ def test_the_hidden_layout_writes_what_the_decoder_made_of_the_frame(micro_model
     """Key and value come from the final-norm hidden state the action is decoded from, after the frame's
     forward; the next frame reads them back (beta 0.5 from zero: W k + b = v for the frame written)."""
     checkpoint = hidden_layout_model(micro_model)
-    policy = aura_policy(gate="periodic", gate_rate=1.0, beta=0.5)
+    policy = aura_policy(threshold=0.0, beta=0.5)  # an empty memory is surprised by the first frame
     engine = micro_engine(checkpoint, policy)
     assert policy.layout == "hidden"
     prefill = engine.add_frame(frames(1, seed=5)[0])
@@ -509,7 +556,7 @@ def test_the_hidden_layout_writes_what_the_decoder_made_of_the_frame(micro_model
 def test_a_non_finite_hidden_state_is_not_written(micro_model):
     """A frame whose forward diverged (NaN in the hidden state the hidden layout writes) leaves the memory as
     it was and reports a NaN surprise; the next finite frame writes as usual."""
-    policy = aura_policy(gate="periodic", gate_rate=1.0)
+    policy = aura_policy(threshold=0.0)  # any surprise writes
     engine = micro_engine(hidden_layout_model(micro_model), policy)
     engine.add_frame(frames(1, seed=7)[0])
     before = [a.copy() for a in policy.memory.get()]

@@ -25,20 +25,23 @@ Per frame, in this order:
    frame and every action token can attend to what the memory returned: that is how the read feeds
    the action head;
 3. write, after the frame's forward (which made the ``hidden`` layout's z_w): surprise =
-   ||v - (W k + b)||. One source decides, as in ``dms``: the checkpoint's learned gate when it has
-   one and ``use_learned_gate`` is true (write iff logit = w . [k, v - (W k + b)] + c > 0),
-   otherwise the surprise threshold (write iff surprise > threshold * ||v||). A write is one
-   delta-rule step: W += beta (v - W k - b) k^T, b += beta (v - W k - b).
+   ||v - (W k + b)||. The policy's write gate decides (``aura_gate.py``: a strategy the policy is
+   given; a robot runs ``SurpriseGate``, evaluation plugs its baselines in the same place). In the
+   surprise gate one source decides, as in ``dms``: the checkpoint's learned gate when it has one and
+   ``use_learned_gate`` is true (write iff logit = w . [k, v - (W k + b)] + c > 0), otherwise the
+   surprise threshold (write iff surprise > threshold * ||v||). A write is one delta-rule step:
+   W += beta (v - W k - b) k^T, b += beta (v - W k - b).
 
 The threshold is relative to ||v|| so that one default means the same on every checkpoint: 0.5
 writes when the memory mispredicts the value by more than half its length. ``last_surprise`` is
 reported in the same relative units whichever source decides.
 
-With ``target_write_rate`` rho > 0 the gate adapts one-sidedly: an EMA of the write rate over about
-``RATE_WINDOW_FRAMES`` frames drives lambda += RATE_STEP * (rate - rho), lambda >= 0, which multiplies
-the threshold by exp(lambda) or is subtracted from the learned logit (write iff logit - lambda > 0):
-the gate tightens while writes exceed rho and relaxes back to its configured self when they do not,
-never beyond it.
+With ``target_write_rate`` rho > 0 the surprise gate adapts one-sidedly: the policy's EMA of its
+write rate over about ``RATE_WINDOW_FRAMES`` frames drives lambda += RATE_STEP * (rate - rho),
+lambda >= 0, which multiplies the threshold by exp(lambda) or is subtracted from the learned logit
+(write iff logit - lambda > 0): the gate tightens while writes exceed rho and relaxes back to its
+configured self when they do not, never beyond it. lambda is the policy's state (it is saved with
+the memory), offered to the gate with each frame.
 
 State: W [d_v, d_k] and b [d_v] in fp32, (d_k * d_v + d_v) * 4 bytes (4,224 B at d_k = d_v = 32),
 the same at frame 1 and at frame 10^6. Positions: prompt 0..P-1, memory token P, frame P+1..P+n,
@@ -48,15 +51,6 @@ Checkpoint tensors (``vla-edge init-model`` writes random ones; training writes 
 ``aura.k_proj.weight`` [d_k, feature], ``aura.q_proj.weight`` [d_k, feature], ``aura.v_proj.weight``
 [d_v, feature] with feature = tokens_per_frame * hidden, ``aura.out_proj.weight`` [hidden, d_v];
 optional learned gate ``aura.gate.weight`` [1, d_k + d_v] and ``aura.gate.bias`` [1].
-
-The ``random`` and ``periodic`` gates exist for the baselines of the memory benchmark and of
-``vla-edge evaluate`` (same write budget, no notion of surprise, and they ignore the learned gate too):
-``random`` writes each frame with probability ``gate_rate``; ``periodic`` writes at frame n (from 1)
-iff floor(phase + n * gate_rate) > floor(phase + (n - 1) * gate_rate), phase in [0, 1) drawn from the
-seed, so it writes exactly ``gate_rate`` of the frames (within one write), spread as evenly as whole
-frames allow, and is not lined up with the episode's first frame. (A whole period, round(1 / rate),
-wrote at 0.5 when asked for 0.66.) ``never`` writes nothing: the memory stays empty and reads zero,
-the ablation of the memory. A robot runs ``surprise``, i.e. the learned gate or the threshold as above.
 """
 
 from __future__ import annotations
@@ -67,11 +61,11 @@ import numpy as np
 
 from ..config import AuraKnobs, MemoryKnobs
 from ..model.memory_tensors import AURA_GATE, AURA_PROJECTIONS, check_aura
+from .aura_gate import SurpriseGate, WriteGate, WriteOffer
 from .base import FrameTokens, MemoryPolicy, _array
 from .context import MemoryContext, MemorySite
 from .memory_math import FastWeights, MemoryMath
 
-GATES = ("surprise", "random", "periodic", "never")
 RATE_WINDOW_FRAMES = 50
 RATE_STEP = 0.5
 
@@ -106,14 +100,11 @@ class AuraPolicy(MemoryPolicy):
     name = "aura"
     needs_prefix = True
 
-    def __init__(self, knobs: AuraKnobs, *, gate: str = "surprise", gate_rate: float = 0.1, seed: int = 0) -> None:
+    def __init__(self, knobs: AuraKnobs, gate: WriteGate | None = None) -> None:
+        """``gate`` decides each write; None: the ``SurpriseGate`` that ``knobs`` configure."""
         super().__init__()
-        if gate not in GATES:
-            raise ValueError(f"aura gate must be one of {GATES}, got {gate!r}")
-        if not 0 < gate_rate <= 1:
-            raise ValueError(f"aura gate_rate must be in (0, 1], got {gate_rate}")
         self.knobs = knobs
-        self.gate, self.gate_rate, self.seed = gate, gate_rate, seed
+        self.gate = gate if gate is not None else SurpriseGate()
         self.memory: FastWeights | None = None
         self.learned_gate: tuple[np.ndarray, np.ndarray] | None = None  # (weight, bias) once attached, if any
         self.current: np.ndarray = np.empty(0, dtype=np.int32)  # slots of the memory token and current frame
@@ -122,7 +113,6 @@ class AuraPolicy(MemoryPolicy):
         self.last_value: np.ndarray | None = None  # v of the latest frame (written or not)
         self._lambda = 0.0
         self._rate = 0.0
-        self._restart_gates()
         self.last_surprise = math.nan
 
     @classmethod
@@ -159,12 +149,7 @@ class AuraPolicy(MemoryPolicy):
         self._prefixed = False
         self.last_read = self.last_value = None
         self._lambda = self._rate = 0.0
-        self._restart_gates()
-
-    def _restart_gates(self) -> None:
-        """The baseline gates' randomness restarts with each episode, from the seed."""
-        self._rng = np.random.default_rng(self.seed)
-        self._phase = float(self._rng.random())  # so a periodic gate is not lined up with frame 0
+        self.gate.reset()
 
     def _memory(self) -> FastWeights:
         if self.memory is None:
@@ -199,7 +184,7 @@ class AuraPolicy(MemoryPolicy):
         memory = self._memory()
         scale = float(np.linalg.norm(v))
         if np.isfinite(scale):
-            surprise, written = memory.step(k, v, self.knobs.beta, *self._decision(memory, k, v, scale))
+            surprise, written = memory.step(k, v, self.knobs.beta, *self.gate.decide(self._offer(memory, k, v, scale)))
             self.last_surprise = surprise / scale if scale > 0 else 0.0
         else:  # a diverged forward (hidden layout): one bad frame must not poison every later read
             written, self.last_surprise = False, math.nan
@@ -208,21 +193,10 @@ class AuraPolicy(MemoryPolicy):
             self._rate += (float(written) - self._rate) / RATE_WINDOW_FRAMES
             self._lambda = max(0.0, self._lambda + RATE_STEP * (self._rate - self.knobs.target_write_rate))
 
-    def _decision(self, memory: FastWeights, k: np.ndarray, v: np.ndarray, scale: float) -> tuple[float, bool]:
-        """(threshold on the surprise, forced write) for ``FastWeights.step``: exactly one source decides."""
-        if self.gate == "random":
-            return math.inf, bool(self._rng.random() < self.gate_rate)
-        if self.gate == "periodic":
-            due = math.floor(self._phase + self.frames_seen * self.gate_rate)
-            return math.inf, due > math.floor(self._phase + (self.frames_seen - 1) * self.gate_rate)
-        if self.gate == "never":
-            return math.inf, False
+    def _offer(self, memory: FastWeights, k: np.ndarray, v: np.ndarray, scale: float) -> WriteOffer:
+        """The frame just made, for the gate; the learned gate is offered only when it is to decide."""
         learned = self.learned_gate if self.knobs.use_learned_gate else None
-        if learned is not None:
-            weight, bias = learned
-            logit = float(weight[0] @ np.concatenate([k, v - memory.read(k)]) + bias[0])
-            return math.inf, logit - self._lambda > 0
-        return self.effective_threshold * scale, False
+        return WriteOffer(self.frames_seen, k, v, scale, memory, self.effective_threshold, learned, self._lambda)
 
     def frames_kept(self) -> int:
         return int(self.current.size > 0)

@@ -10,11 +10,11 @@ The scripted expert runs through the same loop as a reference for what the task 
 
 Rows are policy *variants*: ``aura`` and ``dms`` decide with the checkpoint's learned gate when it has
 one (as configured), ``aura:surprise`` and ``dms:novelty`` with their documented scores instead, and
-``aura:random`` / ``aura:periodic`` are gates with no notion of surprise. The three ``aura:*`` rows are
-matched to the write rate the ``aura`` row measured, so a learned gate is compared with an untrained
-one, and with chance, at the same write budget. ``aura:no-write`` blocks every write: the memory stays
-empty and reads zero (the same memory token as zeroing the read, since ``aura.out_proj`` has no bias),
-the ablation that says whether the policy uses its memory at all.
+``aura:random`` / ``aura:periodic`` are gates with no notion of surprise (``aura_gates.py``). The
+three ``aura:*`` rows are matched to the write rate the ``aura`` row measured, so a learned gate is
+compared with an untrained one, and with chance, at the same write budget. ``aura:no-write`` blocks
+every write: the memory stays empty and reads zero (the same memory token as zeroing the read, since
+``aura.out_proj`` has no bias), the ablation that says whether the policy uses its memory at all.
 
 A budget of F frames bounds the bytes of everything a policy holds (``arena_for``): fifo and cosine
 get the arena of the prompt, F frames and the action scratch; dms gets the pool pages of that arena
@@ -46,7 +46,7 @@ import numpy as np
 
 from ..config import MemoryKnobs, Settings
 from ..engine import VlaEngine
-from ..memory import AuraPolicy, DmsPolicy, MemoryPolicy, MemorySite, check_knobs, make_policy
+from ..memory import DmsPolicy, MemoryPolicy, MemorySite, check_knobs, make_policy
 from ..memory.aura import fast_weight_bytes
 from ..model.checkpoint import Checkpoint
 from ..model.config import ModelConfig
@@ -58,6 +58,7 @@ from ..runtime.driver import Driver
 from ..runtime.loader import load_engine, load_model
 from ..runtime.reasoner import block_kinds
 from ..worlds.sim.world import VELOCITY_COMMANDS, CueReachEnv, TaskSpec, velocity_command
+from .aura_gates import BASELINE_GATES, baseline_policy
 from .parallel import Job, Unit, UnitsFailed, run_figures, run_units
 
 EXPERT = "expert"
@@ -66,7 +67,7 @@ SCHEMA = "vla_edge_ros.evaluate/4"
 VARIANTS = ("fifo", "cosine", "aura", "aura:surprise", "aura:random", "aura:periodic", "aura:no-write", "dms",
             "dms:novelty")
 MATCHED = ("aura:surprise", "aura:random", "aura:periodic")  # write at the rate the ``aura`` row measured
-BASELINE_GATES = {"aura:random": "random", "aura:periodic": "periodic", "aura:no-write": "never"}
+BASELINES = {f"aura:{gate}": gate for gate in BASELINE_GATES}  # variants whose writes a baseline gate decides
 AURA_NOTE = ("aura rows run once, at the smallest budget whose bytes hold the prompt, one memory token, the "
              "current frame and the fast-weight state, which they hold whatever the budget")
 
@@ -537,11 +538,11 @@ def variant_knobs(variant: str, rate: float | None) -> dict[str, Any]:
 def _start_episode(engine: VlaEngine, node: dict[str, Any], variant: str, rate: float | None, seed: int) -> None:
     """A new episode: the memory starts from the prompt. A baseline gate gets a fresh policy seeded by the
     episode (as memory-bench does), so its draws and periodic phase differ between episodes, not between runs."""
-    gate = BASELINE_GATES.get(variant)
+    gate = BASELINES.get(variant)
     if gate is None:
         engine.set_prompt(engine.prompt_ids)
         return
-    engine.set_policy(AuraPolicy(MemoryKnobs.of(node).aura, gate=gate, gate_rate=rate or 1.0, seed=seed))
+    engine.set_policy(baseline_policy(MemoryKnobs.of(node).aura, gate, rate or 1.0, seed))
 
 
 def fit_to_budget(node: dict[str, Any], variant: str, budget: int | None) -> tuple[dict[str, Any], str | None]:

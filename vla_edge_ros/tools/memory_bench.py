@@ -19,7 +19,8 @@ still holds the cue:
   separate prototype episodes (other seeds, same N); a read is classified by its highest cosine
   to (prototype - mean prototype) after subtracting the same mean. Four gates run: the
   ``surprise`` gate (the policy's defaults), ``every_frame`` (a periodic gate of rate 1), and ``random`` / ``periodic``
-  at the write rate the surprise gate measured in that N (the same write budget).
+  at the write rate the surprise gate measured in that N (the same write budget); all but the first are
+  evaluation's baselines (``tools/aura_gates.py``).
 - ``dms`` with the same F-frame arena as fifo and cosine, per target ratio r (``dms_targets``), on
   episodes of the same scenes with ``dms_lead_in`` look-alike frames before the cue. Without them
   the cue would be an episode's first frame, judged against the text prompt alone and, with no score
@@ -101,6 +102,7 @@ from ..model.init_model import preset, write_random_model
 from ..model.layout import arena_capacity, kv_bytes_per_token
 from ..model.vl_frames import with_frame_geometry
 from ..worlds.scenes import COMPRESSION, MAX_CLASSES, OVERHEAD, PROTOTYPE, TEST, CueScene, scene_seed
+from .aura_gates import baseline_policy
 from .parallel import Job, Unit, UnitsFailed, run_figures, run_units
 
 SCHEMA = "vla_edge_ros.memory_bench/2"
@@ -335,8 +337,8 @@ def aura_policy(gate: str, rate: float, seed: int) -> AuraPolicy:
     if gate == "surprise":
         return make_policy("aura")
     if gate == "every_frame":
-        return AuraPolicy(MemoryKnobs.of().aura, gate="periodic", gate_rate=1.0)
-    return AuraPolicy(MemoryKnobs.of().aura, gate=gate, gate_rate=rate, seed=seed)
+        return baseline_policy(MemoryKnobs.of().aura, "periodic", 1.0)
+    return baseline_policy(MemoryKnobs.of().aura, gate, rate, seed)
 
 
 def aura_episode(engine: VlaEngine, gate: str, rate: float, episode: Episode) -> dict[str, Any]:
@@ -368,7 +370,7 @@ def readout_ceiling(engine: VlaEngine, spec: BenchSpec, tests: list[Episode], pr
     what a memory returning the cue's value exactly would give. At chance, the readout cannot tell the
     classes apart even from a perfect memory."""
     def value(image: np.ndarray) -> np.ndarray:
-        engine.set_policy(aura_policy("never", 1.0, 0))
+        engine.set_policy(aura_policy("no-write", 1.0, 0))
         engine.add_frame(image)
         return engine.policy.last_value
 
