@@ -21,7 +21,7 @@ from vla_edge_ros.bags.scenarios import COMMAND_DIMS, CUE_CLASSES, START_NS, Bag
 from vla_edge_ros.bags.writer import BagWriter
 from vla_edge_ros.cli import main
 from vla_edge_ros.runtime.image_codec import decode_compressed, decode_raw
-from vla_edge_ros.worlds.scenes import CueScene
+from vla_edge_ros.worlds.scenes import TEST, CueScene, scene_seed
 
 SPEC = BagSpec(seconds=0.5, size=(40, 30), images="both")  # 15 frames at 30 Hz
 FRAMES = 15
@@ -103,7 +103,6 @@ def test_cue_recall_episodes_answer_the_cue_class_at_each_query():
         answer[index % CUE_CLASSES] = 1
         np.testing.assert_array_equal(episode[-1][1], answer)
         assert all(np.isnan(command).all() for _, command in episode[:-1])
-    from vla_edge_ros.tools.memory_bench import TEST, scene_seed
     scene = CueScene(scene_seed(0, TEST, 2), classes=CUE_CLASSES)
     np.testing.assert_array_equal(frames[60][0], scene.cue_frame(2))  # the benchmark's episode 2
 
