@@ -23,6 +23,7 @@ from vla_edge_ros.model.pages import PageTable
 from vla_edge_ros.model.safetensors_io import StoredTensor, read_safetensors, write_safetensors
 from vla_edge_ros.numerics import ops
 from vla_edge_ros.runtime.loader import load_engine
+from vla_edge_ros.tools.memory_bench.attention import probe_frame
 from vla_edge_ros.worlds.synthetic import SyntheticCamera
 
 KEEP, EVICT = 1.0, -1.0  # keep scores against the fixed threshold 0
@@ -346,10 +347,10 @@ def test_a_learned_gate_decides_per_head_and_attention_stops_reading_what_a_head
     engine = engine_with(checkpoint, make_policy("dms", {"kv.dms.window": 4, "kv.dms.target_ratio": 0.0}))
     first = engine.add_frame(images(1)[0])
     assert isinstance(engine.policy.source, LearnedGate)
-    probe = engine.add_frame(images(2, seed=1)[1], probe_attention=True)  # the first frame is still in the window
-    assert np.all(probe.attention[..., first.slots].sum(-1) > 0)
-    probe = engine.add_frame(images(3, seed=2)[2], probe_attention=True)  # now it has left the window
-    read = probe.attention[..., first.slots].sum(-1)  # [layers, q_heads]: q heads 0-1 read KV head 0, 2-3 head 1
+    _, attention = probe_frame(engine, images(2, seed=1)[1])  # the first frame is still in the window
+    assert np.all(attention[..., first.slots].sum(-1) > 0)
+    _, attention = probe_frame(engine, images(3, seed=2)[2])  # now it has left the window
+    read = attention[..., first.slots].sum(-1)  # [layers, q_heads]: q heads 0-1 read KV head 0, 2-3 head 1
     assert np.all(read[0, :2] > 0) and np.all(read[0, 2:] == 0)
     assert np.all(read[1, :2] == 0) and np.all(read[1, 2:] > 0)
     held = engine.policy.compression().held_per_head

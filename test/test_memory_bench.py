@@ -8,9 +8,16 @@ import numpy as np
 import pytest
 
 from vla_edge_ros.cli import main
+from vla_edge_ros.engine.vla_engine import VlaEngine
+from vla_edge_ros.memory import make_policy
+from vla_edge_ros.model.arena import KVArena
+from vla_edge_ros.model.checkpoint import load_checkpoint
 from vla_edge_ros.model.init_model import preset, write_random_model
+from vla_edge_ros.model.numpy_backend import NumpyBackend
 from vla_edge_ros.tools.memory_bench import AURA_GATES, SCHEMA, BenchSpec, format_table, run_bench
+from vla_edge_ros.tools.memory_bench.attention import last_token_attention, probe_frame
 from vla_edge_ros.worlds.scenes import MAX_CLASSES, CueScene
+from vla_edge_ros.worlds.synthetic import SyntheticCamera
 
 ROW_KEYS = {"policy", "gate", "gate_rate", "signature", "target_ratio", "distractors", "budget_frames",
             "kv_capacity_tokens", "protect_recent_frames", "episodes", "cue_kept", "cue_entries_kept", "cue_centre_kept",
@@ -118,6 +125,87 @@ def test_fifo_keeps_exactly_the_last_budget_frames(report):
             assert row["cue_kept"] == 0 and row["cue_attention"] == 0, row
         else:
             assert row["cue_kept"] == 1 and row["cue_attention"] > 0, row
+
+
+# cue_attention of the report's cells where the cue is read (policy, target ratio, N, F), as the probe measured
+# it from inside the forward pass before it moved out of the runtime (be538ac)
+ATTENTION_BEFORE = {
+    ("fifo", None, 3, 8): 0.1816958747804165, ("fifo", None, 6, 8): 0.1187774259597063,
+    ("dms", 1.0, 3, 2): 0.04878342431038618, ("dms", 1.0, 3, 8): 0.13367001712322235,
+    ("dms", 4.0, 3, 2): 0.04999185772612691, ("dms", 4.0, 3, 8): 0.08206377178430557,
+    ("dms", 1.0, 6, 2): 0.048722376115620136, ("dms", 1.0, 6, 8): 0.09011643007397652,
+    ("dms", 4.0, 6, 2): 0.04963076766580343, ("dms", 4.0, 6, 8): 0.07077432237565517,
+}
+
+
+def test_the_attention_figures_are_those_of_the_probe_inside_the_forward(report):
+    got = {(r["policy"], r["target_ratio"], r["distractors"], r["budget_frames"]): r["cue_attention"]
+           for r in report["rows"] if r["policy"] in ("fifo", "dms") and r["cue_attention"]}
+    assert got == pytest.approx(ATTENTION_BEFORE, rel=1e-6, abs=0)
+
+
+def camera_frames(count: int, seed: int = 0) -> list[np.ndarray]:
+    camera = SyntheticCamera(height=64, width=64, seed=seed)
+    return [camera.frame() for _ in range(count)]
+
+
+def bench_engine(model_dir, policy: str) -> VlaEngine:
+    engine = VlaEngine(load_checkpoint(model_dir), backend="numpy", kv_capacity_tokens=160,
+                       policy=make_policy(policy, {"kv.dms.window": 8}))
+    engine.set_prompt([5, 6, 7])
+    return engine
+
+
+def test_the_probe_is_a_distribution_over_what_the_frame_may_read(one_layer_model):
+    engine = bench_engine(one_layer_model, "fifo")
+    first = engine.add_frame(camera_frames(1)[0])
+    second, weights = probe_frame(engine, camera_frames(2, seed=3)[1])
+    config = engine.config
+    assert weights.shape == (config.num_hidden_layers, config.num_attention_heads, engine.arena.capacity)
+    np.testing.assert_allclose(weights.sum(axis=-1), 1.0, rtol=1e-5)
+    readable = np.zeros(engine.arena.capacity, dtype=bool)
+    readable[np.concatenate([engine.prompt_slots, first.slots, second.slots])] = True
+    assert np.all(weights[..., ~readable] == 0) and np.all(weights[..., first.slots].sum(-1) > 0)
+
+
+@pytest.mark.parametrize("policy", ["fifo", "dms"])
+def test_probing_a_frame_changes_nothing_the_engine_computes(one_layer_model, policy):
+    """The same frames with and without the probe on the last: the same hidden state, cache and memory, bit for
+    bit, and the backend's own forward back in place."""
+    images = camera_frames(12, seed=5)
+    plain, probed = bench_engine(one_layer_model, policy), bench_engine(one_layer_model, policy)
+    for image in images[:-1]:
+        plain.add_frame(image)
+        probed.add_frame(image)
+    expected = plain.add_frame(images[-1])
+    got, _ = probe_frame(probed, images[-1])
+    assert np.array_equal(got.hidden, expected.hidden) and np.array_equal(got.slots, expected.slots)
+    assert np.array_equal(probed.backend.k_rows, plain.backend.k_rows)
+    assert np.array_equal(probed.backend.v_rows, plain.backend.v_rows)
+    assert probed.memory_stats() == plain.memory_stats()
+    assert "forward" not in vars(probed.backend)
+
+
+def test_the_probe_matches_huggingface_attention_weights(tmp_path):
+    """An independent judge: transformers' eager attention returns the weights; the probe must agree."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from hf_models import write_hf_model
+
+    model_dir = write_hf_model(tmp_path / "hf", "gqa2_tied")  # 2 layers, 4 query heads over 2 KV heads
+    backend = NumpyBackend(load_checkpoint(model_dir, require_vla=False), KVArena(16))
+    ids = [3, 17, 25, 9, 32, 19, 7, 12, 36, 5, 31]
+    positions = np.arange(len(ids), dtype=np.int32)
+    out = backend.forward(positions, positions, token_ids=np.asarray(ids), collect_layers=True)
+    ours = last_token_attention(backend, out.layer_hidden, positions, None)
+    model = transformers.Qwen2ForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
+                                                          attn_implementation="eager").eval()
+    with torch.no_grad():
+        theirs = model(input_ids=torch.tensor([ids]), output_attentions=True, use_cache=False).attentions
+    assert len(theirs) == ours.shape[0] == 2
+    for layer, weights in enumerate(theirs):
+        np.testing.assert_allclose(ours[layer, :, :len(ids)], weights[0, :, -1].numpy(), rtol=1e-4, atol=1e-6)
+    assert not ours[..., len(ids):].any()
 
 
 def test_aura_state_is_the_same_size_for_every_n_and_gates_share_one_budget(report):

@@ -389,18 +389,6 @@ def test_dms_in_a_small_pool_stays_within_its_pages_over_100k_frames(micro_model
     _paged_stream(micro_model, 100_000)
 
 
-def test_the_attention_probe_is_a_distribution_over_what_the_frame_may_read(micro_model):
-    engine = micro_engine(micro_model, FifoPolicy())
-    first = engine.add_frame(frames(1)[0])
-    second = engine.add_frame(frames(2, seed=3)[1], probe_attention=True)
-    weights = second.attention  # [layers, q_heads, capacity]
-    assert first.attention is None and weights.shape == (2, 2, engine.arena.capacity)
-    np.testing.assert_allclose(weights.sum(axis=-1), 1.0, rtol=1e-5)
-    readable = np.zeros(engine.arena.capacity, dtype=bool)
-    readable[np.concatenate([engine.prompt_slots, first.slots, second.slots])] = True
-    assert np.all(weights[..., ~readable] == 0) and np.all(weights[..., first.slots].sum(-1) > 0)
-
-
 class ScriptedGate(WriteGate):
     """Writes the frames it is told to, and keeps what it was offered."""
 

@@ -61,7 +61,6 @@ class FramePrefill:
     encode_ms: float
     prefill_ms: float
     slots: np.ndarray  # arena slots of the frame's tokens
-    attention: np.ndarray | None = None  # [layers, q_heads, capacity] of the frame's last token, if asked
     next_rope_position: int | None = None  # M-RoPE id of the first decoded token (VL checkpoints only)
 
 
@@ -292,11 +291,8 @@ class VlaEngine:
         embeddings = self.encoder.encode(image)
         return EncodedFrame(embeddings, (time.perf_counter() - t0) * 1e3)
 
-    def prefill_frame(self, frame: EncodedFrame, *, probe_attention: bool = False) -> FramePrefill:
-        """Prefill an encoded frame (after any prefix its policy asks for), making room first.
-
-        ``probe_attention`` also returns where the frame's last token looked (numpy backend only).
-        """
+    def prefill_frame(self, frame: EncodedFrame) -> FramePrefill:
+        """Prefill an encoded frame (after any prefix its policy asks for), making room first."""
         t1 = time.perf_counter()
         embeddings = frame.embeddings
         prefix = self.policy.frame_prefix(embeddings)
@@ -313,17 +309,17 @@ class VlaEngine:
         if self.mrope:
             first = self.arena.next_rope_position()
             rope = np.concatenate([text_rope_ids(first, n_prefix), self.encoder.rope_ids(first + n_prefix)], axis=1)
-        out = self.backend.forward(positions, slots, embeddings=inputs, collect_attention=probe_attention,
-                                   collect_layers=self.policy.needs_layer_inputs, rope_positions=rope)
+        out = self.backend.forward(positions, slots, embeddings=inputs, collect_layers=self.policy.needs_layer_inputs,
+                                   rope_positions=rope)
         self.policy.add_frame(FrameTokens(slots[n_prefix:], positions[n_prefix:], embeddings, slots[:n_prefix],
                                           _layer_inputs(out, n_prefix), out.hidden[-1]))
         t2 = time.perf_counter()
         return FramePrefill(out.hidden[-1], int(positions[-1]) + 1, evicted, frame.encode_ms, (t2 - t1) * 1e3,
-                            slots[n_prefix:], out.last_attention, None if rope is None else int(rope.max()) + 1)
+                            slots[n_prefix:], None if rope is None else int(rope.max()) + 1)
 
-    def add_frame(self, image: np.ndarray, *, probe_attention: bool = False) -> FramePrefill:
+    def add_frame(self, image: np.ndarray) -> FramePrefill:
         """Encode one frame and prefill it: ``encode_frame`` then ``prefill_frame``."""
-        return self.prefill_frame(self.encode_frame(image), probe_attention=probe_attention)
+        return self.prefill_frame(self.encode_frame(image))
 
     def decode_action(self, prefill: FramePrefill, admit: Callable[[], object] = lambda: True,
                       done: Callable[[object], None] = lambda ticket: None) -> tuple[np.ndarray, list[int]] | None:

@@ -17,7 +17,6 @@ class ForwardResult:
 
     hidden: np.ndarray
     layer_hidden: list[np.ndarray] | None = None  # embeddings, then the output of each layer (pre final norm)
-    last_attention: np.ndarray | None = None  # [layers, q_heads, capacity]: the last new token's attention weights
 
 
 class Backend(ABC):
@@ -37,7 +36,7 @@ class Backend(ABC):
     @abstractmethod
     def forward(self, positions: np.ndarray, slots: np.ndarray, *, token_ids: np.ndarray | None = None,
                 embeddings: np.ndarray | None = None, collect_layers: bool = False,
-                collect_attention: bool = False, rope_positions: np.ndarray | None = None) -> ForwardResult:
+                rope_positions: np.ndarray | None = None) -> ForwardResult:
         """Run T new tokens (ids or [T, H] embeddings) at ``positions``, storing their K/V in ``slots``.
 
         Each new token attends to every valid slot whose position is not after its own, which
@@ -45,8 +44,6 @@ class Backend(ABC):
         ``rope_positions`` [3, T] are a VL model's M-RoPE ids (``vl_positions.rope_index``): the rotation
         then uses them, banded by ``mrope_section``, while masking stays on ``positions`` (the order in
         the arena). None rotates by ``positions``, the 1-D RoPE of a text decoder.
-        ``collect_attention`` returns where the last new token looked (a measurement for the memory
-        benchmark; only the numpy backend offers it, the cuda kernels never materialise the weights).
         """
 
     @abstractmethod

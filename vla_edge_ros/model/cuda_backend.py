@@ -115,9 +115,7 @@ class CudaBackend(Backend):
 
     def forward(self, positions: np.ndarray, slots: np.ndarray, *, token_ids: np.ndarray | None = None,
                 embeddings: np.ndarray | None = None, collect_layers: bool = False,
-                collect_attention: bool = False, rope_positions: np.ndarray | None = None) -> ForwardResult:
-        if collect_attention:
-            raise NotImplementedError("attention weights are only collected by the numpy backend")
+                rope_positions: np.ndarray | None = None) -> ForwardResult:
         token_ids, embeddings = self._inputs(token_ids, embeddings)
         c = self.config
         positions = np.ascontiguousarray(positions, dtype=np.int32)

@@ -5,6 +5,10 @@ layer costs four BLAS calls. Keys and values live in a pool of pages (``model/pa
 reads each KV head's entries through its block table: the dense layout as one view of the pool (a
 head's pages are one run of rows, so nothing is copied), the per-head layout gathered row by row
 (only what each head holds).
+
+The forward's steps (``rotation``, ``project``, ``attention_inputs``) are methods of their own, so that a
+measurement taken beside the forward repeats them exactly instead of riding along inside it (the memory
+benchmark's attention probe, ``tools/memory_bench/attention.py``).
 """
 
 from __future__ import annotations
@@ -68,48 +72,58 @@ class NumpyBackend(Backend):
 
     def forward(self, positions: np.ndarray, slots: np.ndarray, *, token_ids: np.ndarray | None = None,
                 embeddings: np.ndarray | None = None, collect_layers: bool = False,
-                collect_attention: bool = False, rope_positions: np.ndarray | None = None) -> ForwardResult:
+                rope_positions: np.ndarray | None = None) -> ForwardResult:
         token_ids, embeddings = self._inputs(token_ids, embeddings)
         c = self.config
         positions = np.asarray(positions, dtype=np.int32)
         slots = np.asarray(slots, dtype=np.int32)
         x = self.embed[token_ids] if token_ids is not None else embeddings.copy()
-        tokens = x.shape[0]
         rope_ids = self._rope_ids(rope_positions, positions.size)
-        cos, sin = ops.rope_cos_sin(positions, self.inv_freq) if rope_ids is None else \
-            ops.mrope_cos_sin(rope_ids, self.inv_freq, self.mrope_section)
+        cos, sin = self.rotation(positions, rope_ids)
         self.arena.commit(slots, positions, rope_ids)
         new_rows = self.arena.pages.rows(slots)  # [layers, kv_heads, T]
-        q_end, k_end = c.q_dim, c.q_dim + c.kv_dim
         layer_hidden = [x.copy()] if collect_layers else None
-        attention = np.zeros((len(self.layers), c.num_attention_heads, self.arena.capacity), np.float32) \
-            if collect_attention else None
         for index, layer in enumerate(self.layers):
-            h = ops.rms_norm(x, layer.input_norm, c.rms_norm_eps)
-            qkv = h @ layer.qkv_t + layer.qkv_bias
-            q = ops.apply_rope(qkv[:, :q_end].reshape(tokens, c.num_attention_heads, c.head_dim), cos, sin)
-            k = ops.apply_rope(qkv[:, q_end:k_end].reshape(tokens, c.num_key_value_heads, c.head_dim), cos, sin)
+            q, k, v = self.project(index, x, cos, sin)
             self.k_rows[new_rows[index]] = k.transpose(1, 0, 2)
-            self.v_rows[new_rows[index]] = qkv[:, k_end:].reshape(tokens, c.num_key_value_heads, c.head_dim).transpose(1, 0, 2)
-            keys, values, entry_slots = self._layer_kv(index)
-            taken = entry_slots >= 0
-            entry_positions = np.where(taken, self.arena.positions[entry_slots], 0)
-            visible = taken[:, None, :] & (entry_positions[:, None, :] <= positions[None, :, None])  # [kv_heads, T, n]
-            bias = ops.attention_bias(visible)
-            attn = ops.gqa_attention(q, keys, values, bias, self.scale)
-            if attention is not None:
-                weights = ops.attention_weights(q[-1], keys, bias[:, -1, :], self.scale)  # [q_heads, n]
-                group = c.num_attention_heads // c.num_key_value_heads
-                read = np.repeat(taken, group, axis=0)
-                heads = np.broadcast_to(np.arange(c.num_attention_heads)[:, None], read.shape)
-                attention[index, heads[read], np.repeat(entry_slots, group, axis=0)[read]] = weights[read]
-            x += attn @ layer.o_t
+            self.v_rows[new_rows[index]] = v.transpose(1, 0, 2)
+            keys, values, _, bias = self.attention_inputs(index, positions)
+            x += ops.gqa_attention(q, keys, values, bias, self.scale) @ layer.o_t
             h = ops.rms_norm(x, layer.post_norm, c.rms_norm_eps)
             gate_up = h @ layer.gate_up_t
             x += (ops.silu(gate_up[:, :c.intermediate_size]) * gate_up[:, c.intermediate_size:]) @ layer.down_t
             if layer_hidden is not None:
                 layer_hidden.append(x.copy())
-        return ForwardResult(ops.rms_norm(x, self.final_norm, c.rms_norm_eps), layer_hidden, attention)
+        return ForwardResult(ops.rms_norm(x, self.final_norm, c.rms_norm_eps), layer_hidden)
+
+    def rotation(self, positions: np.ndarray, rope_ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """RoPE cos and sin of new tokens: by their M-RoPE ids (as ``_rope_ids`` returns them) if any, else by
+        position."""
+        if rope_ids is None:
+            return ops.rope_cos_sin(positions, self.inv_freq)
+        return ops.mrope_cos_sin(rope_ids, self.inv_freq, self.mrope_section)
+
+    def project(self, layer: int, x: np.ndarray, cos: np.ndarray, sin: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Layer ``layer``'s rotated queries [T, q_heads, D] and keys and its values [T, kv_heads, D] of its
+        input ``x`` [T, H]."""
+        c, weights = self.config, self.layers[layer]
+        tokens, q_end, k_end = x.shape[0], c.q_dim, c.q_dim + c.kv_dim
+        qkv = ops.rms_norm(x, weights.input_norm, c.rms_norm_eps) @ weights.qkv_t + weights.qkv_bias
+        q = ops.apply_rope(qkv[:, :q_end].reshape(tokens, c.num_attention_heads, c.head_dim), cos, sin)
+        k = ops.apply_rope(qkv[:, q_end:k_end].reshape(tokens, c.num_key_value_heads, c.head_dim), cos, sin)
+        return q, k, qkv[:, k_end:].reshape(tokens, c.num_key_value_heads, c.head_dim)
+
+    def attention_inputs(self, layer: int, positions: np.ndarray
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """What layer ``layer``'s attention reads for queries at ``positions`` [T]: the keys and values
+        [kv_heads, n, D] its heads hold, the slot of each entry [kv_heads, n] (-1: none), and the additive
+        mask [kv_heads, T, n] that lets a query read the entries at or before its position."""
+        keys, values, entry_slots = self._layer_kv(layer)
+        taken = entry_slots >= 0
+        entry_positions = np.where(taken, self.arena.positions[entry_slots], 0)
+        visible = taken[:, None, :] & (entry_positions[:, None, :] <= positions[None, :, None])  # [kv_heads, T, n]
+        return keys, values, entry_slots, ops.attention_bias(visible)
 
     def _layer_kv(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Keys and values [kv_heads, n, D] of one layer's entries, read through the block tables, and the slot

@@ -8,7 +8,7 @@ still holds the cue:
   + dof tokens): ``cue_kept`` (the cue frame's slots are still one of the policy's frames; tracked
   by identity of the policy's entry, because slot numbers are reused after evictions) and
   ``cue_attention`` (attention mass of the query frame's last token on the cue's slots, summed
-  over them, mean over layers and heads; 0 once evicted), beside
+  over them, mean over layers and heads, taken by ``attention.py``; 0 once evicted), beside
   ``uniform_attention`` (cue tokens / visible tokens: what a reader that looks everywhere equally
   would give).
 - ``aura`` (F does not apply: it keeps no past frames as KV): nearest-prototype readout of what
@@ -41,9 +41,9 @@ still holds the cue:
   lack of room forced.
 
 The package, one job per module: ``spec`` (what is swept, the episodes), ``cells`` (each cell's policy
-and arena), ``measure`` (what one unit measures), ``overhead`` (per-frame timings), ``scoring``
-(episodes to a row), ``claims`` (the verdicts), ``runner`` (the sweep as units), ``report``
-(``memory_bench.json``: its schema, the table).
+and arena), ``attention`` (the attention probe, beside the runtime's forward), ``measure`` (what one
+unit measures), ``overhead`` (per-frame timings), ``scoring`` (episodes to a row), ``claims`` (the
+verdicts), ``runner`` (the sweep as units), ``report`` (``memory_bench.json``: its schema, the table).
 """
 
 from .report import SCHEMA, format_table, write_report

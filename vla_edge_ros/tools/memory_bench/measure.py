@@ -1,6 +1,7 @@
 """What one unit of the sweep measures: one episode of a cell, the aura readout's ceiling, or one dms
 compression stream (the package doc says what each figure means). Each starts its engine's memory from
-the prompt, so a result depends on nothing but the unit's spec.
+the prompt, so a result depends on nothing but the unit's spec; the query frame's attention comes from
+the probe (``attention.py``), the runtime's forward keeps none.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from ...memory import AuraPolicy, DmsPolicy
 from ...model.checkpoint import Checkpoint
 from ...model.layout import kv_bytes_per_token
 from ...worlds.scenes import COMPRESSION
+from .attention import probe_frame
 from .cells import aura_policy, bench_engine, dms_policy, window_capacity
 from .scoring import prototype_accuracy
 from .spec import PROMPT, BenchSpec, Episode, cue_token, make_episodes
@@ -32,9 +34,9 @@ def window_episode(engine: VlaEngine, episode: Episode) -> dict[str, Any]:
     cue_entry = engine.policy.frames[-1]  # the policy's own record of the cue: identity survives slot reuse
     for image in episode.frames[1:-1]:
         engine.add_frame(image)
-    query = engine.add_frame(episode.frames[-1], probe_attention=True)
+    _, attention = probe_frame(engine, episode.frames[-1])
     kept = any(entry is cue_entry for entry in engine.policy.frames)
-    read = float(query.attention[..., cue.slots].sum(axis=-1).mean()) if kept else 0.0
+    read = float(attention[..., cue.slots].sum(axis=-1).mean()) if kept else 0.0
     stats = engine.memory_stats()
     return {"kept": kept, "attention": read, "uniform": cue.slots.size / engine.arena.used,
             "writes": stats.writes, "frames": stats.frames_seen, "evictions": stats.evictions,
@@ -48,7 +50,7 @@ def dms_episode(engine: VlaEngine, spec: BenchSpec, episode: Episode, checkpoint
         prefill = engine.add_frame(image)
         if index == episode.cue_index:
             centre = int(prefill.slots[cue_token(spec, episode, checkpoint)])
-    query = engine.add_frame(episode.frames[-1], probe_attention=True)
+    _, attention = probe_frame(engine, episode.frames[-1])
     policy: DmsPolicy = engine.policy
     entries = policy.entries_of_frame(episode.cue_index)  # [layers, kv_heads] cue tokens each head reads
     cue_slots = policy.slots_of_frame(episode.cue_index)
@@ -56,7 +58,7 @@ def dms_episode(engine: VlaEngine, spec: BenchSpec, episode: Episode, checkpoint
     report, stats = policy.compression(), engine.memory_stats()
     return {"kept": bool(entries.sum()), "entries": float(entries.mean()) / engine.tokens_per_frame,
             "centre": float(engine.arena.holds(np.array([centre])).mean()) if centre in cue_slots else 0.0,
-            "attention": float(query.attention[..., cue_slots].sum(axis=-1).mean()),
+            "attention": float(attention[..., cue_slots].sum(axis=-1).mean()),
             "uniform": float((entries / reads).mean()), "compression": report.ratio,
             "forced": report.forced_evictions, "writes": stats.writes,
             "frames": stats.frames_seen, "evictions": stats.evictions, **memory_columns(engine)}
