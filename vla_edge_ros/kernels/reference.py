@@ -1,7 +1,7 @@
 """NumPy twins of the kernels: the same semantics in plain fp32 NumPy, as the test oracle.
 
 Twins take weights already widened to fp32 (see dtypes.to_float32) and return new arrays instead of
-writing in place. Where the numpy backend already has the math (``model.ops``) the twin reuses it;
+writing in place. Where the numpy backend already has the math (``numerics.ops``) the twin reuses it;
 attention is written out loop by loop, an independent oracle for both the kernel and ``ops``.
 """
 

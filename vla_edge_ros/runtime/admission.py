@@ -5,7 +5,7 @@ overruns the control deadline is a *miss*, and misses are what this gate exists 
 Costs are learned online per block kind. No ROS here, so the reasoning node, offline replay and
 benchmarks run the same gate. One frame's cycle, as the reasoning loop drives it::
 
-    cycle = gate.start_cycle(frame.received_ns)  # stale, or the whole cycle would not fit: skip frame
+    cycle = gate.start_cycle(frame.receive_ns)  # stale, or the whole cycle would not fit: skip frame
     if not cycle:
         continue
     # a VL checkpoint first runs its vision tower as a block of its own (BlockKind.VISION_ENCODE),

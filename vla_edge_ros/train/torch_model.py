@@ -1,6 +1,6 @@
 """The VLA model in PyTorch, for training: the engine's forward pass written for whole sequences.
 
-The math is the NumPy reference's (``model/ops.py``, ``model/numpy_backend.py``): Qwen2 decoder
+The math is the NumPy reference's (``numerics/ops.py``, ``model/numpy_backend.py``): Qwen2 decoder
 (RMSNorm, rotate-half RoPE, grouped-query attention with q/k/v bias, SwiGLU), the frame encoder
 (normalise, cut into patches, pool per cell, project, add a per-token position embedding) and the
 linear action head tanh(W h + b) on the final-norm hidden state. Module names are the checkpoint's
