@@ -13,11 +13,13 @@ from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus  # noqa: E402
 from geometry_msgs.msg import Twist  # noqa: E402
 from lifecycle_msgs.msg import Transition  # noqa: E402
 from lifecycle_msgs.srv import ChangeState, GetAvailableTransitions, GetState  # noqa: E402
+from rcl_interfaces.msg import Log  # noqa: E402
 from rcl_interfaces.msg import Parameter as ParameterMsg  # noqa: E402
 from rcl_interfaces.msg import ParameterType, ParameterValue  # noqa: E402
 from rcl_interfaces.srv import SetParameters  # noqa: E402
 from rclpy.lifecycle import TransitionCallbackReturn  # noqa: E402
 from rclpy.node import Node  # noqa: E402
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
 
 from ros_graph import WAIT_S, call, private_graph  # noqa: E402
 from vla_edge_ros.config import parse_settings  # noqa: E402
@@ -55,6 +57,10 @@ class Operator:
         self.diagnostics: list[DiagnosticStatus] = []
         self.node.create_subscription(Twist, "/vla/command", self.commands.append, 100)
         self.node.create_subscription(DiagnosticArray, "/diagnostics", lambda m: self.diagnostics.extend(m.status), 10)
+        self.log: list[str] = []
+        self.node.create_subscription(Log, "/rosout", lambda m: self.log.append(f"{m.name}: {m.msg}"),
+                                      QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE,
+                                                 durability=DurabilityPolicy.TRANSIENT_LOCAL))
         self._clients = {}
 
     def _call(self, service_type, name: str, request):
@@ -70,8 +76,9 @@ class Operator:
                             GetAvailableTransitions.Request())
         return {t.transition.label for t in answer.available_transitions}
 
-    def change(self, node: str, label: str) -> bool:
-        request = ChangeState.Request(transition=Transition(label=label))
+    def change(self, node: str, label: str = "", transition_id: int = 0) -> bool:
+        """`ros2 lifecycle set NODE LABEL`; a raw client may name the transition by id instead."""
+        request = ChangeState.Request(transition=Transition(id=transition_id, label=label))
         return self._call(ChangeState, f"/{node}/change_state", request).success
 
     def set_string(self, node: str, name: str, value: str):
@@ -115,7 +122,10 @@ def test_configure_activate_deactivate_reactivate_cleanup_and_configure_again(op
         assert operator.state(node) == "unconfigured"
         assert operator.offered(node) == {"configure", "shutdown"}
     assert not operator.change("reasoning", "activate")  # not offered: refused, and the process lives on
+    assert not operator.change("reasoning", transition_id=Transition.TRANSITION_ACTIVATE)  # Humble raised here
     assert operator.state("reasoning") == "unconfigured"
+    assert operator.spin_until(lambda: "reasoning: refused transition 3: /reasoning is unconfigured and offers "
+                                       "configure, shutdown" in operator.log)
 
     assert all(operator.change(node, "configure") for node in MANAGED)
     assert {operator.state(node) for node in MANAGED} == {"inactive"}

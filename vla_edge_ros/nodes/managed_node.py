@@ -14,7 +14,8 @@ rclpy's LifecycleNode leaves out:
   a failed transition leaves behind.
 - A ChangeState request for a transition the current state does not offer is answered
   ``success = false`` with a log line naming the state and what it offers. On Humble, rclpy raises
-  out of the service callback instead, which ends the executor's spin, and with it the process.
+  out of the service callback instead when the request names the transition by id, which ends the
+  executor's spin, and with it the process.
 - In-process callers (the bringup, `vla-edge run`, tests) use ``transition(label)``, which raises
   TransitionError with the reason; the caller reports it, so the node does not log it twice.
 
