@@ -26,7 +26,7 @@ from bench_vl_vision import GRID, TOWERS, write_model
 from numba import cuda
 
 from vla_edge_ros.model.checkpoint import load_checkpoint
-from vla_edge_ros.model.cuda_vision import CudaVisionTower
+from vla_edge_ros.model.vl.cuda_vision import CudaVisionTower
 
 
 def timed(run: Callable[[], np.ndarray], sync: Callable[[], None], repeats: int) -> tuple[float, np.ndarray]:

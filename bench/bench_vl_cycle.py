@@ -37,7 +37,7 @@ import transformers
 from vla_edge_ros.engine import VlaEngine
 from vla_edge_ros.model.checkpoint import load_checkpoint
 from vla_edge_ros.model.init_model import preset, write_random_model
-from vla_edge_ros.model.vl_frames import with_frame_geometry
+from vla_edge_ros.model.vl.frames import with_frame_geometry
 from vla_edge_ros.worlds.synthetic import SyntheticCamera
 
 CAP = 224 * 224

@@ -1,4 +1,4 @@
-"""Vision tower speed on CPU: ours (NumPy, ``model/vl_vision.py``) against transformers' ``model.visual``.
+"""Vision tower speed on CPU: ours (NumPy, ``model/vl/vision.py``) against transformers' ``model.visual``.
 
 Workload: one 224x224 camera frame (16x16 patches of 14 px, 2 temporal patches: 256 patches, 64 decoder
 tokens) through a tower with real widths and random weights (bf16 on disk, fp32 compute in both):
@@ -28,7 +28,7 @@ import torch
 import transformers
 
 from vla_edge_ros.model.checkpoint import load_checkpoint
-from vla_edge_ros.model.vl_vision import VisionTower
+from vla_edge_ros.model.vl.vision import VisionTower
 
 GRID = [[1, 16, 16]]  # one 224x224 frame
 TOWERS = {

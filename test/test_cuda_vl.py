@@ -22,11 +22,12 @@ pytest.importorskip("numba.cuda", reason="numba-cuda is not installed")
 
 from hf_vl_models import load_hf_vl_model, write_hf_vl_model  # noqa: E402
 from vla_edge_ros.model.arena import KVArena  # noqa: E402
-from vla_edge_ros.model.backends import cuda_simulated, make_backend, make_vision_tower  # noqa: E402
+from vla_edge_ros.model.backends import cuda_simulated, make_backend  # noqa: E402
 from vla_edge_ros.model.checkpoint import CheckpointError, load_checkpoint  # noqa: E402
-from vla_edge_ros.model.cuda_vision import CudaVisionTower  # noqa: E402
-from vla_edge_ros.model.vl_positions import rope_index  # noqa: E402
-from vla_edge_ros.model.vl_vision import VisionInputError, VisionTower, vision_layout  # noqa: E402
+from vla_edge_ros.model.vl.cuda_vision import CudaVisionTower  # noqa: E402
+from vla_edge_ros.model.vl.positions import rope_index  # noqa: E402
+from vla_edge_ros.model.vl.tower import make_vision_tower  # noqa: E402
+from vla_edge_ros.model.vl.vision import VisionInputError, VisionTower, vision_layout  # noqa: E402
 from vla_edge_ros.tools.parity import Agreement, run_parity  # noqa: E402
 
 TINY = {"qwen2_vl": "qwen2_vl_tiny", "qwen2_5_vl": "qwen2_5_vl_tiny"}

@@ -14,9 +14,9 @@ from vla_edge_ros.cli import main  # noqa: E402
 from vla_edge_ros.model.arena import KVArena  # noqa: E402
 from vla_edge_ros.model.backends import make_backend  # noqa: E402
 from vla_edge_ros.model.checkpoint import load_checkpoint  # noqa: E402
-from vla_edge_ros.model.vl_positions import rope_index  # noqa: E402
-from vla_edge_ros.model.vl_prompt import embed_vl_prompt, expand_prompt  # noqa: E402
-from vla_edge_ros.model.vl_vision import VisionTower  # noqa: E402
+from vla_edge_ros.model.vl.positions import rope_index  # noqa: E402
+from vla_edge_ros.model.vl.prompt import embed_vl_prompt, expand_prompt  # noqa: E402
+from vla_edge_ros.model.vl.vision import VisionTower  # noqa: E402
 from vla_edge_ros.tools.parity import (Agreement, load_vl_reference, processor_inputs, run_parity,  # noqa: E402
                                        synthetic_images)
 

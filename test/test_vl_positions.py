@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vla_edge_ros.model.vl_positions import rope_index
-from vla_edge_ros.model.vl_vision import merged_token_counts
+from vla_edge_ros.model.vl.positions import rope_index
+from vla_edge_ros.model.vl.vision import merged_token_counts
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")

@@ -2,12 +2,12 @@
 
 Tolerance: none. ``pixel_values`` must be bit-equal, not close: the resize is the same Pillow call, and
 every value goes through the same float64 rescale, float32 cast, and float32 subtract and divide that
-transformers applies (vl_preprocess builds its value table with exactly those operations). Any
+transformers applies (model/vl/preprocess.py builds its value table with exactly those operations). Any
 difference, even one ulp, means a different operation or order, which is what these tests are for.
 
 The reference is ``Qwen2VLImageProcessorPil``: what ``Qwen2VLImageProcessor`` falls back to without
 torchvision (as here), and the Pillow path Qwen's checkpoints were released with. The torchvision
-backend resizes differently (vl_preprocess's docstring has the measured differences).
+backend resizes differently (model/vl/preprocess.py's docstring has the measured differences).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 
 from vla_edge_ros.config import ConfigError, default_of, parse_settings
 from vla_edge_ros.model.vision import FrameError
-from vla_edge_ros.model.vl_preprocess import (
+from vla_edge_ros.model.vl.preprocess import (
     ImageProcessing,
     ProcessorConfigError,
     frame_tokens,

@@ -18,11 +18,11 @@ from vla_edge_ros.model.config import ActionConfig, ModelConfigError
 from vla_edge_ros.model.init_model import preset, write_random_model
 from vla_edge_ros.model.known_models import KNOWN_MODELS, known_model, weight_values
 from vla_edge_ros.model.numpy_backend import NumpyBackend
-from vla_edge_ros.model.vl_config import VisionTowerConfig, VlConfig
-from vla_edge_ros.model.vl_frames import frame_side, text_rope_ids, with_frame_geometry
-from vla_edge_ros.model.vl_positions import rope_index
+from vla_edge_ros.model.vl.config import VisionTowerConfig, VlConfig
+from vla_edge_ros.model.vl.frames import frame_side, text_rope_ids, with_frame_geometry
+from vla_edge_ros.model.vl.positions import rope_index
 from vla_edge_ros.model.vision import FrameError
-from vla_edge_ros.model.vl_preprocess import ImageProcessing
+from vla_edge_ros.model.vl.preprocess import ImageProcessing
 from vla_edge_ros.numerics import ops
 from vla_edge_ros.runtime.admission import BlockKind, Decision, Verdict
 from vla_edge_ros.runtime.block_costs import parse_cost
@@ -90,7 +90,7 @@ def _kept_rope_ids(engine: VlaEngine) -> np.ndarray:
 @pytest.mark.parametrize("grid", [(1, 8, 8), (1, 8, 12), (1, 14, 4)])
 def test_repacking_equals_get_rope_index_of_the_kept_sequence(grid):
     """Evicting whole segments (and a text token between them), then re-packing, gives the ids
-    transformers' get_rope_index (vl_positions.rope_index, tested against it) gives the kept sequence."""
+    transformers' get_rope_index (vl.positions.rope_index, tested against it) gives the kept sequence."""
     n = grid[1] * grid[2] // 4
     pieces = [PROMPT, [START] + [IMAGE] * n + [END], [9], [START] + [IMAGE] * n + [END], [START] + [IMAGE] * n + [END],
               [8, 7]]

@@ -9,7 +9,7 @@ after evictions the kept tokens are re-positioned 0..n-1 in cache order by rotat
 positions stay below the arena capacity however long the episode runs.
 
 A VL checkpoint (Qwen2-VL / Qwen2.5-VL) encodes a frame with its vision tower into one image segment,
-vision start, the merged visual tokens, vision end (``model/vl_frames.py``): ``tokens_per_frame`` is
+vision start, the merged visual tokens, vision end (``model/vl/frames.py``): ``tokens_per_frame`` is
 that segment's length, so every policy keeps or evicts whole segments as it does frames (dms per head).
 The arena then keeps each token's M-RoPE ids beside its sequence position: new tokens get the ids
 transformers' ``get_rope_index`` would give them at the end of the cached sequence (text-like tokens one
@@ -32,12 +32,13 @@ from ..memory.fifo import FifoPolicy
 from ..model.action_head import ActionHead
 from ..model.arena import KVArena, repack_rope_ids
 from ..model.backend import ForwardResult
-from ..model.backends import make_backend, make_vision_tower
+from ..model.backends import make_backend
 from ..model.checkpoint import Checkpoint
 from ..model.layout import arena_capacity, kv_bytes_per_token, scratch_tokens
 from ..model.vision import FrameEncoder
-from ..model.vl_frames import VlFrameEncoder, text_rope_ids
-from ..model.vl_preprocess import ImageProcessing
+from ..model.vl.frames import VlFrameEncoder, text_rope_ids
+from ..model.vl.preprocess import ImageProcessing
+from ..model.vl.tower import make_vision_tower
 from ..numerics.finite import NonFiniteError, require_finite
 
 PREFILL_CHUNK_TOKENS = 1024  # prompt tokens per forward pass: bounds the attention workspace

@@ -41,7 +41,7 @@ class Backend(ABC):
 
         Each new token attends to every valid slot whose position is not after its own, which
         includes the earlier new tokens: one rule for prefill, decode and a cache with holes.
-        ``rope_positions`` [3, T] are a VL model's M-RoPE ids (``vl_positions.rope_index``): the rotation
+        ``rope_positions`` [3, T] are a VL model's M-RoPE ids (``vl/positions.rope_index``): the rotation
         then uses them, banded by ``mrope_section``, while masking stays on ``positions`` (the order in
         the arena). None rotates by ``positions``, the 1-D RoPE of a text decoder.
         """

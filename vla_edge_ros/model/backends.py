@@ -1,11 +1,7 @@
-"""Which compute backend runs the decoder (and a VL checkpoint's vision tower): ``numpy`` anywhere, ``cuda`` on an
-NVIDIA GPU, ``auto`` picks."""
+"""Which compute backend runs the decoder (and, through ``vl/tower.py``, a VL checkpoint's vision tower):
+``numpy`` anywhere, ``cuda`` on an NVIDIA GPU, ``auto`` picks."""
 
 from __future__ import annotations
-
-from typing import Protocol
-
-import numpy as np
 
 from ..config import choices_of
 from .arena import KVArena
@@ -13,12 +9,6 @@ from .backend import Backend
 from .checkpoint import Checkpoint
 
 BACKENDS = choices_of("reasoning", "backend")  # auto, numpy, cuda
-
-
-class VisionEncoder(Protocol):
-    """What both vision towers offer: image patches [N, patch_dim] and their grids [n, 3] -> decoder tokens."""
-
-    def encode(self, patches: np.ndarray, grid_thw: np.ndarray) -> np.ndarray: ...
 
 
 def cuda_simulated() -> bool:
@@ -53,7 +43,7 @@ def resolve_backend(name: str) -> str:
     return name
 
 
-def _on_cuda(name: str) -> bool:
+def on_cuda(name: str) -> bool:
     """Whether backend ``name`` runs on CUDA; refuses 'cuda' where no GPU (or simulator) is usable."""
     if resolve_backend(name) != "cuda":
         return False
@@ -64,21 +54,10 @@ def _on_cuda(name: str) -> bool:
 
 def make_backend(name: str, checkpoint: Checkpoint, arena: KVArena) -> Backend:
     """Build the requested backend over ``arena``."""
-    if _on_cuda(name):
-        from ..model.cuda_backend import CudaBackend
+    if on_cuda(name):
+        from .cuda_backend import CudaBackend
 
         return CudaBackend(checkpoint, arena)
-    from ..model.numpy_backend import NumpyBackend
+    from .numpy_backend import NumpyBackend
 
     return NumpyBackend(checkpoint, arena)
-
-
-def make_vision_tower(name: str, checkpoint: Checkpoint) -> VisionEncoder:
-    """A VL checkpoint's vision tower on the requested backend: ``CudaVisionTower`` or numpy's ``VisionTower``."""
-    if _on_cuda(name):
-        from ..model.cuda_vision import CudaVisionTower
-
-        return CudaVisionTower.from_checkpoint(checkpoint)
-    from ..model.vl_vision import VisionTower
-
-    return VisionTower.from_checkpoint(checkpoint)

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import ModelConfig, load_model_config
-from .vl_config import VisionTowerConfig
+from .vl.config import VisionTowerConfig
 from .safetensors_io import SafetensorsError, StoredTensor, read_safetensors
 
 SUPPORTED_DTYPES = ("F32", "F16", "BF16")

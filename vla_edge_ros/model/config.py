@@ -5,7 +5,7 @@ in a way we do not reproduce (another model type, rope scaling, sliding-window a
 here with the offending key named, so a checkpoint can never run silently wrong.
 
 A Qwen2-VL / Qwen2.5-VL ``config.json`` (``model_type`` qwen2_vl / qwen2_5_vl, either layout) gives the
-decoder's fields from its text part and the tower and M-RoPE in ``ModelConfig.vl`` (``vl_config.py``);
+decoder's fields from its text part and the tower and M-RoPE in ``ModelConfig.vl`` (``vl/config.py``);
 a plain Qwen2 checkpoint has ``vl`` None.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .config_error import ModelConfigError
-from .vl_config import VL_FAMILIES, VlConfig, split_vl_config
+from .vl.config import VL_FAMILIES, VlConfig, split_vl_config
 
 NUM_ACTION_BINS = 256
 
@@ -105,7 +105,7 @@ class ModelConfig:
 
     def validate_vla(self) -> None:
         """Refuse a frame encoder or action head that cannot work with this decoder. A VL checkpoint's frame
-        encoder is its vision tower, whose frame geometry the runtime derives (``vl_frames``)."""
+        encoder is its vision tower, whose frame geometry the runtime derives (``vl/frames.py``)."""
         vision = self.vision
         if self.vl is None and vision.pool_grid ** 2 != vision.tokens_per_frame:
             raise ModelConfigError(

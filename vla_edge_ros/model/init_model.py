@@ -26,7 +26,7 @@ import numpy as np
 from ..numerics.bf16 import bf16_bits
 from .checkpoint import language_model_shapes, vl_shapes, vl_stored_name, vla_shapes
 from .config import ActionConfig, ModelConfig, VisionConfig
-from .vl_config import VisionTowerConfig, VlConfig
+from .vl.config import VisionTowerConfig, VlConfig
 from .memory_tensors import aura_shapes
 from .safetensors_io import StoredTensor, write_safetensors
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from .checkpoint import language_model_shapes, vl_shapes
 from .config import ModelConfig, parse_model_config
-from .vl_preprocess import ImageProcessing
+from .vl.preprocess import ImageProcessing
 
 _TOKENS = {"bos_token_id": 151643, "eos_token_id": 151645, "vision_start_token_id": 151652,
            "vision_end_token_id": 151653, "vision_token_id": 151654, "image_token_id": 151655, "video_token_id": 151656}

@@ -20,7 +20,7 @@ from ..model.budget import MemoryPlan, plan_config, plan_memory, require_fit
 from ..model.checkpoint import Checkpoint, load_checkpoint
 from ..model.config import ModelConfig
 from ..model.known_models import KNOWN_DTYPE_BYTES, known_model, weight_values
-from ..model.vl_frames import frame_geometry, with_frame_geometry
+from ..model.vl.frames import frame_geometry, with_frame_geometry
 from .action_output import check_fits_action
 
 _LOG = logging.getLogger("vla_edge_ros.runtime")
@@ -36,7 +36,7 @@ class LoadedEngine(NamedTuple):
 
 def load_model(settings: Settings) -> Checkpoint:
     """The configured checkpoint (tensor headers; weights memory-mapped) as the runtime sees it: for a VL
-    checkpoint, with the frame geometry ``reasoning.vision_max_pixels`` gives it (``vl_frames``)."""
+    checkpoint, with the frame geometry ``reasoning.vision_max_pixels`` gives it (``model/vl/frames.py``)."""
     node = settings["reasoning"]
     checkpoint = load_checkpoint(Path(node["model_dir"]), allow_nonfinite=node["allow_nonfinite_weights"])
     return with_frame_geometry(checkpoint, node["vision_max_pixels"])

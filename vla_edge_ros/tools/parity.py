@@ -2,7 +2,7 @@
 
 A Qwen2-VL / Qwen2.5-VL checkpoint is compared the same way on a prompt with images: deterministic random
 images go through transformers' ``Qwen2VLImageProcessor`` into their model, and through our
-``vl_preprocess`` into ours (our tower, our embedding of the prompt, our decoder with M-RoPE); the two
+``model/vl/preprocess.py`` into ours (our tower, our embedding of the prompt, our decoder with M-RoPE); the two
 sets of pixel values are compared too.
 
 torch and transformers are imported only here, and only when a parity check runs: the runtime
@@ -19,11 +19,12 @@ import numpy as np
 
 from ..model.arena import KVArena
 from ..model.backend import Backend, ForwardResult
-from ..model.backends import make_backend, make_vision_tower
+from ..model.backends import make_backend
 from ..model.checkpoint import Checkpoint, load_checkpoint
-from ..model.vl_config import VlConfig
-from ..model.vl_preprocess import PREPROCESSOR_CONFIG, ImageProcessing, preprocess
-from ..model.vl_prompt import embed_vl_prompt, expand_prompt
+from ..model.vl.config import VlConfig
+from ..model.vl.preprocess import PREPROCESSOR_CONFIG, ImageProcessing, preprocess
+from ..model.vl.prompt import embed_vl_prompt, expand_prompt
+from ..model.vl.tower import make_vision_tower
 
 
 @dataclass
@@ -235,7 +236,7 @@ def reference_vl_forward(model, token_ids: np.ndarray, pixel_values: np.ndarray,
 
 
 def our_image_inputs(model_dir: Path, vl: VlConfig, images: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(pixel_values, image_grid_thw) of ``images`` from our ``vl_preprocess``, with the checkpoint's
+    """(pixel_values, image_grid_thw) of ``images`` from our ``vl/preprocess.py``, with the checkpoint's
     preprocessor_config.json, or transformers' defaults with the tower's patch geometry when it has none."""
     tower = vl.vision
     processing = ImageProcessing.load(model_dir) if (model_dir / PREPROCESSOR_CONFIG).is_file() else \

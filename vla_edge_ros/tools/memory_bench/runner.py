@@ -21,7 +21,7 @@ from ...config import default_of
 from ...engine.vla_engine import VlaEngine
 from ...model.checkpoint import Checkpoint, load_checkpoint
 from ...model.init_model import preset, write_random_model
-from ...model.vl_frames import with_frame_geometry
+from ...model.vl.frames import with_frame_geometry
 from ...worlds.scenes import PROTOTYPE, TEST
 from ..parallel import Job, Unit, UnitsFailed, run_figures, run_units
 from .cells import aura_capacity, aura_policy, bench_engine, cosine_protect, dms_policy, window_capacity, window_policy

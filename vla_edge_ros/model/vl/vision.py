@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..numerics import ops
-from .checkpoint import Checkpoint, CheckpointError
-from .vl_config import VisionTowerConfig
+from ...numerics import ops
+from ..checkpoint import Checkpoint, CheckpointError
+from .config import VisionTowerConfig
 
 
 class VisionInputError(ValueError):

@@ -1,6 +1,6 @@
-"""The Qwen2-VL / Qwen2.5-VL vision tower on the GPU: ``vl_vision.VisionTower``'s forward pass as kernels.
+"""The Qwen2-VL / Qwen2.5-VL vision tower on the GPU: ``vision.VisionTower``'s forward pass as kernels.
 
-The host only lays the batch out (``vl_vision.VisionLayout``: rotary positions, attention segments, the
+The host only lays the batch out (``vision.VisionLayout``: rotary positions, attention segments, the
 window order) and uploads it with the patches; every step then runs on the device:
 
 1. patch embedding: ``linear`` with the Conv3d kernel read as an [embed, patch_dim] matrix;
@@ -24,12 +24,12 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda
 
-from .. import kernels
-from ..numerics import ops
-from .checkpoint import Checkpoint, CheckpointError
-from .cuda_weights import device_matrix, device_vector
-from .vl_config import VisionTowerConfig
-from .vl_vision import vision_layout
+from ... import kernels
+from ...numerics import ops
+from ..checkpoint import Checkpoint, CheckpointError
+from ..cuda_weights import device_matrix, device_vector
+from .config import VisionTowerConfig
+from .vision import vision_layout
 
 
 @dataclass

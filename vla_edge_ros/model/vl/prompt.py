@@ -2,7 +2,7 @@
 
 The prompt's ids are embedded as text; the image pad tokens' rows are then replaced, in order, by the
 vision tower's merged tokens (what transformers' masked scatter does), and every token gets its
-[3] M-RoPE ids from ``vl_positions.rope_index``. The decoder runs the result at sequence positions
+[3] M-RoPE ids from ``positions.rope_index``. The decoder runs the result at sequence positions
 0..T-1 (the arena's order, which masking reads) with those ids (which the rotation reads), whole or in
 segments: each segment is the same forward over the tokens it covers.
 """
@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .checkpoint import Checkpoint
-from .safetensors_io import StoredTensor
-from .vl_config import VlConfig
-from .vl_positions import rope_index
-from .vl_vision import merged_token_counts
+from ..checkpoint import Checkpoint
+from ..safetensors_io import StoredTensor
+from .config import VlConfig
+from .positions import rope_index
+from .vision import merged_token_counts
 
 ImageEncoder = Callable[[np.ndarray, np.ndarray], np.ndarray]
 """(patches [N, patch_dim], grid_thw [n, 3]) -> merged image tokens [sum of tokens, hidden]: ``VisionTower.encode``."""

@@ -36,7 +36,7 @@ cap, which is transformers called with ``size={"shortest_edge": ..., "longest_ed
 two values. Lowering min_pixels matters only for a cap under the checkpoint's minimum: a small frame is
 then not enlarged to that minimum, above the cap and above the tokens of larger frames.
 
-Tokens per frame: the runtime (``model/vl_frames.py``) first resizes every camera frame to one S x S
+Tokens per frame: the runtime (``model/vl/frames.py``) first resizes every camera frame to one S x S
 square, S the largest multiple of the factor whose square fits the cap, so every frame gets the same
 grid, (S / 28)^2 tokens known before the first frame arrives, whatever camera sends it. For an image of
 any other size, ``frame_tokens(H, W, processing, cap)`` gives its count; two properties hold for it,
@@ -87,8 +87,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from .config import ModelConfigError
-from .vision import FrameError
+from ..config import ModelConfigError
+from ..vision import FrameError
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config_error import ModelConfigError
+from ..config_error import ModelConfigError
 
 VL_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 # The hub's token ids, HF's defaults when a config.json leaves them out.

@@ -6,7 +6,7 @@ every camera frame is first resized to one square S x S: S is the largest multip
 patch_size x merge_size (28 for both families) whose square fits the configured pixel cap
 (``reasoning.vision_max_pixels``) and the checkpoint's max_pixels, and not below its min_pixels. That
 S x S image is then preprocessed exactly as transformers' image processor preprocesses it
-(``vl_preprocess.preprocess``; S already is what its smart_resize picks, so it resizes nothing), and the
+(``preprocess.preprocess``; S already is what its smart_resize picks, so it resizes nothing), and the
 tower turns its (S / patch)^2 patches into n = (S / 28)^2 merged tokens. The frame enters the decoder as
 ``<vision_start>``, those n tokens, ``<vision_end>`` (the embeddings of the two marker tokens around the
 tower's output, what transformers' prompt of one image holds), so tokens_per_frame = n + 2.
@@ -23,12 +23,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from .backends import VisionEncoder
-from .checkpoint import Checkpoint
-from .config import ModelConfigError, VisionConfig
-from .vision import check_frame, resize_frame
-from .vl_positions import rope_index
-from .vl_preprocess import ImageProcessing, preprocess
+from ..checkpoint import Checkpoint
+from ..config import ModelConfigError, VisionConfig
+from ..vision import check_frame, resize_frame
+from .positions import rope_index
+from .preprocess import ImageProcessing, preprocess
+from .tower import VisionEncoder
 
 MARKER_TOKENS = 2  # vision start and vision end around each frame's visual tokens
 
@@ -79,7 +79,7 @@ class VlFrameEncoder:
     """HxWx3 uint8 frame -> [tokens_per_frame, hidden] embeddings of one image segment, and its M-RoPE ids."""
 
     def __init__(self, checkpoint: Checkpoint, processing: ImageProcessing, tower: VisionEncoder) -> None:
-        """``tower``: the checkpoint's vision tower on the engine's backend (``backends.make_vision_tower``)."""
+        """``tower``: the checkpoint's vision tower on the engine's backend (``tower.make_vision_tower``)."""
         config = checkpoint.config
         vl = config.vl
         if vl is None:
@@ -90,7 +90,7 @@ class VlFrameEncoder:
             raise ModelConfigError(
                 f"{checkpoint.path}: config.vision (image_size {self.side}, tokens_per_frame "
                 f"{config.vision.tokens_per_frame}) is not a VL frame geometry: load the checkpoint through "
-                "runtime.loader.load_model (vl_frames.with_frame_geometry)")
+                "runtime.loader.load_model (vl.frames.with_frame_geometry)")
         self.processing = processing
         self.tower = tower
         self.grid_thw = np.array([[1, self.side // processing.patch_size, self.side // processing.patch_size]])
