@@ -72,7 +72,7 @@ def test_launch_file_starts_an_executable_the_package_installs():
     assert '"config", "default.yaml"' in source and (ROOT / "config" / "default.yaml").is_file()
     arguments = {n.args[0].value for n in ast.walk(tree) if isinstance(n, ast.Call)
                  and getattr(n.func, "id", "") == "DeclareLaunchArgument"}
-    assert arguments == {"config", "namespace", "image_topic", "use_sim_time"}
+    assert arguments == {"config", "namespace", "image_topic", "use_sim_time", "start_state"}
     assert 'glob("launch/*.launch.py")' in setup
 
 
