@@ -68,7 +68,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             print(f"vla-edge replay: error: {failed[bag]}", file=sys.stderr, flush=True)
         elif not args.json:
             _print_summary(reports[bag], dirs[args.bags.index(bag)])
-    run = run_figures(summaries, args.workers, args.ray)
+    run = run_figures(summaries, args.ray)
     if args.json:
         print(json.dumps({"schema": BATCH_SCHEMA, "reports": [reports[bag] for bag in args.bags if bag in reports],
                           "failed": [{"bag": str(bag), "error": failed[bag]} for bag in args.bags if bag in failed]},

@@ -72,6 +72,10 @@ AURA_NOTE = ("aura rows run once, at the smallest budget whose bytes hold the pr
              "current frame and the fast-weight state, which they hold whatever the budget")
 
 
+# what an episode counts and a cell reports summed over its episodes
+COUNTS = ("actions", "refused", "missed", "invalid", "safe_stops", "memory_writes", "memory_frames")
+
+
 @dataclass
 class Episode:
     """One closed-loop episode's outcome and what the runtime did during it."""
@@ -126,8 +130,7 @@ class Cell:
         wins = [e for e in self.episodes if e.success]
         low, high = wilson_interval(len(wins), n)
         total = {key: sum(getattr(e, key) for e in self.episodes)
-                 for key in ("actions", "refused", "missed", "invalid", "safe_stops", "memory_writes", "memory_frames", "cycles",
-                             "bytes_sum", "held_sum", "head_held_sum", "seen_sum")}
+                 for key in (*COUNTS, "cycles", "bytes_sum", "held_sum", "head_held_sum", "seen_sum")}
         cycles = max(total["cycles"], 1)
         held_bytes = total["bytes_sum"] - total["cycles"] * prompt_bytes  # KV beside the prompt + policy state
         peak = max((e.memory_peak_bytes for e in self.episodes), default=0)
@@ -139,8 +142,7 @@ class Cell:
             "success_rate": len(wins) / n if n else 0.0, "success_ci95": [low, high],
             "time_to_reach_s": float(np.mean([e.time_s for e in wins])) if wins else None,
             "path_length": float(np.mean([e.path_length for e in wins])) if wins else None,
-            **{key: int(total[key]) for key in ("actions", "refused", "missed", "invalid", "safe_stops", "memory_writes",
-                                                 "memory_frames")},
+            **{key: int(total[key]) for key in COUNTS},
             "writes_per_frame": total["memory_writes"] / total["memory_frames"] if total["memory_frames"] else None,
             "memory_peak_bytes": peak,
             "bytes_held": {"peak": peak, "mean": total["bytes_sum"] / cycles},
@@ -400,7 +402,7 @@ def run_unit(state: dict[str, Any], episode: EpisodeSpec) -> dict[str, Any]:
 
 def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budgets: Sequence[int | None],
              episodes: int, seed: int, costs: CostModel, out: Path, record_dir: Path | None = None, *,
-             workers: int = 1, ray_address: str | None = None, resume: bool = False,
+             workers: int | None = None, ray_address: str | None = None, resume: bool = False,
              progress: Callable[[str], None] = lambda line: None,
              bar: Callable[[int, int], None] = lambda done, total: None) -> dict[str, Any]:
     """Every (variant, budget) over the same seeded episodes, plus the expert; returns evaluate.json's content.
@@ -424,7 +426,8 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
     seeds = [seed + i for i in range(episodes)]
     context = EvalContext(settings, spec, costs, record_dir)
     job = Job(prepare, run_unit, context, identity=_identity(settings, spec, costs))
-    cells = [Cell(EXPERT, None)] + [Cell(v, b) for v in order for b in ([aura_budget] if v.startswith("aura") else budgets)]
+    cells = [Cell(EXPERT, None)] + [Cell(v, b) for v in order
+                                    for b in ([aura_budget] if v.startswith("aura") else budgets)]
     for cell in cells[1:]:
         _, cell.note = fit_to_budget(settings["reasoning"], cell.variant, cell.budget_frames)
         node = cell_node(settings["reasoning"], cell.variant, cell.budget_frames, None, checkpoint, spec)
@@ -471,7 +474,7 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
             cell.swaps = [CueSwap(**result) for result in results[True]]
             if cell.variant != EXPERT:
                 progress(_cell_line(report(cell)))
-    run = run_figures(summaries, workers, ray_address)
+    run = run_figures(summaries, ray_address)
     return {"schema": SCHEMA, "task": asdict(spec), "seed": seed, "episodes": episodes,
             "cost_model": costs.describe(), "model_dir": settings["reasoning"]["model_dir"], "notes": notes,
             "runtime_s": run.pop("seconds"), "run": run, "cells": [report(cell) for cell in cells]}

@@ -376,20 +376,20 @@ def progress_bar(description: str) -> Callable[[int, int], None]:
 
 def run_line(run: dict, seconds: float) -> str:
     """The end-of-run summary: units, rate, who ran them."""
-    where = f"Ray ({run['ray_address'] or 'local'})" if run["backend"] == "ray" else \
-        f"{run['workers']} local process{'es' if run['workers'] > 1 else ''}" if run["backend"] == "processes" else "this process"
+    where = {"ray": f"Ray ({run['ray_address'] or 'local'}, {run['workers']} workers)",
+             "processes": f"{run['workers']} local processes"}.get(run["backend"], "this process")
     resumed = f", {run['resumed']} resumed from an earlier run" if run["resumed"] else ""
     return (f"{run['units']} units in {seconds:.1f} s = {run['units_per_s']:.2f} units/s on {where} "
             f"({run['cores']} cores), {run['speedup']:.2f}x one worker, {run['failed']} failed{resumed}")
 
 
-def run_figures(summaries: Sequence[RunSummary], workers: int | None, ray_address: str | None) -> dict[str, Any]:
+def run_figures(summaries: Sequence[RunSummary], ray_address: str | None) -> dict[str, Any]:
     """How a run of one or more passes went: wall time, units/s, speed-up, failures, who ran it. Timing
     fields, which differ from run to run (``seconds`` is popped into a report's ``runtime_s``)."""
     seconds = sum(s.seconds for s in summaries)
     busy = sum(s.busy_seconds for s in summaries)
     ran = sum(len(s.results) - s.resumed for s in summaries)
-    return {"seconds": seconds, "workers": max((s.workers for s in summaries), default=workers or 1),
+    return {"seconds": seconds, "workers": max((s.workers for s in summaries), default=1),
             "backend": summaries[0].backend if summaries else "serial",
             "ray_address": ray_address, "cores": os.cpu_count(), "units": sum(len(s.results) for s in summaries),
             "resumed": sum(s.resumed for s in summaries), "failed": sum(len(s.failed) for s in summaries),

@@ -139,7 +139,7 @@ def _episodes(results: dict[str, dict], spec: BenchSpec, unit: BenchUnit) -> lis
     return [results[BenchUnit(**{**unit.__dict__, "index": i}).key] for i in range(count)]
 
 
-def run_bench(spec: BenchSpec, model_dir: Path | None = None, out: Path | None = None, *, workers: int = 1,
+def run_bench(spec: BenchSpec, model_dir: Path | None = None, out: Path | None = None, *, workers: int | None = None,
               ray_address: str | None = None, resume: bool = False,
               progress: Callable[[str], None] = lambda line: None,
               bar: Callable[[int, int], None] = lambda done, total: None) -> dict[str, Any]:
@@ -191,7 +191,7 @@ def run_bench(spec: BenchSpec, model_dir: Path | None = None, out: Path | None =
             progress(f"{name:<6} overhead at {spec.overhead_arena_frames} frames: {overhead[-1]['policy_ms']:.3f} ms")
         config = checkpoint.config
     return build_report(spec, model_dir, config, rows, ceiling, compression, overhead,
-                        run_figures(summaries, workers, ray_address))
+                        run_figures(summaries, ray_address))
 
 
 def _rows(spec: BenchSpec, checkpoint: Checkpoint, results: dict[str, dict], rates: dict[int, float],
