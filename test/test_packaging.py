@@ -87,10 +87,10 @@ def test_sources_parse_as_python_3_10_for_humble():
         ast.parse(path.read_text(), filename=str(path), feature_version=(3, 10))
 
 
-def test_readme_layout_names_every_package_of_the_tree():
-    """The README's layout block lists vla_edge_ros's packages as they are on disk, no more and no fewer."""
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("## Layout", 1)[1].split("```", 2)[1]
+def test_the_documented_layout_names_every_package_of_the_tree():
+    """docs/development.md's layout block lists vla_edge_ros's packages as they are on disk, no more and no fewer."""
+    page = (ROOT / "docs" / "development.md").read_text()
+    block = page.split("## Package layout", 1)[1].split("```", 2)[1]
     listed = {line.split()[0].rstrip("/") for line in block.splitlines()
               if line.startswith("  ") and not line.startswith("   ") and line.split()[0].endswith("/")}
     on_disk = {p.name for p in (ROOT / "vla_edge_ros").iterdir() if (p / "__init__.py").is_file()}
