@@ -27,8 +27,8 @@ def test_ament_index_marker_and_script_dirs():
     assert setup_cfg["install"]["install_scripts"] == "$base/lib/vla_edge_ros"
 
 
-def test_setup_installs_every_subpackage():
-    """A sub-package missing from setup.py works from a checkout and breaks a colcon install."""
+def declared_by_setup():
+    """setup.py's distribution as setuptools reads it (packages, data_files), nothing built."""
     import os
     from distutils.core import run_setup
 
@@ -37,9 +37,16 @@ def test_setup_installs_every_subpackage():
     here = os.getcwd()
     os.chdir(ROOT)
     try:
-        declared = set(run_setup("setup.py", stop_after="init").packages)
+        return run_setup("setup.py", stop_after="init")
     finally:
         os.chdir(here)
+
+
+def test_setup_installs_every_subpackage():
+    """A sub-package missing from setup.py works from a checkout and breaks a colcon install."""
+    import os
+
+    declared = set(declared_by_setup().packages)
     on_disk = {".".join(Path(folder).relative_to(ROOT).parts)
                for folder, _, files in os.walk(ROOT / "vla_edge_ros") if "__init__.py" in files}
     assert {"vla_edge_ros.memory", "vla_edge_ros.kv_store", "vla_edge_ros.kernels"} <= on_disk
@@ -95,3 +102,11 @@ def test_the_documented_layout_names_every_package_of_the_tree():
               if line.startswith("  ") and not line.startswith("   ") and line.split()[0].endswith("/")}
     on_disk = {p.name for p in (ROOT / "vla_edge_ros").iterdir() if (p / "__init__.py").is_file()}
     assert listed == on_disk
+
+
+def test_setup_installs_exactly_the_shipped_model_files():
+    """models/sim ships its checkpoint, recipe and one summary log, nothing else (no plots, no old logs)."""
+    shipped = ("config.json", "model.safetensors", "recipe.yaml", "train_log.json")
+    data_files = dict(declared_by_setup().data_files)
+    assert sorted(data_files["share/vla_edge_ros/models/sim"]) == sorted(f"models/sim/{name}" for name in shipped)
+    assert all((ROOT / "models" / "sim" / name).is_file() for name in shipped)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -33,6 +35,26 @@ def test_camera_to_commands_and_safe_stop_when_the_camera_stops(tiny_model):
         "action_publisher": {"ros__parameters": {"action_timeout_ms": 300.0, "control_rate_hz": 50.0,
                                                  "command_type": "float32_multi_array"}},
     }, "test.yaml")
+    with listening_pipeline(settings) as (pipeline, commands):
+        moving = lambda: any(len(c) == 7 and any(v != 0.0 for v in c) for c in commands)  # noqa: E731
+        assert _run_until(pipeline, lambda: pipeline.reasoning.actions > 10 and moving())
+        assert pipeline.camera.written > 10
+
+        camera = pipeline.nodes.pop()  # the synthetic camera: the stream stops
+        pipeline.executor.remove_node(camera)
+        camera.destroy_node()
+        commands.clear()
+        stop = [0.0] * 7
+        assert _run_until(pipeline, lambda: commands.count(stop) >= 3)  # a safe stop, commanded again and again
+        first_stop = commands.index(stop)
+        assert all(c == stop for c in commands[first_stop:])  # and nothing but stops once it began
+        assert pipeline.publisher.report().level == ERROR
+
+
+@contextmanager
+def listening_pipeline(settings) -> Iterator[tuple[Pipeline, list[list[float]]]]:
+    """The pipeline with a synthetic camera on a private graph, and every command a listener hears on
+    /vla/command (Float32MultiArray) as it arrives."""
     with private_graph() as (context, _):
         pipeline = Pipeline(settings, context=context, synthetic_camera=True)
         listener = Node("listener", context=context)
@@ -41,19 +63,7 @@ def test_camera_to_commands_and_safe_stop_when_the_camera_stops(tiny_model):
                                      qos_profile_sensor_data)
         pipeline.executor.add_node(listener)
         try:
-            moving = lambda: any(len(c) == 7 and any(v != 0.0 for v in c) for c in commands)  # noqa: E731
-            assert _run_until(pipeline, lambda: pipeline.reasoning.actions > 10 and moving())
-            assert pipeline.camera.written > 10
-
-            camera = pipeline.nodes.pop()  # the synthetic camera: the stream stops
-            pipeline.executor.remove_node(camera)
-            camera.destroy_node()
-            commands.clear()
-            stop = [0.0] * 7
-            assert _run_until(pipeline, lambda: commands.count(stop) >= 3)  # a safe stop, commanded again and again
-            first_stop = commands.index(stop)
-            assert all(c == stop for c in commands[first_stop:])  # and nothing but stops once it began
-            assert pipeline.publisher.report().level == ERROR
+            yield pipeline, commands
         finally:
             pipeline.executor.remove_node(listener)
             listener.destroy_node()
@@ -122,21 +132,10 @@ def test_a_model_whose_output_is_not_finite_never_commands_the_robot(tiny_model,
         "camera_subscriber": {"ros__parameters": {"frame_height": 120, "frame_width": 160}},
         "action_publisher": {"ros__parameters": {"control_rate_hz": 50.0, "command_type": "float32_multi_array"}},
     }, "test.yaml")
-    with private_graph() as (context, _):
-        pipeline = Pipeline(settings, context=context, synthetic_camera=True)
-        listener = Node("listener", context=context)
-        commands: list[list[float]] = []
-        listener.create_subscription(Float32MultiArray, "/vla/command", lambda m: commands.append(list(m.data)),
-                                     qos_profile_sensor_data)
-        pipeline.executor.add_node(listener)
-        try:
-            assert _run_until(pipeline, lambda: pipeline.reasoning.invalid_outputs >= 5 and len(commands) >= 10)
-            assert commands and all(v == 0.0 for c in commands for v in c)  # stops only (empty: no action yet)
-            assert pipeline.reasoning.actions == 0
-            report = pipeline.reasoning.report()
-            assert report.level == ERROR and "not finite" in report.message and "acting on" not in report.message
-            assert pipeline.reasoning.figures()["invalid_outputs"] >= 5
-        finally:
-            pipeline.executor.remove_node(listener)
-            listener.destroy_node()
-            pipeline.shutdown()
+    with listening_pipeline(settings) as (pipeline, commands):
+        assert _run_until(pipeline, lambda: pipeline.reasoning.invalid_outputs >= 5 and len(commands) >= 10)
+        assert commands and all(v == 0.0 for c in commands for v in c)  # stops only (empty: no action yet)
+        assert pipeline.reasoning.actions == 0
+        report = pipeline.reasoning.report()
+        assert report.level == ERROR and "not finite" in report.message and "acting on" not in report.message
+        assert pipeline.reasoning.figures()["invalid_outputs"] >= 5
