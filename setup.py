@@ -43,6 +43,8 @@ setup(
         "numba>=0.60",  # the cuda backend's kernels (auto picks numpy without a GPU)
         "numba-cuda>=0.20",
         "tqdm>=4.60",  # progress bars (train, and the units of replay, evaluate, memory-bench)
+        "tokenizers>=0.15",  # reasoning.instruction: the checkpoint's tokenizer.json, as transformers reads it
+        "jinja2>=3.1.6",  # its chat template, rendered in jinja2's sandbox (3.1.6: the sandbox escapes fixed)
     ],
     extras_require={
         "ros": [  # ROS 2 Kilted from pip wheels

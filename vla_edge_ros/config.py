@@ -176,8 +176,15 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
         Param("budget_bytes", 5_000_000_000, "Memory budget for weights + KV arena + workspace; a plan over "
               "it is refused before anything loads.", minimum=1 << 20, maximum=1 << 42),
         Param("prompt_token_ids", [151, 9, 402, 77, 1030, 12], "Instruction token ids, prefilled once and "
-              "pinned in the cache (the default is the instruction models/sim was trained with).",
+              "pinned in the cache, when reasoning.instruction is empty (the default is the instruction "
+              "models/sim was trained with). A config file gives one of the two.",
               minimum=0, maximum=(1 << 31) - 1, item=int, items=(1, 1 << 20)),
+        Param("instruction", "", "The instruction in words: the checkpoint's tokenizer.json and chat template "
+              "make it the pinned prompt (a model without a tokenizer refuses it). Empty: prompt_token_ids is "
+              "the prompt."),
+        Param("instruction_max_tokens", 64, "The most tokens an instruction may take once templated; a longer "
+              "one is refused. The KV arena keeps room for this many prompt tokens when the model has a "
+              "tokenizer.", minimum=1, maximum=1 << 16),
         Param("deadline_ms", 33.0, "Control deadline: a cycle must produce its action within this long of its "
               "frame's arrival, or it is not started.", minimum=1.0, maximum=1000.0, read_only=False),
         Param("ema_alpha", 0.1, "Weight of the newest measurement in the per-block cost estimate.",
@@ -363,6 +370,9 @@ def parse_settings(raw: Any, source: str, base: Path | None = None) -> Settings:
             if key not in specs:
                 raise ConfigError(f"{source}: unknown key {node}.{_cut(key)}; known: {sorted(specs)}")
             values[node][key] = specs[key].check(value, f"{source}: {node}")
+        if node == "reasoning" and flat.get("instruction") and "prompt_token_ids" in flat:
+            raise ConfigError(f"{source}: reasoning: give instruction or prompt_token_ids, not both (a non-empty "
+                              "instruction is the prompt)")
     for group in KNOB_GROUPS:  # the rules a group has beyond each value's range
         try:
             group.of(values[group.NODE])

@@ -207,9 +207,9 @@ class ReasoningNode(ManagedNode):
             if values["kv.policy"] != self.engine.policy.name:
                 self.engine.set_policy(build_policy(MemoryKnobs.of(values)))
             elif self.store is not None and values["kv_store.prompt"]:
-                load_or_prefill_prompt(self.engine, self.store, values["prompt_token_ids"])
+                load_or_prefill_prompt(self.engine, self.store, self.engine.prompt_ids)
             else:
-                self.engine.set_prompt(values["prompt_token_ids"])
+                self.engine.set_prompt(self.engine.prompt_ids)
             self.episodes += 1
         if knobs is not None:
             self.engine.policy.configure(knobs)

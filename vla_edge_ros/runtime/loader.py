@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 from threadpoolctl import threadpool_limits
 
 from ..config import MemoryKnobs, OutputKnobs, Settings
@@ -19,6 +20,7 @@ from ..model.backends import resolve_backend
 from ..model.budget import MemoryPlan, plan_config, plan_memory, require_fit
 from ..model.checkpoint import Checkpoint, load_checkpoint
 from ..model.config import ModelConfig
+from ..model.instruction import InstructionError, InstructionTokenizer
 from ..model.known_models import KNOWN_DTYPE_BYTES, known_model, weight_values
 from ..model.vl.frames import frame_geometry, with_frame_geometry
 from .action_output import check_fits_action
@@ -42,13 +44,27 @@ def load_model(settings: Settings) -> Checkpoint:
     return with_frame_geometry(checkpoint, node["vision_max_pixels"])
 
 
+def prompt_ids(settings: Settings, checkpoint: Checkpoint) -> np.ndarray:
+    """The pinned prompt's token ids: ``reasoning.instruction`` through the checkpoint's tokenizer and chat
+    template when it is set (``model/instruction.py``), else ``reasoning.prompt_token_ids``."""
+    node = settings["reasoning"]
+    if not node["instruction"]:
+        return np.asarray(node["prompt_token_ids"], dtype=np.int32)
+    with _reasoning_errors(settings):
+        tokenizer = InstructionTokenizer.load(checkpoint.path, checkpoint.config.vocab_size)
+        if tokenizer is None:
+            raise InstructionError(f"{checkpoint.path} has no tokenizer.json, so it cannot read instruction: give "
+                                   "prompt_token_ids instead")
+        return tokenizer.prompt_ids(node["instruction"], node["instruction_max_tokens"])
+
+
 def plan_for(settings: Settings, checkpoint: Checkpoint | None = None) -> tuple[MemoryPlan, Checkpoint]:
     """The memory plan of the reasoning node's configuration (reads tensor headers only). ``checkpoint``:
     already loaded, by ``load_model`` or plain (a VL checkpoint gets its frame geometry here either way)."""
     node = settings["reasoning"]
     checkpoint = (with_frame_geometry(checkpoint, node["vision_max_pixels"]) if checkpoint is not None
                   else load_model(settings))
-    largest = max(checkpoint.config.vision.tokens_per_frame, len(node["prompt_token_ids"]))
+    largest = max(checkpoint.config.vision.tokens_per_frame, len(prompt_ids(settings, checkpoint)))
     plan = plan_memory(checkpoint, resolve_backend(node["backend"]), node["kv_capacity_tokens"],
                        node["budget_bytes"], largest, node["kv_page_tokens"], node["kv_pool_pages"])
     return plan, checkpoint
@@ -61,7 +77,8 @@ def plan_known(settings: Settings, name: str) -> tuple[MemoryPlan, ModelConfig]:
     config, processing = known_model(name)
     config = replace(config, vision=frame_geometry(processing, node["vision_max_pixels"]))
     decoder, tower = weight_values(config)
-    largest = max(config.vision.tokens_per_frame, len(node["prompt_token_ids"]))
+    prompt = node["instruction_max_tokens"] if node["instruction"] else len(node["prompt_token_ids"])
+    largest = max(config.vision.tokens_per_frame, prompt)  # no tokenizer without the checkpoint: its bound
     plan = plan_config(config, "cuda", (decoder + tower) * KNOWN_DTYPE_BYTES, tower * KNOWN_DTYPE_BYTES,
                        node["kv_capacity_tokens"], node["budget_bytes"], largest, node["kv_page_tokens"],
                        node["kv_pool_pages"])
@@ -100,7 +117,7 @@ def check_settings(settings: Settings, checkpoint: Checkpoint, policies: Iterabl
     cannot run with (an arena without room for one frame names ``kv_capacity_tokens``). Shapes only:
     ``load_engine`` checks this before building anything, and ``vla-edge plan`` refuses what it refuses."""
     node = settings["reasoning"]
-    prompt = node["prompt_token_ids"]
+    prompt = prompt_ids(settings, checkpoint)
     vocab = checkpoint.config.vocab_size
     if any(t >= vocab for t in prompt):
         raise ValueError(f"{settings.source}: reasoning.prompt_token_ids has ids >= vocab_size {vocab}")
@@ -130,7 +147,7 @@ def load_engine(settings: Settings, policies: Iterable[str] = POLICIES, checkpoi
     check_settings(settings, checkpoint, policies)
     if node["blas_threads"]:
         threadpool_limits(limits=node["blas_threads"], user_api="blas")  # process-wide, from here on
-    prompt = node["prompt_token_ids"]
+    prompt = prompt_ids(settings, checkpoint)
     with _reasoning_errors(settings):
         engine = VlaEngine(checkpoint, backend=plan.backend, kv_capacity_tokens=node["kv_capacity_tokens"],
                            policy=build_policy(MemoryKnobs.of(node)), kv_page_tokens=node["kv_page_tokens"],

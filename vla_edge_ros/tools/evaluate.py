@@ -55,7 +55,7 @@ from ..runtime.admission import Verdict
 from ..runtime.block_costs import CostModel
 from ..runtime.clock import VirtualClock
 from ..runtime.driver import Driver
-from ..runtime.loader import load_engine, load_model
+from ..runtime.loader import load_engine, load_model, prompt_ids
 from ..runtime.reasoner import block_kinds
 from ..worlds.sim.world import VELOCITY_COMMANDS, CueReachEnv, TaskSpec, velocity_command
 from .aura_gates import BASELINE_GATES, baseline_policy
@@ -424,21 +424,22 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
         notes.append(f"aura added: it measures the write rate matched by {', '.join(v for v in order if v in MATCHED)}")
         progress(notes[-1])
     seeds = [seed + i for i in range(episodes)]
+    prompt_tokens = len(prompt_ids(settings, checkpoint))
     context = EvalContext(settings, spec, costs, record_dir)
     job = Job(prepare, run_unit, context, identity=_identity(settings, spec, costs))
     cells = [Cell(EXPERT, None)] + [Cell(v, b) for v in order
                                     for b in ([aura_budget] if v.startswith("aura") else budgets)]
     for cell in cells[1:]:
         _, cell.note = fit_to_budget(settings["reasoning"], cell.variant, cell.budget_frames)
-        node = cell_node(settings["reasoning"], cell.variant, cell.budget_frames, None, checkpoint, spec)
-        site = MemorySite(checkpoint, node["kv_capacity_tokens"], len(node["prompt_token_ids"]),
-                          node["kv_page_tokens"], node["kv_pool_pages"])
+        node = cell_node(settings["reasoning"], cell.variant, cell.budget_frames, None, checkpoint, spec,
+                         prompt_tokens)
+        site = MemorySite(checkpoint, node["kv_capacity_tokens"], prompt_tokens, node["kv_page_tokens"],
+                          node["kv_pool_pages"])
         try:  # every budget is checked before any episode runs, by the policy's own check of its arena
             check_knobs(MemoryKnobs.of(node), site, (node["kv.policy"],))
         except ValueError as exc:
             budget = "all" if cell.budget_frames is None else f"{cell.budget_frames} frames"
             raise ValueError(f"{cell.variant} cannot run within a budget of {budget}: {exc}") from exc
-    prompt_tokens = len(settings["reasoning"]["prompt_token_ids"])
     page_tokens = settings["reasoning"]["kv_page_tokens"]
     token = kv_bytes_per_token(checkpoint.config)
 
@@ -559,14 +560,13 @@ def fit_to_budget(node: dict[str, Any], variant: str, budget: int | None) -> tup
 
 
 def cell_node(reasoning: dict[str, Any], variant: str, budget: int | None, gate_rate: float | None,
-              checkpoint: Checkpoint, spec: TaskSpec) -> dict[str, Any]:
+              checkpoint: Checkpoint, spec: TaskSpec, prompt_tokens: int) -> dict[str, Any]:
     """The reasoning settings of one cell: its variant's knobs, ``fit_to_budget``'s, and its arena
-    (``arena_for``: slots and pool pages for its budget)."""
+    (``arena_for``: slots and pool pages for its budget beside a prompt of ``prompt_tokens``)."""
     fitted, _ = fit_to_budget(reasoning, variant, budget)
     node = dict(reasoning, **variant_knobs(variant, gate_rate), **fitted)
     node["kv_capacity_tokens"], node["kv_pool_pages"] = arena_for(
-        checkpoint.config, make_policy(node["kv.policy"], node), len(node["prompt_token_ids"]), budget, spec,
-        node["kv_page_tokens"])
+        checkpoint.config, make_policy(node["kv.policy"], node), prompt_tokens, budget, spec, node["kv_page_tokens"])
     return node
 
 
@@ -574,7 +574,7 @@ def _cell_runtime(context: EvalContext, episode: EpisodeSpec, checkpoint: Checkp
     """The engine of one cell: sized for its budget under its variant (``cell_node``)."""
     settings = context.settings
     node = cell_node(settings["reasoning"], episode.variant, episode.budget, episode.gate_rate, checkpoint,
-                     context.spec)
+                     context.spec, len(prompt_ids(settings, checkpoint)))
     cell = Settings({**settings.values, "reasoning": node}, settings.source)
     engine = load_engine(cell, policies=(node["kv.policy"],), checkpoint=checkpoint).engine  # this policy's arena
     return engine, cell
