@@ -136,6 +136,30 @@ class VlaEngine:
         into the arena instead of being recomputed. Long prompts prefill in chunks, which bounds the
         attention workspace at chunk x arena instead of prompt x arena.
         """
+        ids = self._checked_prompt(token_ids, cached)
+        self.arena.release(np.arange(self.arena.capacity))
+        self._pin_prompt(ids, cached)
+        self.policy.reset()
+
+    def replace_prompt(self, token_ids: list[int] | np.ndarray, cached: dict[str, np.ndarray] | None = None) -> int:
+        """Swap the pinned prompt for ``token_ids`` and keep the episode memory (``kv.on_instruction: keep``);
+        returns how many frames (dms: tokens) the memory let go to make room for a longer prompt.
+
+        The kept tokens move behind the new prompt, their keys rotated by the shift (exact for RoPE, and for
+        M-RoPE as re-numbering is), and the new prompt is prefilled in front of them reading only itself,
+        as a fresh prompt is. What the memory holds was computed under the old prompt: keeping it across
+        an instruction is what keeping a memory means (``set_prompt`` starts afresh instead).
+        """
+        ids = self._checked_prompt(token_ids, cached)
+        self.arena.release(self.arena.pinned)
+        self.arena.pinned = np.empty(0, dtype=np.int32)
+        evicted = self.policy.make_room(ids.size)
+        self.compact_positions(first=ids.size)
+        self._pin_prompt(ids, cached)
+        return evicted
+
+    def _checked_prompt(self, token_ids: list[int] | np.ndarray, cached: dict[str, np.ndarray] | None) -> np.ndarray:
+        """``token_ids`` as the prompt's ids, once they leave room for a frame (and ``cached`` fits them)."""
         ids = np.asarray(token_ids, dtype=np.int32)
         reserved = self.policy.reserved_tokens()
         if arena_capacity(self.config, ids.size, 1, reserved) > self.arena.capacity:
@@ -143,20 +167,22 @@ class VlaEngine:
                              f"{self.arena.capacity}-token arena ({self.policy.name} holds {reserved} more)")
         if cached is not None:
             self._check_prompt_kv(ids, cached)
-        self.arena.release(np.arange(self.arena.capacity))
+        return ids
+
+    def _pin_prompt(self, ids: np.ndarray, cached: dict[str, np.ndarray] | None) -> None:
+        """Place the prompt at positions 0..n-1 and pin it: its stored KV, or a prefill in chunks."""
         self._prompt_ids = ids
         self.arena.pinned = self.arena.allocate(ids.size)
         if cached is not None:
             positions = np.arange(ids.size, dtype=np.int32)
             self.arena.commit(self.prompt_slots, positions, self._text_ids(0, ids.size))
             self.backend.write_kv(self.prompt_slots, cached["keys"], cached["values"])
-        else:
-            for start in range(0, ids.size, PREFILL_CHUNK_TOKENS):
-                chunk = slice(start, start + PREFILL_CHUNK_TOKENS)
-                positions = np.arange(start, min(start + PREFILL_CHUNK_TOKENS, ids.size), dtype=np.int32)
-                self.backend.forward(positions, self.prompt_slots[chunk], token_ids=ids[chunk],
-                                     rope_positions=self._text_ids(start, positions.size))
-        self.policy.reset()
+            return
+        for start in range(0, ids.size, PREFILL_CHUNK_TOKENS):
+            chunk = slice(start, start + PREFILL_CHUNK_TOKENS)
+            positions = np.arange(start, min(start + PREFILL_CHUNK_TOKENS, ids.size), dtype=np.int32)
+            self.backend.forward(positions, self.prompt_slots[chunk], token_ids=ids[chunk],
+                                 rope_positions=self._text_ids(start, positions.size))
 
     def _text_ids(self, first: int, count: int) -> np.ndarray | None:
         """M-RoPE ids of ``count`` text-like tokens from id ``first`` (None for a text decoder: 1-D RoPE)."""
@@ -269,16 +295,16 @@ class VlaEngine:
         self.set_prompt(prompt["token_ids"], cached=prompt)
         return invalid
 
-    def compact_positions(self) -> None:
-        """Re-position the cached tokens to 0..n-1 in their current order, rotating their keys (a VL
-        checkpoint's by the delta that re-packs their M-RoPE ids; see the module doc)."""
+    def compact_positions(self, first: int = 0) -> None:
+        """Re-position the cached tokens to first..first+n-1 in their current order, rotating their keys (a VL
+        checkpoint's by the delta that re-packs their M-RoPE ids from ``first``; see the module doc)."""
         slots = self.arena.slots_in_order()
-        targets = np.arange(slots.size, dtype=np.int32)
+        targets = np.arange(first, first + slots.size, dtype=np.int32)
         if self.arena.rope_positions is None:
             shifts = targets - self.arena.positions[slots]
         else:
             old = self.arena.rope_positions[:, slots]
-            new = repack_rope_ids(old)
+            new = repack_rope_ids(old) + first  # one shift of all three ids: a 1-D rotation, still exact
             shifts = new[0] - old[0]
             self.arena.rope_positions[:, slots] = new
         moving = shifts != 0
