@@ -27,17 +27,20 @@ def memory_key(store: BlockStore, token_ids: np.ndarray | list[int], policy: str
     return chain_key(prompt_key(store, token_ids), MEMORY_KIND, policy, name)
 
 
-def load_or_prefill_prompt(engine: VlaEngine, store: BlockStore, token_ids: list[int] | np.ndarray) -> bool:
-    """Start an episode from the stored prompt KV when a valid block exists (True), else prefill and store it."""
+def load_or_prefill_prompt(engine: VlaEngine, store: BlockStore, token_ids: list[int] | np.ndarray, *,
+                           keep_memory: bool = False) -> bool:
+    """Pin the prompt from its stored KV when a valid block exists (True), else prefill it and store it: for
+    a new episode, or (``keep_memory``) for the episode going on under a new instruction (``replace_prompt``)."""
+    place = engine.replace_prompt if keep_memory else engine.set_prompt
     key = prompt_key(store, token_ids)
     cached = store.get(key)
     if cached is not None:
         try:
-            engine.set_prompt(token_ids, cached=cached)
+            place(token_ids, cached=cached)
             return True
         except ValueError as exc:  # authenticated, yet not this prompt's shape
             store.reject("shape", store.path_of(key).name, str(exc))
-    engine.set_prompt(token_ids)
+    place(token_ids)
     try:
         store.put(key, PROMPT_KIND, engine.prompt_kv())
     except OSError as exc:  # a full disk costs the next start a prefill, never this one

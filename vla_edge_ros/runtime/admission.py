@@ -89,6 +89,7 @@ class BlockKind(str, Enum):
     VISION_ENCODE = "vision_encode"  # a VL checkpoint's vision tower on one frame, before its prefill
     DECODE = "decode"  # one decode step of the action
     CYCLE = "cycle"  # the whole cycle, decided once per frame by start_cycle
+    PROMPT = "prompt"  # a new instruction's prompt, prefilled or loaded from the KV store (start_required)
 
 
 class Verdict(str, Enum):
@@ -331,6 +332,25 @@ class AdmissionGate:
                 self._counts[kind].refused += 1
                 return Decision(kind, Verdict.REFUSED, now, deadline_ns, None)
             return self._decide(kind, now, deadline_ns, None, 0.0 if within is Verdict.PROBE else self._k)
+
+    def start_required(self, kind: BlockKind | str) -> Decision:
+        """Start a block that must run whatever it costs (a new instruction's ``prompt``: the robot must take
+        the new task), with the deadline's length as its budget: its cost is learned like any block's, and
+        one that takes longer than a deadline counts as missed. Nothing is refused here; the frames after it
+        are judged by the time it took."""
+        kind = BlockKind(kind)
+        if kind in (BlockKind.CYCLE, BlockKind.ENCODE_PREFILL, BlockKind.VISION_ENCODE, BlockKind.DECODE):
+            raise ValueError(f"a {kind.value} block is admitted, never required: start_cycle / admit")
+        with self._lock:
+            now = self._clock()
+            estimate, counts = self._estimates[kind], self._counts[kind]
+            warm = estimate.count >= self._warmup
+            if warm:
+                counts.admitted += 1
+            else:
+                counts.warmup += 1
+            return Decision(kind, Verdict.ADMITTED if warm else Verdict.WARMUP, now,
+                            now + round(self._deadline_ms * NS_PER_MS), estimate.predict_ns(self._k) if warm else None)
 
     def _decide(self, kind: BlockKind, now: int, deadline: int, received_ns: int | None,
                 k: float | None = None) -> Decision:

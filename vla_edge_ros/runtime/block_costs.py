@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from .admission import BlockKind
 from .clock import NS_PER_MS, VirtualClock
 
-_COST_NAMES = {"encode": BlockKind.ENCODE_PREFILL, "vision": BlockKind.VISION_ENCODE, "decode": BlockKind.DECODE}
-_REQUIRED = ("encode", "decode")  # ``vision`` only where a VL checkpoint runs its vision tower (``require``)
+_COST_NAMES = {"encode": BlockKind.ENCODE_PREFILL, "vision": BlockKind.VISION_ENCODE, "decode": BlockKind.DECODE,
+               "prompt": BlockKind.PROMPT}
+_REQUIRED = ("encode", "decode")  # also ``vision`` where a VL checkpoint runs its tower and ``prompt`` where the
+# instruction changes during a run (``require``)
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ def parse_cost(text: str) -> CostModel:
     for part in filter(None, text[len("fixed:"):].split(",")):
         match = re.fullmatch(r"\s*(\w+)\s*=\s*([0-9]*\.?[0-9]+)\s*(ms|us)\s*", part)
         if not match or match.group(1) not in _COST_NAMES:
-            raise ValueError(f"bad cost {part!r}: expected encode=<n>ms, vision=<n>ms or decode=<n>ms")
+            raise ValueError(f"bad cost {part!r}: expected encode=<n>ms, vision=<n>ms, decode=<n>ms or prompt=<n>ms")
         scale = NS_PER_MS if match.group(3) == "ms" else 1_000
         costs[_COST_NAMES[match.group(1)]] = round(float(match.group(2)) * scale)
     missing = [name for name in _REQUIRED if _COST_NAMES[name] not in costs]

@@ -16,8 +16,9 @@ same costs on any machine and at any replay speed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -25,6 +26,9 @@ from ..engine.vla_engine import VlaEngine
 from ..model.config import ModelConfig
 from ..numerics.finite import NonFiniteError
 from .admission import AdmissionGate, BlockKind, Verdict
+
+
+T = TypeVar("T")
 
 
 def block_kinds(config: ModelConfig) -> tuple[BlockKind, ...]:
@@ -70,6 +74,18 @@ class Reasoner:
         self.engine = engine
         self.gate = gate
         self.timer = timer or RealTime()
+
+    def retask(self, apply: Callable[[], T]) -> T:
+        """Run ``apply`` (a new instruction's prompt: prefilled, or its stored KV loaded) as a ``prompt`` block:
+        it always starts (the robot must take the new task), its cost is learned apart, and the next frame's
+        cycle is judged with the time it took."""
+        block = self.gate.start_required(BlockKind.PROMPT)
+        self.timer.started(BlockKind.PROMPT)
+        try:
+            return apply()
+        finally:
+            self.timer.finished(BlockKind.PROMPT)
+            self.gate.record(block)
 
     def cycle(self, image: np.ndarray, receive_ns: int) -> CycleResult:
         gate, timer = self.gate, self.timer
