@@ -14,7 +14,7 @@ TASK ?= reach
 
 setup: $(STAMP)
 
-$(STAMP): setup.py
+$(STAMP): setup.py vla_edge_ros/dependencies.py
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 is required"'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { \
 	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \

@@ -15,7 +15,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "vla_edge_ros"
 LAYERS = (
-    ("config", "numerics", "worlds"),  # the schema; NumPy math and bf16; synthetic worlds (pure NumPy)
+    ("config", "dependencies", "numerics", "worlds"),  # the schema, the dependency table; NumPy math; worlds
     ("kernels",),  # Numba-CUDA kernels and their NumPy twins
     ("model",),  # checkpoint, config, arena, backends, vision, action head, memory plan
     ("memory",),  # KV memory policies, seeing a MemoryContext

@@ -12,6 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..dependencies import missing
 from .args import count
 
 
@@ -32,7 +33,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.scale < 1:
         recipe = recipe.scaled(args.scale)
 
-    import torch
+    try:
+        import torch
+    except ModuleNotFoundError:
+        raise missing("train", "training") from None
     from tqdm import tqdm
 
     from ..train.trainer import train_recipe

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from ..config import choices_of
+from ..dependencies import missing
 from .arena import KVArena
 from .backend import Backend
 from .checkpoint import Checkpoint
@@ -20,9 +21,19 @@ def cuda_simulated() -> bool:
     return bool(config.ENABLE_CUDASIM)
 
 
+def cuda_installed() -> bool:
+    """True when numba-cuda, the CUDA target the kernels are built and tested on, is installed (the cuda extra);
+    Numba's own built-in target, deprecated, does not count."""
+    try:
+        import numba_cuda  # noqa: F401
+    except ModuleNotFoundError:
+        return False
+    return True
+
+
 def cuda_available() -> bool:
     """True when a real CUDA device is usable (Numba's simulator does not count)."""
-    if cuda_simulated():
+    if cuda_simulated() or not cuda_installed():
         return False
     try:
         from numba import cuda
@@ -47,6 +58,8 @@ def on_cuda(name: str) -> bool:
     """Whether backend ``name`` runs on CUDA; refuses 'cuda' where no GPU (or simulator) is usable."""
     if resolve_backend(name) != "cuda":
         return False
+    if not cuda_installed():
+        raise missing("cuda", "backend 'cuda'")
     if not (cuda_available() or cuda_simulated()):
         raise ValueError("backend 'cuda' was requested but no CUDA GPU is usable here; use 'auto' or 'numpy'")
     return True

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import USER_ERRORS
+from ..dependencies import missing
 
 UNITS_DIR = "units"
 
@@ -100,6 +101,7 @@ def run_units(job: Job, units: Sequence[Unit], out: Path, *, workers: int | None
     keys = [unit.key for unit in units]
     if len(set(keys)) != len(keys):
         raise ValueError("unit keys must be unique")
+    ray = _import_ray() if ray_address is not None else None  # before any output: without it, one line
     directory = out / UNITS_DIR
     directory.mkdir(parents=True, exist_ok=True)
     summary = RunSummary(workers=workers or 1, backend="ray" if ray_address is not None else
@@ -130,8 +132,8 @@ def run_units(job: Job, units: Sequence[Unit], out: Path, *, workers: int | None
             on_result(key, result)
 
     progress(done[0], len(units))
-    if ray_address is not None:
-        summary.workers = _run_ray(job, pending, workers, ray_address, finished)
+    if ray is not None:
+        summary.workers = _run_ray(ray, job, pending, workers, ray_address, finished)
     elif summary.workers > 1:
         _run_processes(job, pending, summary.workers, finished)
     else:
@@ -285,13 +287,18 @@ def _after_a_death(unit: Unit, exitcode: int | None, todo: list[Unit], deaths: d
 # --- Ray ---------------------------------------------------------------------------------------------------
 
 
-def _run_ray(job: Job, pending: Sequence[Unit], workers: int | None, address: str,
-             finished: Callable[[str, dict | None, str | None], None]) -> int:
-    """Run ``pending`` on ``workers`` actors (None: one per CPU of the cluster); returns how many there were."""
+def _import_ray() -> Any:
+    """The ray module, or the one line saying which extra installs it."""
     try:
         import ray
-    except ImportError:
-        raise ValueError("--ray needs Ray: pip install 'vla_edge_ros[ray]' (or pip install ray)") from None
+    except ModuleNotFoundError:
+        raise missing("ray", "--ray") from None
+    return ray
+
+
+def _run_ray(ray: Any, job: Job, pending: Sequence[Unit], workers: int | None, address: str,
+             finished: Callable[[str, dict | None, str | None], None]) -> int:
+    """Run ``pending`` on ``workers`` actors (None: one per CPU of the cluster); returns how many there were."""
     _connect(ray, address, workers)
     try:
         workers = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))

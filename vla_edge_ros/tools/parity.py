@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..dependencies import missing
 from ..model.arena import KVArena
 from ..model.backend import Backend, ForwardResult
 from ..model.backends import make_backend
@@ -134,6 +135,11 @@ def run_parity(model_dir: str | Path, token_ids: Sequence[int | None], backend: 
     """
     if not token_ids:
         raise ValueError("parity needs at least one token id")
+    try:  # the reference, before any work
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ModuleNotFoundError:
+        raise missing("parity", "the reference forward pass") from None
     checkpoint = load_checkpoint(model_dir, require_vla=False, allow_nonfinite=allow_nonfinite)
     if checkpoint.config.vl is not None:
         return _vl_parity(checkpoint, token_ids, backend, image_size, seed)
