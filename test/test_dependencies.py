@@ -139,3 +139,85 @@ def test_the_missing_extra_line_names_every_requirement_quoted_for_a_shell():
         f"parity needs torch and transformers: pip install '{deps.TORCH}' "
         f"'{deps.OPTIONAL['parity']['transformers']}' (the 'parity' extra of vla_edge_ros)")
 
+
+def test_the_robot_page_shows_every_key_rosdep_installs_with_pip_and_every_extra_as_the_table_has_them():
+    page = (ROOT / "docs" / "robot.md").read_text()
+    install = page.split("## Install\n", 1)[1].split("\n## ", 1)[0]
+    assert "file://$HOME/ros2_ws/src/vla_edge_ros/rosdep/vla_edge_ros.yaml" in install
+    assert "PIP_BREAK_SYSTEM_PACKAGES=1 rosdep install --from-paths src --ignore-src -y" in install
+    for _, key in deps.RUNTIME.values():
+        assert not key.endswith("-pip") or f"`{key}`" in install, f"docs/robot.md does not say {key} is pip's"
+    rows = {cells[1].strip(" `"): cells[-2].strip() for cells in
+            (line.split("|") for line in install.splitlines() if line.startswith("| `"))}
+    assert rows == {extra: "`" + " ".join(f"'{r}'" for r in sorted(set(modules.values()))) + "`"
+                    for extra, modules in deps.OPTIONAL.items()}
+    readme = (ROOT / "README.md").read_text()
+    assert all(line in readme for line in install.splitlines() if line.startswith(("echo", "cd ~/ros2_ws &&")))
+
+
+def documented_blocks() -> list[str]:
+    """The two bash blocks of docs/robot.md's "Without a ROS install": the pip install, the prefix and launch."""
+    section = (ROOT / "docs" / "robot.md").read_text().split("### Without a ROS install\n", 1)[1]
+    return [block.split("\n", 1)[1] for block in section.split("```")[1:4:2]]
+
+
+@pytest.mark.slow
+def test_a_fresh_environment_with_the_documented_pip_install_runs_replay_evaluate_and_the_launch(tmp_path):
+    """docs/robot.md's install without ROS, run as written in a copy of this checkout (its own .venv, from the
+    package index or pip's cache, nothing else): then make-bag, replay, evaluate, and the launch from the
+    documented prefix, up and commanding, stopped by SIGINT with exit code 0. No optional extra is installed."""
+    import os
+    import shutil
+    import signal
+    import time
+
+    wheels = ROOT.parent / "shared" / "wheels" / "ros2-launch"
+    if not wheels.is_dir():
+        pytest.skip(f"{wheels} is missing: the launch wheels are not on the package index")
+    checkout = tmp_path / "work" / "vla_edge_ros"
+    shutil.copytree(ROOT, checkout, ignore=shutil.ignore_patterns(".venv", ".git", "build", "install", "*.egg-info",
+                                                                   "__pycache__", "site", "models"))
+    shutil.copytree(ROOT / "models" / "sim", checkout / "models" / "sim")
+    (tmp_path / "work" / "shared").symlink_to(ROOT.parent / "shared")
+    install, launch = documented_blocks()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON", "NUMBA_"))}
+
+    def bash(script: str, timeout: float) -> str:
+        done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=checkout, env=env, text=True,
+                              capture_output=True, timeout=timeout)
+        assert done.returncode == 0, f"{script}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+        return done.stdout
+
+    started = time.monotonic()
+    bash(install, timeout=1500)
+    installed_s = time.monotonic() - started
+    optional = sorted({m for modules in deps.OPTIONAL.values() for m in modules})
+    present = bash(f".venv/bin/python -c \"import importlib.util as u; print([m for m in {optional!r} "
+                   "if u.find_spec(m)])\"", timeout=60)
+    assert present.strip() == "[]"
+    bash(".venv/bin/vla-edge make-bag --scenario cue-recall --out cue.mcap --seconds 2 && "
+         ".venv/bin/vla-edge replay cue.mcap --policy fifo,cosine --cost fixed:encode=8ms,decode=1ms --out r && "
+         ".venv/bin/vla-edge evaluate --policy fifo --budgets 4 --episodes 1 --time-limit-s 2 "
+         "--cost fixed:encode=8ms,decode=1ms --out e && test -f r/report.md && test -f e/evaluate.json", timeout=900)
+    config = tmp_path / "robot.yaml"
+    config.write_text("reasoning:\n  ros__parameters:\n    deadline_ms: 1000.0\n")
+    *build, command = launch.strip().splitlines()  # the prefix and its environment; then the launch, as bash's exec
+    script = "\n".join([*build, "exec " + command.replace("/path/to/robot.yaml", str(config))])
+    process = subprocess.Popen(["bash", "-euo", "pipefail", "-c", script], cwd=checkout,
+                               env={**env, "ROS_DOMAIN_ID": str(100 + os.getpid() % 100)}, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    lines: list[str] = []
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            if "active: commanding" in line:  # the last node up; a signal before the spin is a start-up's, exit 2
+                time.sleep(2.0)
+                os.killpg(process.pid, signal.SIGINT)
+                break
+        process.wait(timeout=120)
+    finally:
+        process.kill()
+    out = "".join(lines) + process.stdout.read()
+    assert any("active: commanding" in line for line in lines) and process.returncode == 0, out[-3000:]
+    assert "deactivated: sent an explicit stop" in out
+    print(f"install {installed_s:.0f} s, all {time.monotonic() - started:.0f} s")
