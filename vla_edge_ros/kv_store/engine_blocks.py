@@ -31,16 +31,21 @@ def load_or_prefill_prompt(engine: VlaEngine, store: BlockStore, token_ids: list
                            keep_memory: bool = False) -> bool:
     """Pin the prompt from its stored KV when a valid block exists (True), else prefill it and store it: for
     a new episode, or (``keep_memory``) for the episode going on under a new instruction (``replace_prompt``)."""
-    place = engine.replace_prompt if keep_memory else engine.set_prompt
+    def place(cached: dict[str, np.ndarray] | None = None) -> None:
+        if keep_memory:
+            engine.replace_prompt(token_ids, cached=cached)
+        else:
+            engine.set_prompt(token_ids, cached=cached)
+
     key = prompt_key(store, token_ids)
     cached = store.get(key)
     if cached is not None:
         try:
-            place(token_ids, cached=cached)
+            place(cached)
             return True
         except ValueError as exc:  # authenticated, yet not this prompt's shape
             store.reject("shape", store.path_of(key).name, str(exc))
-    place(token_ids)
+    place()
     try:
         store.put(key, PROMPT_KIND, engine.prompt_kv())
     except OSError as exc:  # a full disk costs the next start a prefill, never this one
