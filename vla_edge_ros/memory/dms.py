@@ -272,9 +272,13 @@ class DmsPolicy(MemoryPolicy):
         """Slots that still hold tokens of frame number ``frame`` (slot numbers are reused after evictions)."""
         return np.flatnonzero((self._slot_frame == frame) & self._context().arena.valid).astype(np.int32)
 
-    def frames_kept(self) -> int:
+    def frames_held(self) -> np.ndarray:
+        """Frame numbers of this episode with a token some (layer, KV head) still reads, ascending."""
         frames = self._slot_frame[self._context().arena.valid]
-        return int(np.unique(frames[frames >= 0]).size)
+        return np.unique(frames[frames >= 0])
+
+    def frames_kept(self) -> int:
+        return int(self.frames_held().size)
 
     def tokens_seen(self) -> int:
         return self.writes  # frame and decoded tokens alike
