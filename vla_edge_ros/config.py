@@ -203,6 +203,15 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               "window's frames missed the deadline (0: any miss).", minimum=0.0, maximum=1.0, read_only=False),
         Param("diagnostics.missed_error_share", 0.1, "Diagnostics turn ERROR when more than this share of the "
               "window's frames missed the deadline.", minimum=0.0, maximum=1.0, read_only=False),
+        Param("debug_image.enabled", False, "Publish vla/debug_image (sensor_msgs/Image, rgb8): the frame the "
+              "latest cycle acted on, its command (an arrow for twist, bars otherwise), the gate's verdict and "
+              "latency, and thumbnails of the frames the memory keeps (aura: of those written into its fast "
+              "weights). Drawn on the executor thread, never the reasoning thread; while on, each camera frame "
+              "is also copied small.", read_only=False),
+        Param("debug_image.rate_hz", 5.0, "At most this many debug images a second (fewer when fewer cycles "
+              "ran).", minimum=0.1, maximum=30.0, read_only=False),
+        Param("debug_image.width", 640, "Width of the debug image in pixels; the frame keeps its aspect, the "
+              "strip below it shows up to 32 thumbnails.", minimum=160, maximum=1920, read_only=False),
         Param("kv.policy", "fifo", "KV memory policy: fifo (oldest frame goes), cosine (most redundant frame "
               "goes), aura (prompt + current frame + constant-size fast weights), dms (keep/evict per token and "
               "KV head, enforced once the token leaves a window). A change takes effect at the next episode "
@@ -610,6 +619,17 @@ class DiagnosticsKnobs(KnobGroup):
 
 
 @dataclass(frozen=True)
+class DebugImageKnobs(KnobGroup):
+    """reasoning: debug_image.* (the vla/debug_image topic)."""
+
+    NODE: ClassVar[str] = "reasoning"
+    PREFIX: ClassVar[str] = "debug_image."
+    enabled: bool
+    rate_hz: float
+    width: int
+
+
+@dataclass(frozen=True)
 class CosineKnobs(KnobGroup):
     """reasoning: kv.cosine.*"""
 
@@ -684,4 +704,5 @@ class OutputKnobs(KnobGroup):
                 raise ConfigError(f"{self.NODE}: action_min is above action_max in dimension {i} ({a:g} > {b:g})")
 
 
-KNOB_GROUPS: tuple[type[KnobGroup], ...] = (GateKnobs, DiagnosticsKnobs, MemoryKnobs, OutputKnobs)  # every group a node has
+KNOB_GROUPS: tuple[type[KnobGroup], ...] = (GateKnobs, DiagnosticsKnobs, DebugImageKnobs, MemoryKnobs,
+                                             OutputKnobs)  # every group a node has
