@@ -14,6 +14,9 @@ order its clock says:
                                                         # move the clock; None when no frame waits
     command = driver.command(t)                         # what the publisher sends at tick t
 
+``driver.feed`` is the debug image's hand-off (``cycle_view.DebugFeed``), off until ``feed.enabled`` is set:
+``reason`` calls it around each cycle exactly as the live reasoning thread does.
+
 An action becomes the robot's at the moment it is ready (``CycleResult.ready_ns``), not when
 ``reason`` returns: a tick before that still commands the previous action, or a safe stop once
 that one is older than ``action_timeout_ms``, exactly as the action slot and the publisher's
@@ -34,6 +37,7 @@ from .action_slot import TimedAction
 from .admission import AdmissionGate
 from .block_costs import CostModel, VirtualTimer
 from .clock import VirtualClock, WallClock
+from .cycle_view import DebugFeed
 from .frame_buffer import Frame, FrameBuffer
 from .reasoner import CycleResult, Reasoner, block_kinds
 
@@ -62,6 +66,7 @@ class Driver:
         self.knobs = OutputKnobs.of(settings["action_publisher"])
         self.output = ActionOutput(self.knobs)
         self.buffer = FrameBuffer(*frame_size)
+        self.feed = DebugFeed()
         self._pending: TimedAction | None = None  # the newest action, until its ready time
         self._ready: TimedAction | None = None  # the newest action that is ready
 
@@ -79,11 +84,13 @@ class Driver:
         frame = self.buffer.read_latest()
         if frame is None:
             return None
+        self.feed.before_cycle(self.engine.policy)
         result = self.reasoner.cycle(frame.image, frame.receive_ns)
         if result.action is not None:
             if self._pending is not None:
                 self._ready = self._pending  # it was ready before this cycle could start
             self._pending = TimedAction(result.action, result.ready_ns, frame.stamp_ns)
+        self.feed.after_cycle(frame, result)
         return Cycle(frame, result)
 
     def command(self, now_ns: int) -> Command:
