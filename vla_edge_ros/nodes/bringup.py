@@ -65,8 +65,8 @@ class Pipeline:
         camera = settings["camera_subscriber"]
         self.buffer = FrameBuffer(camera["frame_height"], camera["frame_width"])
         self.slot = ActionSlot()
-        self.camera = CameraSubscriber(self.buffer, camera, **where)
         self.reasoning = ReasoningNode(self.buffer, self.slot, settings, **where)
+        self.camera = CameraSubscriber(self.buffer, camera, on_frame=self.reasoning.debug_image.add_frame, **where)
         self.publisher = ActionPublisher(self.slot, settings["action_publisher"], dof=self.reasoning.action_dof,
                                          **where)
         self.managed = (self.reasoning, self.publisher)  # bringup order; going down runs the other way

@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import time
 import traceback
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from diagnostic_msgs.msg import DiagnosticStatus
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
@@ -72,9 +74,13 @@ def stamp_ns(stamp: TimeMsg) -> int:
 class CameraSubscriber(Node):
     """Writes every decodable camera message into ``buffer``; counts and logs the rest."""
 
-    def __init__(self, buffer: FrameBuffer, settings: dict[str, Any], **node_kwargs: Any) -> None:
+    def __init__(self, buffer: FrameBuffer, settings: dict[str, Any],
+                 on_frame: Callable[[int, np.ndarray], None] | None = None, **node_kwargs: Any) -> None:
+        """``on_frame(seq, image)``: told of each frame written to the buffer, after it was (the debug image's
+        copies); it must not raise."""
         super().__init__("camera_subscriber", **node_kwargs)
         self.buffer = buffer
+        self._on_frame = on_frame
         self.params = NodeParameters(self, "camera_subscriber", settings)
         self.size = (self.params["frame_height"], self.params["frame_width"])
         if buffer.shape[:2] != self.size:
@@ -111,7 +117,8 @@ class CameraSubscriber(Node):
         self.received += 1
         self._arrivals.add("message", receive_ns)
         try:
-            self.buffer.write(frame_from_message(msg, compressed, self.size), stamp_ns(msg.header.stamp), receive_ns)
+            image = frame_from_message(msg, compressed, self.size)
+            seq = self.buffer.write(image, stamp_ns(msg.header.stamp), receive_ns)
         except ImageDecodeError as exc:
             self._drop(exc.reason, receive_ns, f"{topic}: {exc}")
             return
@@ -120,6 +127,8 @@ class CameraSubscriber(Node):
             return
         self.written += 1
         self._last_frame_ns = receive_ns
+        if self._on_frame is not None:
+            self._on_frame(seq, image)
 
     def _drop(self, reason: str, now_ns: int, detail: str) -> None:
         self._dropped[reason] += 1

@@ -32,7 +32,7 @@ from typing import Any
 
 from std_srvs.srv import Trigger
 
-from ..config import DiagnosticsKnobs, GateKnobs, MemoryKnobs, Settings
+from ..config import DiagnosticsKnobs, GateKnobs, MemoryKnobs, OutputKnobs, Settings
 from ..engine.vla_engine import VlaEngine
 from ..kv_store import BlockStore, load_or_prefill_prompt, save_memory
 from ..memory import build_policy, check_knobs
@@ -42,6 +42,7 @@ from ..runtime.frame_buffer import Frame, FrameBuffer
 from ..runtime.loader import LoadedEngine, load_engine
 from ..runtime.reasoner import Reasoner
 from ..runtime.reasoning_health import Level, ReasoningHealth, outcome_of
+from .debug_image import DebugImage
 from .diagnostics import ERROR, OK, WARN, DiagnosticStatus, DiagnosticsTimer, status
 from .managed_node import ManagedNode
 from .parameters import NodeParameters
@@ -67,6 +68,7 @@ class ReasoningNode(ManagedNode):
         self.params.validate_with(self._check_memory_knobs, prefix="kv.")
         self.params.on_change(self._reconfigure)
         self.health = ReasoningHealth(DiagnosticsKnobs.of(self.params.snapshot()))
+        self.debug_image = DebugImage(self, self.params, OutputKnobs.of(settings["action_publisher"]))
         # from configure to cleanup:
         self.loaded: LoadedEngine | None = None
         self.engine: VlaEngine | None = None
@@ -230,17 +232,18 @@ class ReasoningNode(ManagedNode):
 
     def _cycle(self, frame: Frame, stop: threading.Event) -> None:
         self.cycles += 1
+        feed = self.debug_image.feed  # the debug image's references: ids and the result, never pixels
+        feed.before_cycle(self.engine.policy)
         result = self.reasoner.cycle(frame.image, frame.receive_ns)
         self.health.record(outcome_of(result), time.monotonic_ns())
         if result.invalid:
             self.invalid_outputs += 1
             self.get_logger().error(f"no action from this frame: {result.invalid}", throttle_duration_sec=5.0)
-        if result.action is None:
-            return
-        if stop.is_set():  # deactivating: the slot is about to be cleared, and must stay so
-            return
-        self.slot.put(result.action, result.ready_ns, frame.stamp_ns)
-        self.actions += 1
+        # not while deactivating: the slot is about to be cleared, and must stay so
+        if result.action is not None and not stop.is_set():
+            self.slot.put(result.action, result.ready_ns, frame.stamp_ns)
+            self.actions += 1
+        feed.after_cycle(frame, result)
 
     def report(self) -> DiagnosticStatus:
         """This node's diagnostic status: while active, what the robot is getting over the recent window, and
@@ -272,7 +275,7 @@ class ReasoningNode(ManagedNode):
             "kv_capacity_tokens": self.engine.arena.capacity, "kv_bytes": memory.kv_bytes,
             "memory_state_bytes": memory.state_bytes, "frames_kept": memory.frames_kept,
             "memory_writes": memory.writes, "memory_evictions": memory.evictions,
-            **self.engine.policy.diagnostics(), **self._store_report(),
+            **self.engine.policy.diagnostics(), **self._store_report(), **self.debug_image.figures(),
         }
 
     def _store_report(self) -> dict[str, Any]:
