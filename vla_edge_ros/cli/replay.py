@@ -26,40 +26,51 @@ from .args import add_parallel_arguments, cost_model, subset_of
 BATCH_SCHEMA = "vla_edge_ros.replay-batch/1"
 
 
-def output_dirs(out: Path, bags: list[Path]) -> list[Path]:
-    """The report directory of each bag (``out`` itself for one bag), after making sure that ``out`` is, or can
-    be made, a directory this process writes to; ValueError saying why not. Nothing is created yet."""
+def output_dirs(out: Path, bags: list[Path], option: str = "--out", what: str = "a report") -> list[Path]:
+    """The directory of each bag (``out`` itself for one bag) for ``what``, after making sure that ``out`` is,
+    or can be made, a directory this process writes to; ValueError naming ``option`` and saying why not.
+    Nothing is created yet."""
     dirs = [out] if len(bags) == 1 else [out / f"{index:02d}_{bag.stem}" for index, bag in enumerate(bags)]
     for path in (out, *dirs):
         if path.exists() and not path.is_dir():
-            raise ValueError(f"--out {path} exists and is not a directory; name a directory for the report")
+            raise ValueError(f"{option} {path} exists and is not a directory; name a directory for {what}")
     existing = next(path for path in (out, *out.parents) if path.exists())
     if not existing.is_dir():
-        raise ValueError(f"--out {out}: cannot write a report there: {existing} is not a directory")
+        raise ValueError(f"{option} {out}: cannot write {what} there: {existing} is not a directory")
     try:
         with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as exc:
-        raise ValueError(f"--out {out}: cannot write a report there: {existing}: {exc.strerror or exc}") from None
+        raise ValueError(f"{option} {out}: cannot write {what} there: {existing}: {exc.strerror or exc}") from None
     return dirs
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     dirs = output_dirs(args.out, args.bags)
+    debug_dirs = None
+    if args.debug_frames is not None:
+        if args.realtime:
+            raise ValueError("--debug-frames cannot go with --realtime: drawing would take the reasoner's wall time, "
+                             "which it never does live; replay on the virtual clock")
+        debug_dirs = output_dirs(args.debug_frames, args.bags, "--debug-frames", "debug images")
+    elif args.debug_video:
+        raise ValueError("--debug-video needs --debug-frames DIR, the directory the videos go to")
     failed: dict[Path, str] = {}
-    ready, outs = [], []
-    for bag, out in zip(args.bags, dirs):
+    ready, outs, debugs = [], [], []
+    for bag, out, debug in zip(args.bags, dirs, debug_dirs or dirs):
         try:
             ready.append(read_bag(bag, settings, args.image_topic, args.command_topic))
             outs.append(out)
+            debugs.append(debug)
         except BagError as exc:
             failed[bag] = str(exc)
     reports, summaries = {}, []
     if ready:  # when no bag opened, their errors are the whole output: no progress bar, no run line
         reports, failures, summary = replay_bags(
             ready, outs, settings, args.policy, args.cost, args.out, realtime=args.realtime, workers=args.workers,
-            ray_address=args.ray, resume=args.resume, bar=progress_bar("replay"))
+            ray_address=args.ray, resume=args.resume, debug_dirs=debugs if debug_dirs else None,
+            debug_video=args.debug_video, bar=progress_bar("replay"))
         failed.update(failures)
         summaries.append(summary)
     invalid = {bag: _invalid_outputs(reports[bag]) for bag in args.bags if bag in reports}
@@ -117,6 +128,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--realtime", action="store_true", help="pace by the wall clock instead of a virtual clock")
     p.add_argument("--out", type=Path, default=Path("replay_report"),
                    help="report directory (created; with several bags, one subdirectory NN_STEM per bag)")
+    p.add_argument("--debug-frames", type=Path, metavar="DIR",
+                   help="also write each cycle's debug image (the live vla/debug_image picture) into DIR: "
+                        "POLICY/frame_NNNNNN.png per cycle (with several bags, one subdirectory NN_STEM per bag)")
+    p.add_argument("--debug-video", action="store_true",
+                   help="with --debug-frames: one POLICY.mp4 (mp4v) at the camera's rate instead of PNG files")
     p.add_argument("--json", action="store_true",
                    help="print only a JSON document to stdout: every bag's report.json content, and the failed bags")
     add_parallel_arguments(p)

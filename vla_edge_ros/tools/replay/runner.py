@@ -19,6 +19,7 @@ from ...runtime.reasoner import block_kinds
 from ..parallel import Job, RunSummary, Unit, run_units
 from .bag_summary import topic_summary
 from .commands import RecordedCommands
+from .debug_frames import DebugTarget
 from .report import SCHEMA, write_report
 from .session import PolicyRun, RecordedFrame, replay_policy
 
@@ -72,6 +73,7 @@ class ReplayUnit:
     path: Path
     image_topic: str
     policy: str
+    debug: DebugTarget | None = None  # where its debug images go, if anywhere
 
     @property
     def key(self) -> str:
@@ -88,25 +90,30 @@ def run_unit(state: dict[str, Any], unit: ReplayUnit) -> dict[str, Any]:
     context = state["context"]
     with Bag(unit.path) as bag:
         run = replay_policy(recorded_frames(bag, unit.image_topic), context.settings, unit.policy, context.costs,
-                            realtime=context.realtime, checkpoint=state["checkpoint"])
+                            realtime=context.realtime, checkpoint=state["checkpoint"], debug=unit.debug)
     return run.to_json()
 
 
 def replay_bags(bags: Sequence[BagInput], outs: Sequence[Path], settings: Settings, policies: Sequence[str],
                 costs: CostModel, units_dir: Path, *, realtime: bool = False, workers: int | None = None,
-                ray_address: str | None = None, resume: bool = False,
-                bar: Callable[[int, int], None] = lambda done, total: None,
+                ray_address: str | None = None, resume: bool = False, debug_dirs: Sequence[Path] | None = None,
+                debug_video: bool = False, bar: Callable[[int, int], None] = lambda done, total: None,
                 log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
                 ) -> tuple[dict[Path, dict[str, Any]], dict[Path, str], RunSummary]:
     """Replay every bag under every policy (one unit each: tools/parallel.py) and write each bag's report into
     its ``out`` as soon as its units are in (here, while the workers replay the other bags); returns (reports
     by bag, failures by bag, how the run went), in the order of ``bags``. A bag whose runs failed, or none of
-    whose frames decoded, is a failure; the others are reported."""
+    whose frames decoded, is a failure; the others are reported. ``debug_dirs``: each bag's directory for the
+    debug images of its cycles (``debug_frames.py``; one MP4 per policy with ``debug_video``)."""
     costs.require(block_kinds(load_model(settings).config))  # before any unit: a missing cost fails them all
     context = ReplayContext(settings, costs, realtime)
+    targets = [None if debug_dirs is None else DebugTarget(debug_dirs[i], debug_video, bag.bag_info["rate_hz"])
+               for i, bag in enumerate(bags)]
     identity = hashlib.sha256(json.dumps([SCHEMA, settings.values, costs.describe(), realtime,
-                                          [str(b.path) for b in bags]], sort_keys=True, default=str).encode()).hexdigest()
-    units = [ReplayUnit(i, bag.path, bag.image_topic, policy) for i, bag in enumerate(bags) for policy in policies]
+                                          [str(b.path) for b in bags], targets],  # a resumed unit drew its images
+                                         sort_keys=True, default=str).encode()).hexdigest()
+    units = [ReplayUnit(i, bag.path, bag.image_topic, policy, targets[i]) for i, bag in enumerate(bags)
+             for policy in policies]
     keys = [[ReplayUnit(i, bag.path, bag.image_topic, policy).key for policy in policies] for i, bag in enumerate(bags)]
     for bag in bags:
         log(f"{bag.path.name}: replaying {bag.bag_info['frames']} frames of {bag.image_topic} under "

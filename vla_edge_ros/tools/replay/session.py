@@ -5,6 +5,7 @@ arrive while the reasoner is busy overwrite each other and count as dropped), th
 the engine and the reasoning cycle. Only the clock differs (``runtime/clock.py``). Every frame's fate
 is one ``FrameRecord``: a line of the decisions file (which a deterministic replay reproduces byte for
 byte: the gate's verdicts, the actions and what the memory kept) and a row of the predictions CSV.
+With a ``DebugTarget``, each cycle's debug image is written too (``debug_frames.py``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -22,9 +23,11 @@ from ...runtime.action_output import clip
 from ...runtime.admission import Verdict
 from ...runtime.block_costs import CostModel
 from ...runtime.clock import NS_PER_MS, VirtualClock, WallClock
+from ...runtime.debug_image import FrameCopies, Layout, draw_debug_image, layout_for
 from ...runtime.driver import Cycle, Driver
 from ...runtime.image_codec import ImageDecodeError, frame_from_message
 from ...runtime.loader import load_engine
+from .debug_frames import DebugFrames, DebugTarget
 from .memory_view import MemoryRecord, MemoryView
 
 CYCLE_OUTCOMES = ("admitted", "refused", "missed", "stale", "invalid")  # a cycle ran on the frame
@@ -110,13 +113,14 @@ class PolicyRun:
 
 
 def replay_policy(frames: Iterable[RecordedFrame], settings: Settings, policy: str, costs: CostModel, *,
-                  realtime: bool = False, checkpoint: Checkpoint | None = None,
+                  realtime: bool = False, checkpoint: Checkpoint | None = None, debug: DebugTarget | None = None,
                   progress: Callable[[int], None] = lambda frames_done: None) -> PolicyRun:
     """Run ``frames`` (in arrival order; read once, lazily) through a fresh engine with ``policy``
-    (``checkpoint``: the model's weights, when a worker has them loaded already)."""
+    (``checkpoint``: the model's weights, when a worker has them loaded already; ``debug``: where each cycle's
+    debug image goes)."""
     settings = settings.replace("reasoning", {"kv.policy": policy, "kv_store.dir": ""})
     engine = load_engine(settings, checkpoint=checkpoint).engine
-    camera, publisher = settings["camera_subscriber"], settings["action_publisher"]
+    camera, publisher, node = settings["camera_subscriber"], settings["action_publisher"], settings["reasoning"]
     size = (camera["frame_height"], camera["frame_width"])
     upcoming = iter(frames)
     following = next(upcoming, None)
@@ -124,6 +128,10 @@ def replay_policy(frames: Iterable[RecordedFrame], settings: Settings, policy: s
         raise ValueError("no camera frames to replay")
     clock = WallClock(following.arrival_ns) if realtime else VirtualClock(following.arrival_ns)
     driver = Driver(engine, settings, clock, None if realtime else costs, size)
+    pictures = None if debug is None else DebugFrames(debug, policy)
+    driver.feed.enabled = pictures is not None
+    layout = layout_for(size, node["debug_image.width"], publisher["command_type"])
+    copies = FrameCopies()
     view = MemoryView(engine.policy)
     run = PolicyRun(policy, action_dims=engine.config.action.dof, write_unit=view.write_unit,
                     figure_names=view.figure_names)
@@ -131,9 +139,17 @@ def replay_policy(frames: Iterable[RecordedFrame], settings: Settings, policy: s
     records: dict[int, FrameRecord] = {}  # frame index -> what became of it; absent: overwritten unread
     pending: dict[int, int] = {}  # the buffer's unread frame: its sequence number -> frame index
     wall_start = time.perf_counter()
+
+    indices: dict[int, int] = {}  # debug image: the buffer's sequence number -> frame index, oldest first
+
+    def keep(seq: int, index: int, image: np.ndarray) -> None:  # the camera node's part of the debug image
+        if pictures is not None:
+            copies.add(seq, image, layout, driver.feed.latest())
+            indices[seq] = index
+
     while True:
         while following is not None and following.arrival_ns <= clock():
-            bad = _deliver(following, len(arrivals), driver, size, pending)
+            bad = _deliver(following, len(arrivals), driver, size, pending, keep)
             if bad is not None:
                 records[len(arrivals)] = FrameRecord(len(arrivals), following.arrival_ns, "bad_frame", bad)
             arrivals.append(following.arrival_ns)
@@ -150,7 +166,11 @@ def replay_policy(frames: Iterable[RecordedFrame], settings: Settings, policy: s
             index, arrivals[index], _outcome(cycle), _detail(cycle), clock(), cycle.result.ready_ns,
             None if action is None else clip(action, publisher["action_min"], publisher["action_max"]),
             view.after_cycle(index))
+        if pictures is not None:
+            pictures.add(index, _picture(driver, cycle, copies, indices, layout, node["deadline_ms"]))
         progress(len(arrivals))
+    if pictures is not None:
+        pictures.close()
     run.frames = [records.get(i, FrameRecord(i, t, "dropped")) for i, t in enumerate(arrivals)]
     run.buffer_dropped = driver.buffer.stats().dropped
     stats = engine.memory_stats()
@@ -158,6 +178,19 @@ def replay_policy(frames: Iterable[RecordedFrame], settings: Settings, policy: s
     run.kv_tokens = stats.kv_tokens
     run.wall_s = time.perf_counter() - wall_start
     return run
+
+
+def _picture(driver: Driver, cycle: Cycle, copies: FrameCopies, indices: dict[int, int], layout: Layout,
+             deadline_ms: float) -> np.ndarray:
+    """The debug image of the cycle just run, its frames named by their index in the bag as the report names
+    them; ``indices`` forgets the frames no later picture can show (older than any the memory still holds)."""
+    view = driver.feed.latest()
+    named = replace(view, frame_id=indices[view.frame_id], strip=tuple(indices[seq] for seq in view.strip))
+    image = draw_debug_image(cycle.frame.image, named, copies.thumbnails(view.strip), layout, driver.knobs, deadline_ms)
+    oldest = min(view.strip, default=view.frame_id)
+    while indices and next(iter(indices)) < min(oldest, view.frame_id):
+        del indices[next(iter(indices))]
+    return image
 
 
 def _outcome(cycle: Cycle) -> str:
@@ -178,13 +211,15 @@ def _detail(cycle: Cycle) -> str:
 
 
 def _deliver(recorded: RecordedFrame, index: int, driver: Driver, size: tuple[int, int],
-             pending: dict[int, int]) -> str | None:
-    """The camera node's part: decode, then write to the buffer; returns why a frame could not be decoded
-    (bad frames are counted and never reach the buffer)."""
+             pending: dict[int, int], keep: Callable[[int, int, np.ndarray], None]) -> str | None:
+    """The camera node's part: decode, write to the buffer, then ``keep(seq, index, image)``; returns why a frame
+    could not be decoded (bad frames are counted and never reach the buffer)."""
     try:
         image = frame_from_message(recorded.msg, recorded.compressed, size)
     except ImageDecodeError as exc:
         return exc.reason
     pending.clear()  # an unread frame is overwritten by this one (the buffer counts it as dropped)
-    pending[driver.camera(image, recorded.stamp_ns, recorded.arrival_ns)] = index
+    seq = driver.camera(image, recorded.stamp_ns, recorded.arrival_ns)
+    pending[seq] = index
+    keep(seq, index, image)
     return None
