@@ -181,10 +181,13 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               minimum=0, maximum=(1 << 31) - 1, item=int, items=(1, 1 << 20)),
         Param("instruction", "", "The instruction in words: the checkpoint's tokenizer.json and chat template "
               "make it the pinned prompt (a model without a tokenizer refuses it). Empty: prompt_token_ids is "
-              "the prompt."),
+              "the prompt. Setting it live re-tasks the robot from the next cycle, as a message on "
+              "instruction_topic does; a refused one leaves the current instruction in place.", read_only=False),
         Param("instruction_max_tokens", 64, "The most tokens an instruction may take once templated; a longer "
               "one is refused. The KV arena keeps room for this many prompt tokens when the model has a "
               "tokenizer.", minimum=1, maximum=1 << 16),
+        Param("instruction_topic", "vla/instruction", "std_msgs/String topic of new instructions (relative: in "
+              "the node's namespace). Each is checked on arrival; the newest is applied between cycles."),
         Param("deadline_ms", 33.0, "Control deadline: a cycle must produce its action within this long of its "
               "frame's arrival, or it is not started.", minimum=1.0, maximum=1000.0, read_only=False),
         Param("ema_alpha", 0.1, "Weight of the newest measurement in the per-block cost estimate.",
@@ -217,6 +220,9 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               "KV head, enforced once the token leaves a window). A change takes effect at the next episode "
               "(~/reset_episode), never mid-episode.", choices=("fifo", "cosine", "aura", "dms"),
               read_only=False),
+        Param("kv.on_instruction", "reset", "What a new instruction does to the episode memory: reset (a new "
+              "episode under the new prompt) or keep (the kept frames move behind the new prompt and the memory "
+              "goes on).", choices=("reset", "keep"), read_only=False),
         Param("kv.cosine.protect_recent_frames", 4, "cosine: the newest frames that are never evicted (must "
               "leave one frame of the arena evictable).", minimum=0, maximum=1 << 16, read_only=False),
         Param("kv.cosine.signature", "keys", "cosine: what a frame's signature averages over its tokens: keys "
@@ -676,6 +682,7 @@ class MemoryKnobs(KnobGroup):
     NODE: ClassVar[str] = "reasoning"
     PREFIX: ClassVar[str] = "kv."
     policy: str
+    on_instruction: str
     cosine: CosineKnobs
     aura: AuraKnobs
     dms: DmsKnobs

@@ -25,12 +25,15 @@ def status_line(camera: dict, reasoning: dict, publisher: dict, sim: str = "") -
     thinking = "" if "actions" not in reasoning else (
         f"actions {reasoning['actions']}, refused {reasoning['refused']}, stale {reasoning['stale']}, missed "
         f"{reasoning['missed']}, invalid {reasoning['invalid_outputs']}, latency p50 "
-        f"{_ms(reasoning['latency_p50_ms'])} p99 {_ms(reasoning['latency_p99_ms'])} ms | kv {reasoning['kv_policy']} {reasoning['kv_tokens']} tokens, "
+        f"{_ms(reasoning['latency_p50_ms'])} p99 {_ms(reasoning['latency_p99_ms'])} ms | kv {reasoning['kv_policy']} "
+        f"{reasoning['kv_tokens']} tokens, "
         f"{reasoning['kv_bytes']} B (+{reasoning['memory_state_bytes']} B state) | ")
     publishing = "" if publisher["state"] == "active" else f"publisher {publisher['state']}, "
     return (f"in {camera['input_fps']:.1f} fps, dropped {camera['dropped']} (+{camera['buffer_overwritten_unread']} "
             f"unread) | {state}{thinking}{publishing}published {publisher['published']}, safe stops "
-            f"{publisher['safe_stops']}" + (f" | {sim}" if sim else ""))
+            f"{publisher['safe_stops']}" + (f" | instruction {reasoning['instruction']!r} for "
+                                            f"{reasoning['instruction_age_s']:g} s" if reasoning.get("instruction")
+                                            else "") + (f" | {sim}" if sim else ""))
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -18,6 +18,12 @@ policy knobs (``kv.*``) at the start of the next cycle, and a new ``kv.policy`` 
 which the ``~/reset_episode`` service (std_srvs/Trigger) starts: the cache restarts from the pinned
 prompt under the configured policy. While unconfigured a change is only kept, for the next configure.
 
+A new instruction (``instruction_topic`` or the ``instruction`` parameter: ``instruction_input.py``) is
+checked where it arrives and applied between cycles, after at least one frame cycle since the previous
+one: its prompt is placed as a ``prompt`` block of its own (``Reasoner.retask``), from the KV store when
+the same instruction came before, and ``kv.on_instruction`` says whether the episode memory goes on
+behind it (``keep``) or a new episode starts (``reset``).
+
 With a KV store configured (``kv_store.dir``), ``~/save_memory`` (std_srvs/Trigger) and deactivate
 save the episode memory; the save runs on the reasoning thread between cycles, and the service
 answers once it is on disk (or with the reason it is not).
@@ -39,11 +45,13 @@ from ..memory import build_policy, check_knobs
 from ..runtime.action_slot import ActionSlot
 from ..runtime.admission import AdmissionGate
 from ..runtime.frame_buffer import Frame, FrameBuffer
+from ..runtime.instructions import Instruction, InstructionDesk
 from ..runtime.loader import LoadedEngine, load_engine
 from ..runtime.reasoner import Reasoner
 from ..runtime.reasoning_health import Level, ReasoningHealth, outcome_of
 from .debug_image import DebugImage
 from .diagnostics import ERROR, OK, WARN, DiagnosticStatus, DiagnosticsTimer, status
+from .instruction_input import InstructionInput
 from .managed_node import ManagedNode
 from .parameters import NodeParameters
 
@@ -69,6 +77,7 @@ class ReasoningNode(ManagedNode):
         self.params.on_change(self._reconfigure)
         self.health = ReasoningHealth(DiagnosticsKnobs.of(self.params.snapshot()))
         self.debug_image = DebugImage(self, self.params, OutputKnobs.of(settings["action_publisher"]))
+        self.instructions = InstructionInput(self, self.params)
         # from configure to cleanup:
         self.loaded: LoadedEngine | None = None
         self.engine: VlaEngine | None = None
@@ -110,6 +119,8 @@ class ReasoningNode(ManagedNode):
         self.reasoner = Reasoner(self.engine, self.gate)
         with self._pending_lock:  # what was asked of the previous engine does not carry over
             self._pending_knobs, self._reset_requested = None, False
+        self.instructions.desk = InstructionDesk(loaded.tokenizer, values["instruction_max_tokens"],
+                                                 values["instruction"], time.monotonic_ns())
         self._zero_counters()
         self.get_logger().info(f"configured: {values['model_dir']} on {loaded.plan.backend}, KV arena "
                                f"{self.engine.arena.capacity} tokens, memory policy {self.engine.policy.name}")
@@ -133,6 +144,7 @@ class ReasoningNode(ManagedNode):
             self.get_logger().info(f"deactivated: {message}")
 
     def _cleanup(self) -> None:
+        self.instructions.desk = None
         self.loaded = self.engine = self.store = self.gate = self.reasoner = None
         gc.collect()  # the engine's weights and KV (host or device) go now, not at some later collection
 
@@ -215,6 +227,34 @@ class ReasoningNode(ManagedNode):
             self.episodes += 1
         if knobs is not None:
             self.engine.policy.configure(knobs)
+        instruction = self.instructions.desk.take()
+        if instruction is not None:
+            self._retask(instruction)
+
+    def _retask(self, instruction: Instruction) -> None:
+        """Pin ``instruction``'s prompt (reasoning thread, between cycles); the current one stays if it cannot be."""
+        desk, keep = self.instructions.desk, self.params["kv.on_instruction"] == "keep"
+        from_store = self.store is not None and self.params["kv_store.prompt"]
+
+        def place() -> None:
+            if from_store:
+                load_or_prefill_prompt(self.engine, self.store, instruction.token_ids, keep_memory=keep)
+            elif keep:
+                self.engine.replace_prompt(instruction.token_ids)
+            else:
+                self.engine.set_prompt(instruction.token_ids)
+
+        try:
+            self.reasoner.retask(place)
+        except ValueError as exc:  # checked before anything moved: the engine still holds the current prompt
+            desk.failed(str(exc))
+            self.get_logger().warning(f"instruction not applied, the current one stays: {exc}")
+            return
+        now = time.monotonic_ns()
+        desk.applied(instruction, now)
+        self.episodes += not keep
+        self.get_logger().info(f"instruction applied {(now - instruction.received_ns) / 1e6:.1f} ms after it "
+                               f"arrived ({'memory kept' if keep else 'new episode'}): {instruction.text!r:.80}")
 
     def _loop(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -235,6 +275,7 @@ class ReasoningNode(ManagedNode):
         feed = self.debug_image.feed  # the debug image's references: ids and the result, never pixels
         feed.before_cycle(self.engine.policy)
         result = self.reasoner.cycle(frame.image, frame.receive_ns)
+        self.instructions.desk.cycle_done()
         self.health.record(outcome_of(result), time.monotonic_ns())
         if result.invalid:
             self.invalid_outputs += 1
@@ -276,6 +317,7 @@ class ReasoningNode(ManagedNode):
             "memory_state_bytes": memory.state_bytes, "frames_kept": memory.frames_kept,
             "memory_writes": memory.writes, "memory_evictions": memory.evictions,
             **self.engine.policy.diagnostics(), **self._store_report(), **self.debug_image.figures(),
+            **self.instructions.desk.figures(time.monotonic_ns()),
         }
 
     def _store_report(self) -> dict[str, Any]:

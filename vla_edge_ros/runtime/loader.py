@@ -6,6 +6,7 @@ import logging
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -34,6 +35,7 @@ class LoadedEngine(NamedTuple):
     store: BlockStore | None
     prompt_from_store: bool = False
     memory_restored: bool = False
+    tokenizer: InstructionTokenizer | None = None  # the checkpoint's, for instructions that arrive later
 
 
 def load_model(settings: Settings) -> Checkpoint:
@@ -51,11 +53,34 @@ def prompt_ids(settings: Settings, checkpoint: Checkpoint) -> np.ndarray:
     if not node["instruction"]:
         return np.asarray(node["prompt_token_ids"], dtype=np.int32)
     with _reasoning_errors(settings):
-        tokenizer = InstructionTokenizer.load(checkpoint.path, checkpoint.config.vocab_size)
+        tokenizer = checkpoint_tokenizer(checkpoint)
         if tokenizer is None:
             raise InstructionError(f"{checkpoint.path} has no tokenizer.json, so it cannot read instruction: give "
                                    "prompt_token_ids instead")
         return tokenizer.prompt_ids(node["instruction"], node["instruction_max_tokens"])
+
+
+def checkpoint_tokenizer(checkpoint: Checkpoint) -> InstructionTokenizer | None:
+    """The checkpoint's tokenizer and chat template (None: it has no tokenizer.json), read once per file."""
+    return _tokenizer(checkpoint.path, checkpoint.config.vocab_size, _mtime_ns(checkpoint.path / "tokenizer.json"))
+
+
+@lru_cache(maxsize=4)
+def _tokenizer(model_dir: Path, vocab_size: int, mtime_ns: int) -> InstructionTokenizer | None:
+    return InstructionTokenizer.load(model_dir, vocab_size)  # mtime_ns: a file changed on disk is read again
+
+
+def _mtime_ns(path: Path) -> int:
+    return path.stat().st_mtime_ns if path.is_file() else 0
+
+
+def prompt_room(settings: Settings, checkpoint: Checkpoint) -> int:
+    """The most tokens the pinned prompt may take: the configured prompt's, or ``instruction_max_tokens``
+    when the checkpoint can read instructions (one may arrive while the robot runs)."""
+    tokens = len(prompt_ids(settings, checkpoint))
+    if checkpoint_tokenizer(checkpoint) is None:
+        return tokens
+    return max(tokens, settings["reasoning"]["instruction_max_tokens"])
 
 
 def plan_for(settings: Settings, checkpoint: Checkpoint | None = None) -> tuple[MemoryPlan, Checkpoint]:
@@ -64,7 +89,7 @@ def plan_for(settings: Settings, checkpoint: Checkpoint | None = None) -> tuple[
     node = settings["reasoning"]
     checkpoint = (with_frame_geometry(checkpoint, node["vision_max_pixels"]) if checkpoint is not None
                   else load_model(settings))
-    largest = max(checkpoint.config.vision.tokens_per_frame, len(prompt_ids(settings, checkpoint)))
+    largest = max(checkpoint.config.vision.tokens_per_frame, prompt_room(settings, checkpoint))
     plan = plan_memory(checkpoint, resolve_backend(node["backend"]), node["kv_capacity_tokens"],
                        node["budget_bytes"], largest, node["kv_page_tokens"], node["kv_pool_pages"])
     return plan, checkpoint
@@ -127,8 +152,8 @@ def check_settings(settings: Settings, checkpoint: Checkpoint, policies: Iterabl
         raise ValueError(f"{settings.source}: action_publisher: {exc} (the model's action has "
                          f"{checkpoint.config.action.dof} dimensions)") from exc
     with _reasoning_errors(settings):
-        site = MemorySite(checkpoint, node["kv_capacity_tokens"], len(prompt), node["kv_page_tokens"],
-                          node["kv_pool_pages"])
+        site = MemorySite(checkpoint, node["kv_capacity_tokens"], prompt_room(settings, checkpoint),
+                          node["kv_page_tokens"], node["kv_pool_pages"])
         check_knobs(MemoryKnobs.of(node), site, policies)
 
 
@@ -164,4 +189,4 @@ def load_engine(settings: Settings, policies: Iterable[str] = POLICIES, checkpoi
                    "is refused and counted as invalid", invalid)
     if store is not None and node["kv_store.memory"]:
         restored = restore_memory(engine, store, node["kv_store.memory_name"])
-    return LoadedEngine(engine, plan, store, from_store, restored)
+    return LoadedEngine(engine, plan, store, from_store, restored, checkpoint_tokenizer(checkpoint))
