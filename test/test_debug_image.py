@@ -252,8 +252,10 @@ def test_the_strip_is_what_the_memory_keeps_from_when_it_was_switched_on(tiny_mo
     after = _cycle(driver, camera, 400)
     assert after.strip == (after.frame_id,)
     driver.feed.enabled = False
-    _cycle(driver, camera, 420)
-    assert driver.feed.latest() is after  # off: nothing new is handed over
+    assert _cycle(driver, camera, 420) is None  # off: nothing is handed over
+    driver.feed.enabled = True
+    again = _cycle(driver, camera, 440)
+    assert again.strip == (again.frame_id,)  # on again: followed afresh, the frames it missed have no copies
 
 
 def test_aura_shows_the_frames_written_into_its_fast_weights(tiny_model):

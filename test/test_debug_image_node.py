@@ -72,7 +72,8 @@ def _bad_images() -> list[Image]:
 
 
 def test_switched_on_live_it_publishes_the_picture_at_its_rate_and_bad_input_never_stops_it(tiny_model):
-    """In namespace robot1, through the real set_parameters service as `ros2 param set` calls it."""
+    """In namespace robot1, through the real set_parameters service as `ros2 param set` calls it; drawn only while
+    something subscribes."""
     with private_graph() as (context, _):
         pipeline = Pipeline(_settings(tiny_model), context=context, namespace="robot1", synthetic_camera=True)
         listener = Node("listener", context=context)
@@ -86,8 +87,8 @@ def test_switched_on_live_it_publishes_the_picture_at_its_rate_and_bad_input_nev
             return [(r.successful, r.reason) for r in answer.result().results]
 
         pictures: list[tuple[float, Image]] = []
-        listener.create_subscription(Image, "/robot1/vla/debug_image", lambda m: pictures.append((time.monotonic(), m)),
-                                     QOS)
+        watching = listener.create_subscription(Image, "/robot1/vla/debug_image",
+                                                lambda m: pictures.append((time.monotonic(), m)), QOS)
         camera = listener.create_publisher(Image, "/robot1/camera/image_raw", qos_profile_sensor_data)
         pipeline.executor.add_node(listener)
         try:
@@ -120,12 +121,16 @@ def test_switched_on_live_it_publishes_the_picture_at_its_rate_and_bad_input_nev
             assert [ok for ok, _ in refused] == [False, False] and "debug_image.width" in refused[0][1]
             assert _run_until(pipeline, lambda: len(pictures) > before + len(arrived))  # still drawing
 
+            listener.destroy_subscription(watching)  # nobody watches: nothing is drawn, though cycles go on
+            debug = pipeline.reasoning.debug_image
+            assert _run_until(pipeline, lambda: debug._publisher.get_subscription_count() == 0)
+            drawn, actions = debug.published, pipeline.reasoning.actions
+            pipeline.run(duration_s=1.5)
+            assert debug.published == drawn and pipeline.reasoning.actions > actions
+
             assert set_(enabled=False) == [(True, "")]
             assert _run_until(pipeline, lambda: listener.count_publishers("/robot1/vla/debug_image") == 0)
-            pipeline.run(duration_s=1.0)  # anything in flight arrives
-            quiet = len(pictures)
-            pipeline.run(duration_s=1.5)
-            assert len(pictures) == quiet and pipeline.reasoning.actions > 0
+            assert debug.feed.latest() is None and pipeline.reasoning.figures()["debug_image"] == "off"
         finally:
             pipeline.executor.remove_node(listener)
             listener.destroy_node()

@@ -10,7 +10,8 @@ Off by default (``debug_image.enabled``); every ``debug_image.*`` parameter is l
 - a steady-clock timer on the executor, at ``debug_image.rate_hz``, draws the newest view that was not drawn
   yet with ``runtime/debug_image.draw_debug_image`` and publishes it (rgb8, stamped with the frame's own
   header stamp, reliable depth 1 so that rviz2's and Foxglove's default subscriptions match). With no new
-  cycle there is no new image, so the rate is also at most the cycle rate.
+  cycle there is no new image, so the rate is also at most the cycle rate; with no subscriber nothing is
+  drawn (a picture costs the executor several milliseconds, and the process's cores are the reasoner's).
 
 Off, there is no publisher, no timer and no copy; the reasoning thread's part is a flag test. Nothing here
 can stop the node: a view whose frame copy is gone is skipped, a drawing or copy that fails is dropped;
@@ -102,11 +103,13 @@ class DebugImage:
                 node.destroy_timer(self._timer)
             self._timer = node.create_timer(1.0 / knobs.rate_hz, self._tick, clock=self._steady)
             self._rate_hz = knobs.rate_hz
-        self.feed.enabled = True
+        if not self.feed.enabled:
+            self.feed.clear()  # a view left by a cycle that ran as it was last switched off: its copies are gone
+            self.feed.enabled = True
 
     def _tick(self) -> None:
         view = self.feed.latest()
-        if view is None or view is self._drawn:
+        if view is None or view is self._drawn or self._publisher.get_subscription_count() == 0:
             return
         self._drawn = view
         frame = self.copies.main(view.frame_id)

@@ -74,8 +74,9 @@ class DebugFeed:
                                  update.recent_writes if aura else update.kept, "written" if aura else "kept")
 
     def latest(self) -> CycleView | None:
-        """The newest view (any thread); None before the first cycle followed, or after ``clear``."""
-        return self._latest
+        """The newest view (any thread); None while off (a cycle that began before it was switched off may still
+        leave one), before the first cycle followed, and after ``clear``."""
+        return self._latest if self.enabled else None
 
     def clear(self) -> None:
         """Forget the newest view (the debug image was switched off)."""
