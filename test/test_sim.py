@@ -227,3 +227,33 @@ def test_driving_onto_a_wrong_target_is_recorded_but_does_not_end_the_episode():
     assert not outcome.done and not outcome.success
     outcome = run(env)[-1]                                   # the expert recovers from there
     assert outcome.success and outcome.touched_wrong
+
+
+# --- lang-reach: the instruction, not the frame, says which target -------------------------------------------
+
+LANG = TaskSpec(name="lang-reach", noise_sigma=0.0)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_lang_reach_paints_each_target_its_own_colour_and_names_the_goal_s(seed):
+    env = CueReachEnv(LANG, seed)
+    patches = target_patches(env, env.reset())
+    colours = [tuple(np.median(patch.reshape(-1, 3), axis=0)) for patch in patches]
+    assert len(set(colours)) == LANG.targets  # every target its own colour
+    named = render.TARGET_COLOURS[render.COLOUR_NAMES.index(env.goal_colour)]
+    np.testing.assert_allclose(colours[env.goal], named, atol=1)  # the goal wears the colour it is called by
+
+
+def test_lang_reach_never_marks_the_goal_and_moves_from_the_first_step():
+    env = CueReachEnv(LANG, 3)
+    first = env.reset()
+    env.goal = (env.goal + 1) % LANG.targets  # which target is the goal leaves no trace in the frame
+    assert np.array_equal(env.reset(), first) and not env.cue_visible and not env.held
+    assert run(env)[-1].success  # the expert reaches the reassigned goal
+
+
+def test_only_lang_reach_names_a_colour_and_it_has_enough_colours():
+    with pytest.raises(ValueError, match="only lang-reach names the goal's colour"):
+        CueReachEnv(CUE, 0).goal_colour
+    with pytest.raises(ValueError, match="lang-reach gives every target its own colour, of 4; got 5"):
+        dataclasses.replace(LANG, targets=5).validate()

@@ -47,7 +47,7 @@ def test_the_simulated_robot_refuses_commands_that_are_not_velocities():
     with private_graph() as (context, _):
         with pytest.raises(ValueError, match="velocity commands"):
             SimWorldNode("reach", image_topic="/camera/image_raw", command_topic="/vla/command",
-                         command_type="joint_trajectory", context=context)
+                         command_type="joint_trajectory", instruction_topic="/vla/instruction", context=context)
 
 
 def test_a_command_without_two_values_is_dropped_and_counted():
@@ -55,7 +55,8 @@ def test_a_command_without_two_values_is_dropped_and_counted():
 
     with private_graph() as (context, _):
         node = SimWorldNode("reach", image_topic="/camera/image_raw", command_topic="/vla/command",
-                            command_type="float32_multi_array", context=context)
+                            command_type="float32_multi_array", instruction_topic="/vla/instruction",
+                            context=context)
         try:
             node._take_array(Float32MultiArray(data=[0.5]))
             assert node.malformed_commands == 1 and node.commands == 0
@@ -63,3 +64,33 @@ def test_a_command_without_two_values_is_dropped_and_counted():
             assert node.commands == 1 and node._command.tolist() == [0.5, -0.5]
         finally:
             node.destroy_node()
+
+
+def test_in_lang_reach_the_world_tells_the_robot_each_episode_s_goal_in_words(tmp_path):
+    """The instruction names the goal's colour, reaches the reasoning node once it listens, and becomes the
+    prompt (a model with a tokenizer): over DDS, as an operator's would."""
+    from vla_edge_ros.model.init_model import preset, write_random_model
+    from vla_edge_ros.model.instruction import InstructionTokenizer
+    from vla_edge_ros.model.tokenizer_files import write_tokenizer
+    from vla_edge_ros.nodes.sim_world import INSTRUCTION
+    from vla_edge_ros.worlds.sim.render import COLOUR_NAMES
+
+    model = write_tokenizer(write_random_model(tmp_path / "tiny", preset("tiny"), seed=0),
+                            [INSTRUCTION.format(color=c) for c in COLOUR_NAMES] + ["user", "assistant"], 2048)
+    settings = parse_settings({
+        "reasoning": {"ros__parameters": {"model_dir": str(model), "backend": "numpy", "kv_capacity_tokens": 256,
+                                          "deadline_ms": 1000.0}},
+        "camera_subscriber": {"ros__parameters": {"frame_height": 96, "frame_width": 96}}}, "test.yaml")
+    with private_graph() as (context, _):
+        pipeline = Pipeline(settings, context=context, sim_task="lang-reach")
+        try:
+            deadline = time.monotonic() + WAIT_S
+            desk = pipeline.reasoning.instructions.desk
+            while desk.applied_count < 1 and time.monotonic() < deadline:
+                pipeline.run(duration_s=0.1)
+            told = pipeline.sim.instruction
+            assert told == INSTRUCTION.format(color=pipeline.sim.env.goal_colour) and desk.current == told
+            expected = InstructionTokenizer.load(model, 2048).prompt_ids(told, 64)
+            assert pipeline.reasoning.engine.prompt_ids.tolist() == expected.tolist()
+        finally:
+            pipeline.shutdown()

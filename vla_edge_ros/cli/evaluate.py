@@ -8,9 +8,9 @@ from pathlib import Path
 
 from ..config import load_settings
 from ..memory import POLICIES
-from ..tools.evaluate import VARIANTS, evaluate, format_table, invalid_line, write_report
+from ..tools.evaluate import EVALUATED_TASKS, VARIANTS, evaluate, format_table, invalid_line, write_report
 from ..tools.parallel import progress_bar, run_line
-from ..worlds.sim.world import TASKS, TaskSpec
+from ..worlds.sim.world import TaskSpec
 from .args import add_parallel_arguments, cost_model, frame_budgets, subset_of
 
 
@@ -32,7 +32,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="closed-loop task success per KV policy and budget in the 2-D simulator")
-    p.add_argument("--task", choices=TASKS, default="cue-reach")
+    p.add_argument("--task", choices=EVALUATED_TASKS, default="cue-reach")
     p.add_argument("--policy", type=subset_of(VARIANTS), default=list(POLICIES),
                    help=f"comma-separated policy variants ({','.join(VARIANTS)}): aura and dms use the checkpoint's "
                         "learned gate if it has one, aura:surprise and dms:novelty their scores, aura:random and "

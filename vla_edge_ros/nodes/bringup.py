@@ -80,6 +80,7 @@ class Pipeline:
             publisher = settings["action_publisher"]
             self.sim = SimWorldNode(sim_task, image_topic=camera["image_topic"], command_topic=publisher["command_topic"],
                                     command_type=publisher["command_type"],
+                                    instruction_topic=settings["reasoning"]["instruction_topic"],
                                     command_timeout_ms=publisher["action_timeout_ms"], **where)
             self.nodes.append(self.sim)
         if use_sim_time:  # stamps and the publisher's watchdog follow /clock (a bag played with --clock)

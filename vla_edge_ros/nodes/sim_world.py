@@ -6,6 +6,10 @@ is older than ``command_timeout_ms``: the robot's own safe stop), steps, and pub
 sensor_msgs/Image rgb8. Finished episodes are logged and counted, and the next one starts from the
 next seed. The reasoning node is not told: a robot does not announce episodes, so the memory policy
 carries what it kept into the next one.
+
+In ``lang-reach`` nothing in the view marks the goal: the world words it as an operator would, one
+instruction per episode (``INSTRUCTION``, the goal's colour filled in) on the instruction topic, sent once
+the reasoning node listens, so the first episode's is not lost to discovery.
 """
 
 from __future__ import annotations
@@ -17,16 +21,18 @@ from geometry_msgs.msg import Twist
 from rclpy.node import Node
 from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import Image
-from std_msgs.msg import Float32MultiArray, Header
+from std_msgs.msg import Float32MultiArray, Header, String
 
 from ..worlds.sim.world import VELOCITY_COMMANDS, CueReachEnv, TaskSpec
 from .synthetic_camera import image_message
+
+INSTRUCTION = "go to the {color} target"
 
 
 class SimWorldNode(Node):
     """Runs ``task`` episodes back to back, driven by (vx, vy) from the command topic."""
 
-    def __init__(self, task: str, *, image_topic: str, command_topic: str, command_type: str,
+    def __init__(self, task: str, *, image_topic: str, command_topic: str, command_type: str, instruction_topic: str,
                  seed: int = 0, command_timeout_ms: float = 200.0, **node_kwargs: Any) -> None:
         if command_type not in VELOCITY_COMMANDS:
             raise ValueError(f"the simulated robot takes velocity commands ({', '.join(VELOCITY_COMMANDS)}), "
@@ -42,6 +48,10 @@ class SimWorldNode(Node):
         self._command = np.zeros(2)
         self._command_ns: int | None = None
         self._publisher = self.create_publisher(Image, image_topic, qos_profile_sensor_data)
+        self.instruction: str | None = None  # this episode's, in lang-reach
+        self._told = False  # whether the reasoning node has been sent this episode's instruction
+        self._instructions = (self.create_publisher(String, instruction_topic, 10) if task == "lang-reach" else None)
+        self._new_instruction()
         if command_type == "twist":
             self.create_subscription(Twist, command_topic, lambda m: self._take(m.linear.x, m.linear.y), 10)
         else:
@@ -78,4 +88,16 @@ class SimWorldNode(Node):
             self.seed += 1
             self.env = CueReachEnv(self.spec, self.seed)
             frame = self.env.reset()
+            self._new_instruction()
+        self._tell()
         self._publisher.publish(image_message(frame, Header(stamp=self.get_clock().now().to_msg(), frame_id="camera")))
+
+    def _new_instruction(self) -> None:
+        if self._instructions is not None:
+            self.instruction, self._told = INSTRUCTION.format(color=self.env.goal_colour), False
+
+    def _tell(self) -> None:
+        """Send this episode's instruction once a subscriber listens (lang-reach only)."""
+        if self._instructions is not None and not self._told and self._instructions.get_subscription_count():
+            self._instructions.publish(String(data=self.instruction))
+            self._told = True

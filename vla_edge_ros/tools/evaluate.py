@@ -62,6 +62,8 @@ from .aura_gates import BASELINE_GATES, baseline_policy
 from .parallel import Job, Unit, UnitsFailed, run_figures, run_units
 
 EXPERT = "expert"
+# lang-reach episodes need an instruction each (and a switch, a blind ablation): not here yet, so refused
+EVALUATED_TASKS = ("reach", "cue-reach")
 BAG_START_NS = 1_735_689_600 * 10**9  # recorded episodes start at 2025-01-01, as make-bag's bags do
 SCHEMA = "vla_edge_ros.evaluate/4"
 VARIANTS = ("fifo", "cosine", "aura", "aura:surprise", "aura:random", "aura:periodic", "aura:no-write", "dms",
@@ -411,6 +413,9 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
     written to ``out/units`` as it finishes, with the same report whichever ran where. The aura:* rows run
     in a second pass, at the write rate the aura row measured in the first."""
     spec.validate()
+    if spec.name not in EVALUATED_TASKS:
+        raise ValueError(f"evaluate runs {', '.join(EVALUATED_TASKS)}; {spec.name} needs an instruction per episode, "
+                         "which it does not give yet (vla-edge run --sim lang-reach words them)")
     command_type = settings["action_publisher"]["command_type"]
     if command_type not in VELOCITY_COMMANDS:
         raise ValueError(f"{settings.source}: the simulated robot drives on velocity commands "

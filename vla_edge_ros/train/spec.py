@@ -12,13 +12,16 @@ from dataclasses import MISSING, dataclass, field, replace
 from typing import Any
 
 from ..model.init_model import PRESETS, STORAGE_DTYPES
-from ..worlds.sim.world import TASKS
 
 STAGES = ("perception", "bc", "aura", "dms")  # in the order they run
 DEFAULT_PROMPT = (151, 9, 402, 77, 1030, 12)  # the default config's instruction tokens
 # training drives the simulator's 2-D velocity: a preset with a linear head of 2 degrees of freedom
 TRAINABLE_PRESETS = tuple(name for name, config in PRESETS.items()
                           if config.action.head == "linear" and config.action.dof == 2)
+
+# The tasks the trainer has demonstrations for: lang-reach needs a sequence's instruction to vary with its goal,
+# which the trainer does not do yet, so a recipe that names it is refused rather than trained blind.
+DEMONSTRATED_TASKS = ("reach", "cue-reach")
 
 
 def knob(doc: str, default: Any = MISSING, *, minimum: float | None = None, maximum: float | None = None,
@@ -110,7 +113,7 @@ class TrainSpec:
     prompt_ids: tuple[int, ...] = knob("instruction tokens every sequence starts with", DEFAULT_PROMPT,
                                        minimum=0, maximum=1_000_000)
     tasks: tuple[str, ...] = knob("the demonstrations alternate between these tasks", ("reach", "cue-reach"),
-                                  choices=TASKS)
+                                  choices=DEMONSTRATED_TASKS)
     episodes: int = knob("scripted-expert demonstrations for bc, aura and dms", 1200, minimum=1, maximum=100_000)
     stages: tuple[str, ...] = knob("the stages that run, always in the order perception, bc, aura, dms", STAGES,
                                    choices=STAGES)

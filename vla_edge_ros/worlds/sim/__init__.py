@@ -1,4 +1,5 @@
-"""A tiny simulated world for closed-loop evaluation: ``cue-reach`` needs memory, ``reach`` does not."""
+"""A tiny simulated world for closed-loop evaluation: ``cue-reach`` needs memory, ``reach`` does not,
+``lang-reach`` needs the instruction."""
 
 from .world import TASKS, CueReachEnv, StepOutcome, TaskSpec
 

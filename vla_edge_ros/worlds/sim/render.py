@@ -22,6 +22,7 @@ ROBOT_RIM = 0.012       # ... with a dark rim: the same from every side
 CLUTTER_BLOBS = 4
 
 TARGET_COLOURS = np.array([(200, 50, 40), (40, 150, 60), (50, 90, 210), (180, 60, 170)], dtype=np.float32)
+COLOUR_NAMES = ("red", "green", "blue", "purple")  # what an instruction calls each of TARGET_COLOURS
 CUE_COLOUR = np.array((255, 235, 0), dtype=np.float32)
 ROBOT_FILL = np.array((245, 245, 245), dtype=np.float32)
 ROBOT_RIM_COLOUR = np.array((20, 20, 20), dtype=np.float32)
@@ -57,11 +58,13 @@ def snap(points: np.ndarray, size: int) -> np.ndarray:
     return (np.clip(np.floor(points * size), 0, size - 1) + 0.5) / size
 
 
-def paint_targets(image: np.ndarray, targets: np.ndarray, colour: np.ndarray) -> None:
-    """Filled squares at pixel-snapped ``targets`` [K, 2] (x, y); all the same stencil and colour."""
+def paint_targets(image: np.ndarray, targets: np.ndarray, colours: np.ndarray) -> None:
+    """Filled squares at pixel-snapped ``targets`` [K, 2] (x, y), all the same stencil; ``colours`` is one
+    colour [3] for all, or one per target [K, 3]."""
     size = image.shape[0]
     half = max(1, round(TARGET_HALF * size))
-    for col, row in np.floor(targets * size).astype(int):
+    colours = np.broadcast_to(np.asarray(colours, dtype=np.float32), (len(targets), 3))
+    for (col, row), colour in zip(np.floor(targets * size).astype(int), colours):
         image[max(row - half, 0):row + half + 1, max(col - half, 0):col + half + 1] = colour
 
 

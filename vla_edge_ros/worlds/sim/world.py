@@ -1,4 +1,5 @@
-"""A tiny 2-D world with a task that needs memory: ``cue-reach``, and its no-memory control ``reach``.
+"""A tiny 2-D world with a task that needs memory (``cue-reach``), its no-memory control (``reach``) and a
+task that needs language (``lang-reach``).
 
 The world is the unit square [0, 1]^2 seen from above by a fixed camera (``render``): x runs right
 along image columns, y runs down along image rows, so a command (vx, vy) is in image directions.
@@ -10,6 +11,10 @@ A robot (white disc) must drive onto the goal, one of K targets that all look al
   that could already move toward the goal while it is marked would carry the answer in its own
   position, and the task would no longer need memory. During the hold the frames differ only by
   sensor noise.
+- ``lang-reach``: the targets differ in colour (each a different one of ``render.COLOUR_NAMES``), nothing
+  marks the goal, and the robot may move from the first step: only the instruction says which target to
+  reach (``goal_colour`` names it; the harness words the instruction). A harness may reassign ``goal``
+  mid-episode and tell the robot so.
 
 Durations are whole frames: ``round(seconds * rate_hz)``. Commands are clipped per component to
 [-1, 1] (NaN -> 0) and move the robot by ``command * max_speed / rate_hz`` per step; the robot stops
@@ -28,7 +33,7 @@ import numpy as np
 
 from . import render
 
-TASKS = ("reach", "cue-reach")
+TASKS = ("reach", "cue-reach", "lang-reach")
 PLACEMENT_MARGIN = 0.1     # targets and robot start this far from the walls, so all of them stay in view
 PLACEMENT_TRIES = 10_000   # at the default reach_radius: K <= 5 fit (50 of 50 seeds), K = 6 in 36 of 50
 EXPERT_GAIN = 10.0         # command per world unit of distance: saturated until 0.1 from the goal
@@ -66,6 +71,9 @@ class TaskSpec:
             raise ValueError(f"image_size: need an int >= 32 (pixels per side), got {self.image_size!r}")
         if not isinstance(self.targets, (int, np.integer)) or self.targets < 2:
             raise ValueError(f"targets: need an int >= 2 (one goal and a look-alike), got {self.targets!r}")
+        if self.name == "lang-reach" and self.targets > len(render.COLOUR_NAMES):
+            raise ValueError(f"targets: lang-reach gives every target its own colour, of "
+                             f"{len(render.COLOUR_NAMES)}; got {self.targets}")
         for field in ("rate_hz", "cue_s", "time_limit_s", "max_speed"):
             value = getattr(self, field)
             if not math.isfinite(value) or value <= 0:
@@ -115,7 +123,11 @@ class CueReachEnv:
         self.goal = int(rng.integers(spec.targets))
         self._plain = render.floor(rng, spec.image_size)
         colour = render.TARGET_COLOURS[rng.integers(len(render.TARGET_COLOURS))]
-        render.paint_targets(self._plain, self.targets, colour)
+        # lang-reach draws its colours after everything the other tasks draw: their layouts stay as they were
+        self.colours = (rng.permutation(len(render.COLOUR_NAMES))[:spec.targets] if spec.name == "lang-reach"
+                        else None)  # each target's index in render.COLOUR_NAMES
+        render.paint_targets(self._plain, self.targets,
+                             colour if self.colours is None else render.TARGET_COLOURS[self.colours])
         self._cue_frames = spec.frames(spec.cue_s)
         self._limit_frames = spec.frames(spec.time_limit_s)
         self.reset()
@@ -136,9 +148,16 @@ class CueReachEnv:
         return self._steps / self.spec.rate_hz
 
     @property
+    def goal_colour(self) -> str:
+        """The goal's colour name, which a ``lang-reach`` instruction says; ValueError for the other tasks."""
+        if self.colours is None:
+            raise ValueError(f"{self.spec.name} targets all look alike: only lang-reach names the goal's colour")
+        return render.COLOUR_NAMES[self.colours[self.goal]]
+
+    @property
     def cue_visible(self) -> bool:
-        """Whether the current frame marks the goal."""
-        return self.spec.name == "reach" or self._steps < self._cue_frames
+        """Whether the current frame marks the goal (never in ``lang-reach``: the instruction names it)."""
+        return self.spec.name == "reach" or (self.spec.name == "cue-reach" and self._steps < self._cue_frames)
 
     @property
     def held(self) -> bool:
