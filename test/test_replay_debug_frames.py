@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import cv2
 import pytest
-from replay_inputs import FIXED, replay_config_file, write_moving_bag
+from replay_inputs import replay_config_file, write_moving_bag
 
 from vla_edge_ros.cli import main
 from vla_edge_ros.runtime.debug_image import layout_for
