@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -10,8 +11,9 @@ import pytest
 
 from vla_edge_ros.engine.vla_engine import VlaEngine
 from vla_edge_ros.model.checkpoint import load_checkpoint
-from vla_edge_ros.model.config import ActionConfig
+from vla_edge_ros.model.config import ActionConfig, StateConfig
 from vla_edge_ros.model.init_model import preset, write_random_model
+from vla_edge_ros.model.state_token import StateError
 from vla_edge_ros.model.vision import FrameError
 from vla_edge_ros.worlds.synthetic import SyntheticCamera
 
@@ -187,3 +189,138 @@ def test_a_refused_decode_step_abandons_the_action_but_keeps_the_frame(engine):
     assert engine.decode_action(prefill, admit=lambda: next(answers), done=done.append) is None
     assert done == [True]  # the one admitted step was reported, the refused one was not run
     assert engine.arena.used == len(PROMPT) + engine.tokens_per_frame and engine.policy.frames_kept() == 1
+
+
+# --- an observation: several cameras and the robot's state ---------------------------------------------------
+
+STATE_MEAN, STATE_STD = (0.5, -1.0, 2.0), (0.25, 2.0, 4.0)
+
+
+@pytest.fixture(scope="module")
+def observing_model(tmp_path_factory):
+    """The tiny model seeing two cameras and a 3-value state, with normalisation statistics."""
+    config = replace(preset("tiny", cameras=2, state_dim=3),
+                     state=StateConfig(3, mean=STATE_MEAN, std=STATE_STD))
+    return write_random_model(tmp_path_factory.mktemp("models") / "observing", config, seed=3)
+
+
+@pytest.fixture
+def observing(observing_model):
+    engine = VlaEngine(load_checkpoint(observing_model), backend="numpy", kv_capacity_tokens=160)
+    engine.set_prompt(PROMPT)
+    return engine
+
+
+def test_an_observation_is_each_cameras_tokens_then_the_normalised_projected_state(observing):
+    front, wrist = SyntheticCamera(seed=1).frame(), SyntheticCamera(seed=2).frame()
+    state = np.array([1.0, 3.0, -2.0])
+    embeddings = observing.encode_frame(front, (wrist,), state).embeddings
+    tokens = observing.tokens_per_frame
+    assert embeddings.shape == (2 * tokens + 1, observing.config.hidden_size) == (observing.observation_tokens, 256)
+    np.testing.assert_array_equal(embeddings[:tokens], observing.encoder.encode(front))
+    np.testing.assert_array_equal(embeddings[tokens:2 * tokens], observing.encoder.encode(wrist))
+    checkpoint = observing.checkpoint
+    z = (state - np.array(STATE_MEAN)) / np.array(STATE_STD)  # [2, 1, -1]
+    expected = checkpoint.float32("state_proj.weight") @ z + checkpoint.float32("state_proj.bias")
+    np.testing.assert_allclose(embeddings[-1], expected, rtol=1e-5, atol=1e-6)
+    result = observing.step(front, (wrist,), state)
+    assert observing.arena.used == len(PROMPT) + 33 and result.action.shape == (7,)
+
+
+def test_the_observation_matches_huggingface_greedy_decoding_over_the_same_embeddings(observing_model, observing):
+    """The state token (computed here from the tensors, apart from the engine) after both cameras' tokens, after the
+    prompt: transformers' greedy bins over that sequence are the engine's."""
+    torch = pytest.importorskip("torch")
+    from vla_edge_ros.tools.parity import load_reference
+
+    front, wrist = SyntheticCamera(seed=3).frame(), SyntheticCamera(seed=4).frame()
+    state = np.array([0.7, -0.2, 5.0])
+    result = observing.step(front, (wrist,), state)
+    checkpoint = observing.checkpoint
+    token = (checkpoint.float32("state_proj.weight") @ ((state - STATE_MEAN) / np.array(STATE_STD))
+             + checkpoint.float32("state_proj.bias"))
+    model = load_reference(observing_model)
+    table = model.get_input_embeddings().weight.detach().numpy()
+    sequence = np.concatenate([table[PROMPT], observing.encoder.encode(front), observing.encoder.encode(wrist),
+                               token[None]]).astype(np.float32)
+    tokens = []
+    with torch.no_grad():
+        for _ in range(observing.config.action.dof):
+            logits = model(inputs_embeds=torch.from_numpy(sequence[None]), use_cache=False).logits[0, -1].numpy()
+            tokens.append(observing.head.first_bin_token + int(np.argmax(logits[observing.head.bin_rows])))
+            sequence = np.concatenate([sequence, table[tokens[-1:]]])
+    assert result.tokens == tokens
+
+
+@pytest.mark.parametrize("extra, state, error, words", [
+    ((), [0.0, 0.0, 0.0], FrameError, "sees 2 cameras per observation, got 1 frames"),
+    ("twice", [0.0, 0.0, 0.0], FrameError, "sees 2 cameras per observation, got 3 frames"),
+    ("once", None, StateError, "reads a robot state of 3 values, and none was given"),
+    ("once", [0.0, 0.0], StateError, "must be 3 values, got shape \\[2\\]"),
+    ("once", [0.0, np.nan, 0.0], StateError, "holds NaN or Inf"),
+    ("once", [0.0, 0.0, np.inf], StateError, "holds NaN or Inf"),
+    ("once", [3e38, 0.0, 0.0], StateError, "overflows once normalised"),  # finite, then / 0.25: not any more
+])
+def test_an_observation_the_model_does_not_read_is_refused_and_changes_nothing(observing, extra, state, error, words):
+    frame = SyntheticCamera(seed=5).frame()
+    extra = {"once": (frame,), "twice": (frame, frame)}.get(extra, extra)
+    before = observing.arena.used
+    with pytest.raises(error, match=words):
+        observing.step(frame, extra, None if state is None else np.array(state))
+    assert observing.arena.used == before and observing.policy.frames_kept() == 0
+
+
+def test_a_state_given_to_a_model_without_one_is_refused(engine):
+    with pytest.raises(StateError, match="reads no robot state, and one was given"):
+        engine.step(SyntheticCamera(seed=1).frame(), (), np.zeros(3))
+
+
+def test_warm_up_of_an_observing_model_leaves_the_episode_as_it_started(observing):
+    assert observing.warm_up() == "" and observing.arena.used == len(PROMPT)
+
+
+@pytest.mark.parametrize("vla, words", [
+    ({"state": {"dim": 3, "std": [1.0, 0.0, 1.0]}}, "vla.state.std must be positive"),
+    ({"state": {"dim": 3, "mean": [1.0]}}, "vla.state.mean has 1 entries, dim is 3"),
+    ({"state": {"dim": 3, "mean": [1.0, float("nan"), 0.0]}}, "vla.state.mean must hold finite numbers"),
+    ({"state": {"dim": 0}}, "vla.state.dim must be at least 1"),
+    ({"state": {"dim": "3"}}, "vla.state must be a mapping with an integer dim"),
+    ({"state": {"dim": 3, "scale": 2}}, "bad 'vla' section"),
+    ({"cameras": 0}, "vla.cameras must be 1 to 16, got 0"),
+    ({"cameras": 2.0}, "vla.cameras must be an integer"),
+])
+def test_a_bad_observation_in_config_json_is_refused_naming_the_key(observing_model, tmp_path, vla, words):
+    import json
+    import shutil
+
+    copy_dir = tmp_path / "model"
+    shutil.copytree(observing_model, copy_dir)
+    config = json.loads((copy_dir / "config.json").read_text())
+    config["vla"].update(vla)
+    (copy_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=re.escape(words)):
+        load_checkpoint(copy_dir)
+
+
+def test_a_state_projection_and_its_statistics_come_together(observing_model, tmp_path):
+    """Without vla.state the projection's input is unknown; without state_proj the state cannot be read."""
+    import json
+    import shutil
+
+    from vla_edge_ros.model.safetensors_io import read_safetensors, write_safetensors
+
+    no_stats = tmp_path / "no_stats"
+    shutil.copytree(observing_model, no_stats)
+    config = json.loads((no_stats / "config.json").read_text())
+    del config["vla"]["state"]
+    (no_stats / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=re.escape("['state_proj.weight', 'state_proj.bias'] project a robot state, "
+                                                   "but config.json has no vla.state")):
+        load_checkpoint(no_stats)
+    no_tensors = tmp_path / "no_tensors"
+    shutil.copytree(observing_model, no_tensors, ignore=shutil.ignore_patterns("*.safetensors"))
+    tensors = {name: t for name, t in read_safetensors(observing_model / "model.safetensors").items()
+               if not name.startswith("state_proj.")}
+    write_safetensors(no_tensors / "model.safetensors", tensors)  # the copy's file: the source stays mapped
+    with pytest.raises(ValueError, match=re.escape("tensor 'state_proj.weight' is missing (expected shape [256, 3])")):
+        load_checkpoint(no_tensors)

@@ -15,7 +15,7 @@ from vla_edge_ros.memory import POLICIES, AuraPolicy, CosinePolicy, FifoPolicy, 
 from vla_edge_ros.memory.aura_gate import WriteGate, WriteOffer
 from vla_edge_ros.model.arena import KVArena
 from vla_edge_ros.model.checkpoint import Checkpoint, load_checkpoint
-from vla_edge_ros.model.config import ActionConfig, ModelConfig, VisionConfig
+from vla_edge_ros.model.config import ActionConfig, ModelConfig, StateConfig, VisionConfig
 from vla_edge_ros.model.init_model import preset, write_random_model
 from vla_edge_ros.model.layout import arena_capacity, kv_page_bytes, kv_pages_for
 from vla_edge_ros.model.safetensors_io import StoredTensor
@@ -556,3 +556,51 @@ def test_a_non_finite_hidden_state_is_not_written(micro_model):
     assert policy.writes == 1 and np.isnan(policy.last_surprise)
     engine.add_frame(frames(1, seed=8)[0])
     assert policy.writes == 2 and np.isfinite(policy.memory.get()[0]).all()
+
+
+# --- observations of several cameras and a state: the unit every policy keeps or evicts ---------------------
+
+OBSERVATION_TOKENS = 2 * 4 + 1  # two cameras of 4 tokens, then the state token
+
+
+@pytest.fixture(scope="module")
+def observing_micro(tmp_path_factory):
+    """The micro model seeing two cameras and a 2-value state per observation."""
+    config = replace(micro_config(), cameras=2, state=StateConfig(2))
+    return load_checkpoint(write_random_model(tmp_path_factory.mktemp("observing") / "m", config, seed=4))
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_every_policy_keeps_or_evicts_whole_observations(observing_micro, name):
+    engine = micro_engine(observing_micro, make_policy(name, {"kv.cosine.protect_recent_frames": 1,
+                                                              "kv.dms.window": 8}))
+    assert engine.observation_tokens == observing_micro.config.observation_tokens == OBSERVATION_TOKENS
+    front, wrist = frames(14, seed=1), frames(14, seed=2)
+    steps = [(front[i], (wrist[i],), np.float32([i, -i]) / 10) for i in range(14)]
+    for step in steps[:12]:
+        engine.step(*step)
+        stats = engine.memory_stats()
+        if name in ("fifo", "cosine"):  # 4 observations fit beside the prompt (3) and the action scratch (7)
+            assert all(slots.size == OBSERVATION_TOKENS for slots in engine.policy.frames)
+            assert engine.arena.used == 3 + OBSERVATION_TOKENS * stats.frames_kept <= 3 + 4 * OBSERVATION_TOKENS
+        elif name == "aura":  # the prompt, the memory token and the current observation, whole
+            assert engine.arena.used == 3 + 1 + OBSERVATION_TOKENS
+        else:  # dms: decisions per token, but a token belongs to its observation
+            assert all(engine.policy.slots_of_frame(frame).size <= OBSERVATION_TOKENS
+                       for frame in engine.policy.frames_held())
+    assert stats.frames_seen == 12
+    if name != "dms":
+        assert stats.tokens_seen == 12 * (OBSERVATION_TOKENS + int(name == "aura"))
+    state = engine.memory_state()  # a kept observation saves and restores as a whole
+    expected = [engine.step(*step).action for step in steps[12:]]
+    engine.load_memory_state(state)
+    for step, action in zip(steps[12:], expected):
+        np.testing.assert_array_equal(engine.step(*step).action, action)
+
+
+def test_aura_concat_features_span_the_whole_observation(observing_micro):
+    from vla_edge_ros.model.memory_tensors import feature_sizes
+
+    config = observing_micro.config
+    assert feature_sizes(config, "concat") == (OBSERVATION_TOKENS * 64, OBSERVATION_TOKENS * 64)
+    assert feature_sizes(config, "hidden") == (OBSERVATION_TOKENS * 64, 64)

@@ -168,6 +168,25 @@ def test_a_frame_is_one_image_segment(vl_model):
     assert all(np.array_equal(v, engine.memory_state()[k]) for k, v in state.items())  # refused: nothing changed
 
 
+def test_an_observation_of_two_cameras_and_a_state_is_two_segments_then_a_text_like_token(tmp_path):
+    """Each camera's segment from one past the highest id before it, as get_rope_index numbers two images, then the
+    state token as text after them; the memory keeps and evicts the 37 tokens whole."""
+    model = write_random_model(tmp_path / "m", preset("qwen2-vl-tiny", layers=1, cameras=2, state_dim=2), seed=0)
+    engine = _engine(model, 96, FifoPolicy())
+    assert engine.observation_tokens == 2 * 18 + 1
+    camera = SyntheticCamera(height=48, width=64, seed=3)
+    prefill = engine.add_frame(camera.frame(), (camera.frame(),), np.float32([0.5, -0.5]))
+    assert prefill.slots.size == 37
+    ids = engine.arena.rope_positions[:, engine.arena.slots_in_order()]
+    layout = np.r_[_layout(2, 4), 0]  # the state token: any text id
+    np.testing.assert_array_equal(ids, rope_index(layout, np.array([(1, 8, 8)] * 2), image_token_id=IMAGE,
+                                                  spatial_merge_size=2))
+    assert prefill.next_rope_position == int(ids.max()) + 1
+    for _ in range(3):  # 96 slots hold two observations beside the prompt: the third evicts the first, whole
+        engine.step(camera.frame(), (camera.frame(),), np.float32([0.1, 0.2]))
+    assert [slots.size for slots in engine.policy.frames] == [37, 37] and engine.arena.used == 5 + 2 * 37
+
+
 @pytest.mark.parametrize("model_fixture, count", [("vl_model", 2), ("vl25_model", 1)])
 def test_steps_match_transformers_greedy_decoding(request, model_fixture, count):
     """Frames without eviction: the bins decoded equal transformers' Qwen2-VL / Qwen2.5-VL greedy bins over the same
@@ -441,7 +460,7 @@ def test_plan_by_name_against_edge_memory(tmp_path, capsys):
     assert main(["plan", "--known-model", "qwen2.5-vl-3b", "--config", str(config)]) == 1  # over the 5 GB budget
     out = capsys.readouterr().out
     assert "DOES NOT FIT" in out.split("against edge memory")[0]
-    assert "88.5% fits         room for 218 frames of KV" in out  # but an 8 GB Orin holds it, barely
+    assert "88.5% fits         room for 218 observations of KV" in out  # but an 8 GB Orin holds it, barely
 
 
 @pytest.mark.parametrize("policy", ["cosine", "aura"])

@@ -17,9 +17,11 @@ MIN_COSINE = {"numpy": 0.99999, "cuda": 0.999}
 
 
 def cmd_init_model(args: argparse.Namespace) -> int:
-    config = preset(args.preset, args.layers)
+    config = preset(args.preset, args.layers, cameras=args.cameras, state_dim=args.state_dim)
     out = write_random_model(args.out, config, seed=args.seed, dtype=args.dtype)
-    print(f"wrote {args.preset} ({config.num_hidden_layers} layers, {args.dtype}, seed {args.seed}) to {out}")
+    seen = f"{config.cameras} camera{'s' if config.cameras > 1 else ''}" + (
+        f" + a {config.state.dim}-value state" if config.state else "")
+    print(f"wrote {args.preset} ({config.num_hidden_layers} layers, {seen}, {args.dtype}, seed {args.seed}) to {out}")
     return 0
 
 
@@ -38,11 +40,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     family = config.vl.family if config.vl else "qwen2"
     print(f"model      {where} ({family}, {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
           f"{stored} on disk)")
+    v = config.vision
     if config.vl:
-        v = config.vision
         print(f"frames     {v.image_size}x{v.image_size} (reasoning.vision_max_pixels "
               f"{settings['reasoning']['vision_max_pixels']}): {v.tokens_per_frame} tokens each, "
-              f"{plan.kv_bytes_per_frame:,} B of KV")
+              f"{plan.kv_bytes_per_token * v.tokens_per_frame:,} B of KV")
+    state = f" + 1 state token ({config.state.dim} values)" if config.state else ""
+    print(f"observation {config.cameras} camera{'s' if config.cameras > 1 else ''} x {v.tokens_per_frame} tokens"
+          f"{state} = {config.observation_tokens} tokens, {plan.kv_bytes_per_observation:,} B of KV")
     print(plan.table())
     print(f"against edge memory (the same plan):\n{edge_table(plan)}")
     return 0 if plan.fits else 1
@@ -83,11 +88,14 @@ def cmd_engine(args: argparse.Namespace) -> int:
     engine, plan = loaded.engine, loaded.plan
     c = engine.config
     print(f"engine: {settings['reasoning']['model_dir']} on {plan.backend}, {c.num_hidden_layers} layers, "
-          f"{engine.tokens_per_frame} tokens/frame, {c.action.head} head, KV arena {plan.kv_arena_bytes:,} B")
-    camera = SyntheticCamera(seed=args.seed)
+          f"{c.observation_tokens} tokens/observation, {c.action.head} head, KV arena {plan.kv_arena_bytes:,} B")
+    primary, *extra = (SyntheticCamera(seed=args.seed + i) for i in range(c.cameras))
+    state = None if engine.state_proj is None else engine.state_proj.mean
+    if state is not None:
+        print("state: the checkpoint's mean, every frame (synthetic, as the frames are)")
     totals = []
     for index in range(args.frames):
-        result = engine.step(camera.frame())
+        result = engine.step(primary.frame(), tuple(camera.frame() for camera in extra), state)
         totals.append(result.total_ms)
         if index % max(1, args.frames // 10) == 0 or index == args.frames - 1:
             action = np.array2string(result.action, precision=3, separator=", ")
@@ -107,6 +115,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--layers", type=int, help="override the number of layers (e.g. a slice of the 1.5B shape)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=STORAGE_DTYPES, default="bfloat16")
+    p.add_argument("--cameras", type=int, default=1,
+                   help="camera frames per observation (default 1): camera_subscriber.extra_image_topics names the rest")
+    p.add_argument("--state-dim", type=int, default=0, metavar="N",
+                   help="read an N-value robot state as one token (state_proj, random; vla.state) (default: no state)")
     p.set_defaults(func=cmd_init_model)
 
     p = sub.add_parser("plan", help="print the memory plan of a config against its budget_bytes and edge memory")

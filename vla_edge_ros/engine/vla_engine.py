@@ -1,16 +1,22 @@
-"""The VLA engine: (pinned prompt, camera frame) -> action, on a bounded KV arena.
+"""The VLA engine: (pinned prompt, observation) -> action, on a bounded KV arena.
 
 The prompt is prefilled once and pinned at the front of the cache. Every ``step`` encodes one
-frame, prefills its ``tokens_per_frame`` tokens (after any prefix its memory policy asks for)
-after what is already cached, and decodes the action. Decoded action tokens are scratch: they
-leave the cache when the step ends, unless the policy keeps them (dms decides on each). What else
+observation and prefills its ``observation_tokens`` tokens (after any prefix its memory policy asks
+for) after what is already cached, and decodes the action. An observation is each of the checkpoint's
+cameras' frame (``tokens_per_frame`` tokens each, the primary camera's first, then the others in their
+configured order), then the robot's state as one token when the checkpoint reads one
+(``model/state_token.py``); the engine calls that group a frame, and so do the memory policies.
+Decoded action tokens are scratch: they leave the cache when the step ends, unless the policy keeps
+them (dms decides on each). What else
 the cache keeps is the memory policy's decision (``vla_edge_ros.memory``: fifo, cosine, aura, dms);
 after evictions the kept tokens are re-positioned 0..n-1 in cache order by rotating their keys, so
 positions stay below the arena capacity however long the episode runs.
 
-A VL checkpoint (Qwen2-VL / Qwen2.5-VL) encodes a frame with its vision tower into one image segment,
-vision start, the merged visual tokens, vision end (``model/vl/frames.py``): ``tokens_per_frame`` is
-that segment's length, so every policy keeps or evicts whole segments as it does frames (dms per head).
+A VL checkpoint (Qwen2-VL / Qwen2.5-VL) encodes each camera's frame with its vision tower into one image
+segment, vision start, the merged visual tokens, vision end (``model/vl/frames.py``): ``tokens_per_frame``
+is that segment's length, so every policy keeps or evicts whole observations as it does frames (dms per
+head). The segments of one observation follow each other as transformers numbers consecutive images (each
+from one past the highest id before it), and the state token is text-like after them.
 The arena then keeps each token's M-RoPE ids beside its sequence position: new tokens get the ids
 transformers' ``get_rope_index`` would give them at the end of the cached sequence (text-like tokens one
 past the highest id, an image's tokens its base plus row and column), masking reads the sequence
@@ -35,7 +41,8 @@ from ..model.backend import ForwardResult
 from ..model.backends import make_backend
 from ..model.checkpoint import Checkpoint
 from ..model.layout import arena_capacity, kv_bytes_per_token, scratch_tokens
-from ..model.vision import FrameEncoder
+from ..model.state_token import StateError, StateProjection
+from ..model.vision import FrameEncoder, FrameError
 from ..model.vl.frames import VlFrameEncoder, text_rope_ids
 from ..model.vl.preprocess import ImageProcessing
 from ..model.vl.tower import make_vision_tower
@@ -46,9 +53,9 @@ PREFILL_CHUNK_TOKENS = 1024  # prompt tokens per forward pass: bounds the attent
 
 @dataclass
 class EncodedFrame:
-    """A frame's input embeddings, ready to prefill, and what encoding it took."""
+    """An observation's input embeddings, ready to prefill, and what encoding it took."""
 
-    embeddings: np.ndarray  # [tokens_per_frame, hidden]
+    embeddings: np.ndarray  # [observation_tokens, hidden]
     encode_ms: float
 
 
@@ -92,11 +99,12 @@ class VlaEngine:
         self.checkpoint = checkpoint
         self.config = config
         self.mrope = config.vl is not None
-        self.tokens_per_frame = config.vision.tokens_per_frame
+        self.tokens_per_frame = config.vision.tokens_per_frame  # one camera's
+        self.observation_tokens = config.observation_tokens  # the unit the memory keeps
         scratch = scratch_tokens(config)
         if kv_capacity_tokens < arena_capacity(config, 1, 1):
             raise ValueError(f"kv_capacity_tokens={kv_capacity_tokens} cannot hold one frame "
-                             f"({self.tokens_per_frame} tokens) plus {scratch} action tokens beside a prompt")
+                             f"({self.observation_tokens} tokens) plus {scratch} action tokens beside a prompt")
         self.arena = KVArena(kv_capacity_tokens, kv_page_tokens, kv_pool_pages,  # None, 0: the schema's defaults
                              mrope=self.mrope)
         self.policy = policy or FifoPolicy()
@@ -107,6 +115,7 @@ class VlaEngine:
         self.encoder: FrameEncoder | VlFrameEncoder = (
             VlFrameEncoder(checkpoint, ImageProcessing.load(checkpoint.path), make_vision_tower(backend, checkpoint))
             if self.mrope else FrameEncoder.from_checkpoint(checkpoint))
+        self.state_proj = StateProjection.from_checkpoint(checkpoint)  # None: the model reads no state
         weight = bias = None
         if config.action.head == "linear":
             weight, bias = checkpoint.float32("action_head.weight"), checkpoint.float32("action_head.bias")
@@ -286,9 +295,11 @@ class VlaEngine:
         pay them at load, not in its first control period.
         """
         size = self.config.vision.image_size
+        blank = np.zeros((size, size, 3), dtype=np.uint8)
         prompt = self.prompt_kv()
-        try:
-            self.step(np.zeros((size, size, 3), dtype=np.uint8))
+        try:  # a state at the checkpoint's mean: this cycle's action is thrown away with its memory
+            state = None if self.state_proj is None else self.state_proj.mean
+            self.step(blank, (blank,) * (self.config.cameras - 1), state)
             invalid = ""
         except NonFiniteError as exc:
             invalid = str(exc)
@@ -312,10 +323,23 @@ class VlaEngine:
             self.backend.rotate_keys(slots[moving], shifts[moving])
         self.arena.positions[slots] = targets
 
-    def encode_frame(self, image: np.ndarray) -> EncodedFrame:
-        """The frame's ``tokens_per_frame`` input embeddings (a VL checkpoint: its vision tower's block)."""
+    def encode_frame(self, image: np.ndarray, extra_images: tuple[np.ndarray, ...] = (),
+                     state: np.ndarray | None = None) -> EncodedFrame:
+        """An observation's ``observation_tokens`` input embeddings (a VL checkpoint: its vision tower's block):
+        ``image`` (the primary camera), then ``extra_images`` in order, then ``state``'s token. FrameError or
+        StateError when the observation is not the checkpoint's (a camera too few or many, a state missing,
+        unexpected, misshapen or not finite): nothing is ever filled in."""
+        cameras = self.config.cameras
+        if 1 + len(extra_images) != cameras:
+            raise FrameError(f"the model sees {cameras} camera{'s' if cameras > 1 else ''} per observation, "
+                             f"got {1 + len(extra_images)} frames")
+        if self.state_proj is None and state is not None:
+            raise StateError("the model reads no robot state, and one was given")
         t0 = time.perf_counter()
-        embeddings = self.encoder.encode(image)
+        parts = [self.encoder.encode(frame) for frame in (image, *extra_images)]
+        if self.state_proj is not None:
+            parts.append(self.state_proj.token(state))
+        embeddings = parts[0] if len(parts) == 1 else np.concatenate(parts).astype(np.float32, copy=False)
         return EncodedFrame(embeddings, (time.perf_counter() - t0) * 1e3)
 
     def prefill_frame(self, frame: EncodedFrame) -> FramePrefill:
@@ -331,11 +355,12 @@ class VlaEngine:
         slots = self.arena.allocate(count)
         start = self.arena.next_position()
         positions = np.arange(start, start + count, dtype=np.int32)
-        n_prefix = count - self.tokens_per_frame
+        n_prefix = count - self.observation_tokens
         rope = None
         if self.mrope:
             first = self.arena.next_rope_position()
-            rope = np.concatenate([text_rope_ids(first, n_prefix), self.encoder.rope_ids(first + n_prefix)], axis=1)
+            rope = np.concatenate([text_rope_ids(first, n_prefix), self._observation_rope_ids(first + n_prefix)],
+                                  axis=1)
         out = self.backend.forward(positions, slots, embeddings=inputs, collect_layers=self.policy.needs_layer_inputs,
                                    rope_positions=rope)
         self.policy.add_frame(FrameTokens(slots[n_prefix:], positions[n_prefix:], embeddings, slots[:n_prefix],
@@ -344,9 +369,21 @@ class VlaEngine:
         return FramePrefill(out.hidden[-1], int(positions[-1]) + 1, evicted, frame.encode_ms, (t2 - t1) * 1e3,
                             slots[n_prefix:], None if rope is None else int(rope.max()) + 1)
 
-    def add_frame(self, image: np.ndarray) -> FramePrefill:
-        """Encode one frame and prefill it: ``encode_frame`` then ``prefill_frame``."""
-        return self.prefill_frame(self.encode_frame(image))
+    def _observation_rope_ids(self, first: int) -> np.ndarray:
+        """M-RoPE ids [3, observation_tokens] from id ``first``: each camera's segment from one past the highest id
+        before it, as ``get_rope_index`` numbers consecutive images, then the state token as text."""
+        parts = []
+        for _ in range(self.config.cameras):
+            parts.append(self.encoder.rope_ids(first))
+            first = int(parts[-1].max()) + 1
+        if self.state_proj is not None:
+            parts.append(text_rope_ids(first, 1))
+        return np.concatenate(parts, axis=1)
+
+    def add_frame(self, image: np.ndarray, extra_images: tuple[np.ndarray, ...] = (),
+                  state: np.ndarray | None = None) -> FramePrefill:
+        """Encode one observation and prefill it: ``encode_frame`` then ``prefill_frame``."""
+        return self.prefill_frame(self.encode_frame(image, extra_images, state))
 
     def decode_action(self, prefill: FramePrefill, admit: Callable[[], object] = lambda: True,
                       done: Callable[[object], None] = lambda ticket: None) -> tuple[np.ndarray, list[int]] | None:
@@ -386,9 +423,10 @@ class VlaEngine:
             self.arena.release(scratch[handed:])
         return head.from_bins(bins), [head.first_bin_token + b for b in bins]
 
-    def step(self, image: np.ndarray) -> StepResult:
-        """Encode one frame, add it to the memory, and decode the action (no admission control)."""
-        prefill = self.add_frame(image)
+    def step(self, image: np.ndarray, extra_images: tuple[np.ndarray, ...] = (),
+             state: np.ndarray | None = None) -> StepResult:
+        """Encode one observation, add it to the memory, and decode the action (no admission control)."""
+        prefill = self.add_frame(image, extra_images, state)
         t0 = time.perf_counter()
         action, tokens = self.decode_action(prefill)
         decode_ms = (time.perf_counter() - t0) * 1e3

@@ -10,7 +10,7 @@ widths (``model/memory_tensors.FEATURES``):
   mean of its tokens is a projection of the mean image patch. ``vla-edge init-model`` writes this
   layout; the memory benchmark's readout of the cue class through random projections works on it and
   not on ``concat`` (0.50 vs 0.22 at N = 64).
-- ``concat`` (both tokens_per_frame * hidden wide): the encoder tokens concatenated in order, which
+- ``concat`` (both observation_tokens * hidden wide): the encoder tokens concatenated in order, which
   keeps where a cue is, but only as a linear function of pixels: a linear map from it to where the
   cue ring was, fitted on 600 layouts, missed by 0.31-0.60 (squared, in [-1, 1] units) on new ones.
 - ``hidden`` (z_q as ``concat``, z_w hidden wide): the query as ``concat``; key and value from the
@@ -49,7 +49,7 @@ the same every frame, so nothing is ever re-rotated.
 
 Checkpoint tensors (``vla-edge init-model`` writes random ones; training writes learned ones):
 ``aura.k_proj.weight`` [d_k, feature], ``aura.q_proj.weight`` [d_k, feature], ``aura.v_proj.weight``
-[d_v, feature] with feature = tokens_per_frame * hidden, ``aura.out_proj.weight`` [hidden, d_v];
+[d_v, feature] with feature = observation_tokens * hidden, ``aura.out_proj.weight`` [hidden, d_v];
 optional learned gate ``aura.gate.weight`` [1, d_k + d_v] and ``aura.gate.bias`` [1].
 """
 
@@ -71,7 +71,7 @@ RATE_STEP = 0.5
 
 
 def query_feature(embeddings: np.ndarray, layout: str) -> np.ndarray:
-    """z_q of a frame's [tokens_per_frame, hidden] embeddings in ``layout``."""
+    """z_q of a frame's [observation_tokens, hidden] embeddings in ``layout``."""
     if layout == "mean":
         return embeddings.mean(axis=0, dtype=np.float32)
     return embeddings.reshape(-1).astype(np.float32, copy=False)

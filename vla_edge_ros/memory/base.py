@@ -1,5 +1,10 @@
 """What a KV memory policy is: the part of the engine that decides what the cache keeps.
 
+A policy's "frame" is one observation's token group (``ModelConfig.observation_tokens``): each camera's
+``tokens_per_frame`` tokens, the primary camera's first, then the robot's state token when the model reads
+one. Policies keep or evict these groups whole (dms decides per token, as ever); with one camera and no
+state a frame is exactly the camera's frame.
+
 The engine owns the arena and the backend; a policy owns the bookkeeping of what is in the arena
 beyond the pinned prompt, and sees the engine only through the ``MemoryContext`` it is attached to
 (context.py). Each frame, the engine asks the policy for any tokens to prefill before
@@ -43,9 +48,9 @@ class FrameTokens:
 
     slots: np.ndarray  # arena slots of the frame's tokens (after any prefix tokens)
     positions: np.ndarray  # their RoPE positions
-    embeddings: np.ndarray  # [tokens_per_frame, hidden] frame-encoder output (the transformer's input)
+    embeddings: np.ndarray  # [observation_tokens, hidden] frame-encoder (and state) output: the transformer's input
     prefix_slots: np.ndarray  # slots of the tokens ``frame_prefix`` asked for (empty if none)
-    layer_inputs: list[np.ndarray] | None = None  # each layer's input [tokens_per_frame, hidden], if asked for
+    layer_inputs: list[np.ndarray] | None = None  # each layer's input [observation_tokens, hidden], if asked for
     hidden: np.ndarray | None = None  # [hidden] final-norm hidden state at the frame's last token (the action's)
 
 
@@ -154,7 +159,7 @@ class MemoryPolicy(ABC):
 
     def tokens_seen(self) -> int:
         """Tokens that entered the memory this episode: each frame's, and the prefix token when there is one."""
-        return self.frames_seen * (self._context().config.vision.tokens_per_frame + int(self.needs_prefix))
+        return self.frames_seen * (self._context().config.observation_tokens + int(self.needs_prefix))
 
     def diagnostics(self) -> dict[str, Any]:
         """Policy-specific figures for the reasoning node's diagnostics (dms: its compression)."""

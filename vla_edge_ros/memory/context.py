@@ -78,7 +78,7 @@ class MemorySite:
         c = self.config
         return ValueError(f"kv_capacity_tokens={self.capacity} must be at least {self.least_capacity(reserved_tokens)}"
                           f": the arena holds the prompt ({self.prompt_tokens} tokens){beside}, one frame "
-                          f"({c.vision.tokens_per_frame}) and the action tokens ({scratch_tokens(c)})")
+                          f"({c.observation_tokens}) and the action tokens ({scratch_tokens(c)})")
 
 
 @dataclass(frozen=True)

@@ -133,13 +133,13 @@ class DmsPolicy(MemoryPolicy):
                 raise site.too_small(knobs.window, "kv.dms.window")
             raise ValueError(f"kv.dms.window={knobs.window} must be in [1, {limit}]: the {site.capacity}-slot arena "
                              f"holds the prompt ({site.prompt_tokens}), the window, one frame "
-                             f"({c.vision.tokens_per_frame}) and the action tokens ({scratch_tokens(c)}) (or "
+                             f"({c.observation_tokens}) and the action tokens ({scratch_tokens(c)}) (or "
                              f"kv_capacity_tokens at least {site.least_capacity(knobs.window)})")
         least = site.pages_per_head(site.least_capacity(knobs.window))
         if site.pool_pages and site.pool_pages < least:
             raise ValueError(f"kv_pool_pages={site.pool_pages} must be at least {least}: every (layer, KV head) holds "
                              f"the prompt ({site.prompt_tokens}), the window ({knobs.window}), one frame "
-                             f"({c.vision.tokens_per_frame}) and the action tokens ({scratch_tokens(c)}) in pages of "
+                             f"({c.observation_tokens}) and the action tokens ({scratch_tokens(c)}) in pages of "
                              f"{site.page_tokens}")
 
     @classmethod

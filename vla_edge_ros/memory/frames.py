@@ -53,13 +53,14 @@ class FrameWindowPolicy(MemoryPolicy):
     def snapshot(self) -> dict[str, np.ndarray]:
         state = super().snapshot()
         state["frame_slots"] = (np.stack(self.frames) if self.frames
-                                else np.empty((0, self._tokens_per_frame()), dtype=np.int32)).astype(np.int32)
+                                else np.empty((0, self._frame_tokens()), dtype=np.int32)).astype(np.int32)
         return state
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
         super().restore(state)
-        slots = _array(state, "frame_slots", np.int32, (None, self._tokens_per_frame()))
+        slots = _array(state, "frame_slots", np.int32, (None, self._frame_tokens()))
         self.frames = [row.copy() for row in slots]
 
-    def _tokens_per_frame(self) -> int:
-        return self._context().config.vision.tokens_per_frame
+    def _frame_tokens(self) -> int:
+        """Tokens of one kept frame: an observation's."""
+        return self._context().config.observation_tokens

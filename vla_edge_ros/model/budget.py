@@ -5,8 +5,9 @@ every block of ``kv_page_tokens`` slots of every (layer, KV head); the plan coun
 backend allocates. Only tensor headers are read (the weights are memory-mapped, not loaded), so a configuration that
 cannot fit on the robot is refused in milliseconds with the breakdown that explains why.
 
-A VL checkpoint's weights include its vision tower (shown apart), its frames are ``tokens_per_frame``
-tokens at the configured pixel cap (the KV bytes one frame costs are shown), and the workspace is the
+The KV one observation costs is shown: its ``observation_tokens`` (every camera's frame and the state
+token) in every layer and KV head. A VL checkpoint's weights include its vision tower (shown apart), its
+frames are ``tokens_per_frame`` tokens at the configured pixel cap, and the workspace is the
 larger of the decoder's largest forward and the tower's pass over one frame (they run one after the
 other). ``edge_table`` sets a plan against the memory of the Jetson Orin family, whose GPU shares it.
 """
@@ -43,12 +44,12 @@ class MemoryPlan:
     workspace_bytes: int
     budget_bytes: int
     vision_weight_bytes: int = 0  # the part of weight_bytes that is a VL checkpoint's vision tower
-    tokens_per_frame: int = 0
+    observation_tokens: int = 0  # the memory's unit: every camera's frame and the state token
 
     @property
-    def kv_bytes_per_frame(self) -> int:
-        """KV bytes one frame's tokens take in every layer and KV head (the dense layout)."""
-        return self.kv_bytes_per_token * self.tokens_per_frame
+    def kv_bytes_per_observation(self) -> int:
+        """KV bytes one observation's tokens take in every layer and KV head (the dense layout)."""
+        return self.kv_bytes_per_token * self.observation_tokens
 
     @property
     def kv_arena_bytes(self) -> int:
@@ -68,8 +69,8 @@ class MemoryPlan:
             ("weights", self.weight_bytes, f"{self.backend} backend{tower}"),
             ("kv arena", self.kv_arena_bytes, f"{self.kv_pages:,} pages x {self.kv_page_bytes:,} B (pages of "
              f"{self.kv_page_tokens} tokens of one layer and KV head; {self.kv_capacity_tokens} slots, "
-             f"{self.kv_bytes_per_token:,} B per token in every head, {self.kv_bytes_per_frame:,} B per frame "
-             f"of {self.tokens_per_frame} tokens)"),
+             f"{self.kv_bytes_per_token:,} B per token in every head, {self.kv_bytes_per_observation:,} B per "
+             f"observation of {self.observation_tokens} tokens)"),
             ("workspace", self.workspace_bytes, "activations of the largest forward"),
             ("total", self.total_bytes, ""),
             ("budget", self.budget_bytes, f"{100.0 * self.total_bytes / self.budget_bytes:.1f}% used"
@@ -108,19 +109,19 @@ def plan_config(c: ModelConfig, backend: str, weight_bytes: int, vision_weight_b
                                  kv_pool_pages)
     return MemoryPlan(backend, weight_bytes, kv_per_token, kv_capacity_tokens, kv_page_tokens, pages,
                       layout.kv_page_bytes(c, kv_page_tokens), activations * FP32, budget_bytes, vision_weight_bytes,
-                      c.vision.tokens_per_frame)
+                      c.observation_tokens)
 
 
 def edge_table(plan: MemoryPlan) -> str:
-    """The plan against each Orin memory size: whether it fits, and how many frames of KV the memory left
+    """The plan against each Orin memory size: whether it fits, and how many observations of KV the memory left
     beside the weights and the workspace would hold (dense layout, the arena's fp32)."""
     rows = []
     for name, memory in EDGE_MEMORY:
         spare = memory - plan.weight_bytes - plan.workspace_bytes
-        frames = max(0, spare) // plan.kv_bytes_per_frame if plan.kv_bytes_per_frame else 0
+        held = max(0, spare) // plan.kv_bytes_per_observation if plan.kv_bytes_per_observation else 0
         verdict = "fits" if plan.total_bytes <= memory else "DOES NOT FIT"
         rows.append(f"{name:<34} {memory:>16,} B  {100.0 * plan.total_bytes / memory:5.1f}% {verdict:<12} "
-                    f"room for {frames:,} frames of KV")
+                    f"room for {held:,} observations of KV")
     return "\n".join(rows)
 
 

@@ -5,7 +5,10 @@ Qwen2 checkpoint loads as is. The VLA parts live under names of our own:
 
 - ``vision.patch_proj.weight`` [hidden, patch*patch*3], ``vision.patch_proj.bias`` [hidden],
   ``vision.pos_embed`` [tokens_per_frame, hidden]: the frame encoder;
-- ``action_head.weight`` [dof, hidden], ``action_head.bias`` [dof]: only for the ``linear`` head.
+- ``action_head.weight`` [dof, hidden], ``action_head.bias`` [dof]: only for the ``linear`` head;
+- ``state_proj.weight`` [hidden, state_dim], ``state_proj.bias`` [hidden]: the robot's state as one token,
+  exactly when config.json's ``vla.state`` says its dimension and normalisation (either without the other
+  is refused: a state the model cannot read, or a projection whose input is unknown).
 
 A Qwen2-VL / Qwen2.5-VL checkpoint is stored in one of two key layouts: the hub's legacy one
 (``visual.*``, ``model.layers.*``, ``model.embed_tokens.weight``, ``model.norm.weight``; transformers 5
@@ -36,6 +39,7 @@ from .vl.config import VisionTowerConfig
 from .safetensors_io import SafetensorsError, StoredTensor, read_safetensors
 
 SUPPORTED_DTYPES = ("F32", "F16", "BF16")
+STATE_PROJ = ("state_proj.weight", "state_proj.bias")
 
 
 class CheckpointError(ValueError):
@@ -105,6 +109,8 @@ def vla_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     if config.action.head == "linear":
         shapes["action_head.weight"] = (config.action.dof, h)
         shapes["action_head.bias"] = (config.action.dof,)
+    if config.state is not None:
+        shapes.update(dict(zip(STATE_PROJ, ((h, config.state.dim), (h,)))))
     return shapes
 
 
@@ -224,6 +230,10 @@ def load_checkpoint(model_dir: str | Path, *, require_vla: bool = True, allow_no
         check_tensors(tensors, vl_shapes(config), model_dir, stored_name)
     check_tensors(tensors, language_model_shapes(config), model_dir, stored_name)
     vla = vla_shapes(config)
+    stray = [name for name in STATE_PROJ if name in tensors and config.state is None]
+    if stray:
+        raise CheckpointError(f"{model_dir}: tensors {stray} project a robot state, but config.json has no vla.state "
+                              "(its dim, mean and std): add it, or remove the tensors")
     has_vla = all(name in tensors for name in vla)
     if require_vla or any(name in tensors for name in vla):
         config.validate_vla()

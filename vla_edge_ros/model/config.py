@@ -7,6 +7,12 @@ here with the offending key named, so a checkpoint can never run silently wrong.
 A Qwen2-VL / Qwen2.5-VL ``config.json`` (``model_type`` qwen2_vl / qwen2_5_vl, either layout) gives the
 decoder's fields from its text part and the tower and M-RoPE in ``ModelConfig.vl`` (``vl/config.py``);
 a plain Qwen2 checkpoint has ``vl`` None.
+
+An observation is what one cycle prefills: each of the checkpoint's ``vla.cameras`` frames
+(``tokens_per_frame`` tokens each, the primary camera's first), then, when the checkpoint reads the
+robot's state (``vla.state``), one state token. ``observation_tokens`` is that count: the unit the memory
+policies keep or evict and the memory plan sizes. A checkpoint without the two keys sees one camera and
+no state, as every checkpoint did before them.
 """
 
 from __future__ import annotations
@@ -62,6 +68,19 @@ class ActionConfig:
 
 
 @dataclass(frozen=True)
+class StateConfig:
+    """The robot's state as the checkpoint reads it: ``dim`` values, each normalised as (x - mean) / std (mean 0
+    and std 1 when left out), then projected by ``state_proj`` into one token."""
+
+    dim: int
+    mean: tuple[float, ...] = ()
+    std: tuple[float, ...] = ()
+
+
+MAX_CAMERAS = 16
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Everything the engine needs to know about a Qwen2-family checkpoint."""
 
@@ -79,6 +98,13 @@ class ModelConfig:
     vision: VisionConfig = field(default_factory=VisionConfig)
     action: ActionConfig = field(default_factory=ActionConfig)
     vl: VlConfig | None = None  # the ViT tower and M-RoPE of a Qwen2-VL / Qwen2.5-VL checkpoint
+    cameras: int = 1  # frames per observation (vla.cameras)
+    state: StateConfig | None = None  # the robot's state token (vla.state); None: the model reads no state
+
+    @property
+    def observation_tokens(self) -> int:
+        """Tokens one observation prefills: every camera's frame, then the state token if the model reads one."""
+        return self.cameras * self.vision.tokens_per_frame + int(self.state is not None)
 
     @property
     def q_dim(self) -> int:
@@ -133,6 +159,23 @@ class ModelConfig:
         q01, q99, _ = action.bounds()
         if any(lo >= hi for lo, hi in zip(q01, q99)):
             raise ModelConfigError("config.json: vla.action.q01 must be below q99 in every dimension")
+        if not 1 <= self.cameras <= MAX_CAMERAS:
+            raise ModelConfigError(f"config.json: vla.cameras must be 1 to {MAX_CAMERAS}, got {self.cameras}")
+        if self.state is not None:
+            self._validate_state(self.state)
+
+    @staticmethod
+    def _validate_state(state: StateConfig) -> None:
+        if state.dim < 1:
+            raise ModelConfigError(f"config.json: vla.state.dim must be at least 1, got {state.dim}")
+        for name in ("mean", "std"):
+            values = getattr(state, name)
+            if values and len(values) != state.dim:
+                raise ModelConfigError(f"config.json: vla.state.{name} has {len(values)} entries, dim is {state.dim}")
+            if not all(math.isfinite(v) for v in values):
+                raise ModelConfigError(f"config.json: vla.state.{name} must hold finite numbers, got {list(values)}")
+        if any(v <= 0 for v in state.std):
+            raise ModelConfigError(f"config.json: vla.state.std must be positive, got {list(state.std)}")
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The ``config.json`` content HuggingFace ``Qwen2Config`` reads (plus our ``vla`` section); with ``vl``,
@@ -154,10 +197,21 @@ class ModelConfig:
             "hidden_act": "silu",
             "use_sliding_window": False,
             "attention_dropout": 0.0,
-            "vla": {"action": asdict(self.action)} if self.vl is not None else
-                   {"vision": asdict(self.vision), "action": asdict(self.action)},
+            "vla": self._vla_dict(),
             **(self.vl.to_hf_dict() if self.vl is not None else {}),
         }
+
+
+    def _vla_dict(self) -> dict[str, Any]:
+        """Our ``vla`` section; ``cameras`` and ``state`` only when they differ from one camera and no state, so a
+        checkpoint without them is written (and fingerprinted) as before they existed."""
+        vla: dict[str, Any] = {} if self.vl is not None else {"vision": asdict(self.vision)}
+        vla["action"] = asdict(self.action)
+        if self.cameras != 1:
+            vla["cameras"] = self.cameras
+        if self.state is not None:
+            vla["state"] = asdict(self.state)
+        return vla
 
 
 _UNSUPPORTED_IF_SET = {
@@ -184,10 +238,17 @@ def _rope_theta(raw: dict[str, Any]) -> float:
     return float(raw.get("rope_theta", 10000.0))
 
 
-def _vla_section(raw: dict[str, Any], source: Path) -> tuple[VisionConfig, ActionConfig]:
+def _vla_section(raw: dict[str, Any], source: Path) -> tuple[VisionConfig, ActionConfig, int, StateConfig | None]:
     section = raw.get("vla", {})
     if not isinstance(section, dict):
         raise ModelConfigError(f"{source}: 'vla' must be a mapping")
+    cameras = section.get("cameras", 1)
+    if isinstance(cameras, bool) or not isinstance(cameras, int):
+        raise ModelConfigError(f"{source}: vla.cameras must be an integer, got {cameras!r}")
+    state = section.get("state")
+    if state is not None and (not isinstance(state, dict) or isinstance(state.get("dim"), bool)
+                              or not isinstance(state.get("dim"), int)):
+        raise ModelConfigError(f"{source}: vla.state must be a mapping with an integer dim, got {state!r:.80}")
     try:
         vision = dict(section.get("vision", {}))
         for key in ("mean", "std"):
@@ -199,7 +260,10 @@ def _vla_section(raw: dict[str, Any], source: Path) -> tuple[VisionConfig, Actio
                 action[key] = tuple(float(x) for x in action[key])
         if "normalize_mask" in action:
             action["normalize_mask"] = tuple(bool(x) for x in action["normalize_mask"])
-        return VisionConfig(**vision), ActionConfig(**action)
+        if state is not None:
+            state = StateConfig(**{key: tuple(float(x) for x in value) if key in ("mean", "std") else value
+                                   for key, value in state.items()})
+        return VisionConfig(**vision), ActionConfig(**action), cameras, state
     except TypeError as exc:  # unknown key in the section
         raise ModelConfigError(f"{source}: bad 'vla' section: {exc}") from exc
 
@@ -239,7 +303,7 @@ def parse_model_config(raw: dict[str, Any], source: Path) -> ModelConfig:
         raise ModelConfigError(f"{source}: hidden_act {hidden_act!r} is not supported (only 'silu')")
     heads = int(_required(text, "num_attention_heads", source))
     hidden = int(_required(text, "hidden_size", source))
-    vision, action = _vla_section(raw, source)
+    vision, action, cameras, state = _vla_section(raw, source)
     config = ModelConfig(
         hidden_size=hidden,
         intermediate_size=int(_required(text, "intermediate_size", source)),
@@ -255,6 +319,8 @@ def parse_model_config(raw: dict[str, Any], source: Path) -> ModelConfig:
         vision=vision,
         action=action,
         vl=vl,
+        cameras=cameras,
+        state=state,
     )
     config.validate()
     return config

@@ -12,7 +12,9 @@ every action dimension would read the same bin);
 decoder with M-RoPE and a 2-block ViT tower, written as transformers writes a Qwen2-VL checkpoint (the
 hub's flat config.json, a preprocessor_config.json, the tensors under transformers 5's keys
 ``model.language_model.*`` and ``model.visual.*``), so transformers loads it as it is; its ``vla``
-section holds only the action head. The same seed always gives the same bytes.
+section holds only the action head. Any preset may see several cameras per observation and read the
+robot's state (``vla.cameras``, ``vla.state`` with a random ``state_proj``, its statistics the identity).
+The same seed always gives the same bytes.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import numpy as np
 
 from ..numerics.bf16 import bf16_bits
 from .checkpoint import language_model_shapes, vl_shapes, vl_stored_name, vla_shapes
-from .config import ActionConfig, ModelConfig, VisionConfig
+from .config import ActionConfig, ModelConfig, StateConfig, VisionConfig
 from .vl.config import VisionTowerConfig, VlConfig
 from .memory_tensors import aura_shapes
 from .safetensors_io import StoredTensor, write_safetensors
@@ -119,8 +121,14 @@ def write_model(out: str | Path, config: ModelConfig, arrays: dict[str, np.ndarr
     return out
 
 
-def preset(name: str, layers: int | None = None) -> ModelConfig:
+def preset(name: str, layers: int | None = None, *, cameras: int = 1, state_dim: int = 0) -> ModelConfig:
+    """Preset ``name``, with ``layers`` decoder layers if given, ``cameras`` frames per observation, and a state
+    token of ``state_dim`` values (0: none)."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
     config = PRESETS[name]
-    return replace(config, num_hidden_layers=layers) if layers else config
+    config = replace(config, num_hidden_layers=layers) if layers else config
+    if cameras != 1 or state_dim:
+        config = replace(config, cameras=cameras, state=StateConfig(state_dim) if state_dim else None)
+        config.validate_vla()
+    return config

@@ -1,11 +1,13 @@
 """How the KV arena divides: its slots (prompt, what a policy reserves, frames, the action scratch) and its pages.
 
-One formula, two directions: ``arena_capacity`` sizes an arena for a number of frames (evaluation
-budgets, benchmarks), ``frames_in_arena`` says how many frames an arena holds (the frame-window
-policies). The scratch is where decoded action tokens go while an action is decoded: one slot per
-action dimension for the ``bins`` head (the first bin is read off the frame's last token, so a step
-needs ``dof - 1``; the arena keeps one more so a frame never fills it to the last slot), none for the
-``linear`` head, which reads the action off the frame's last hidden state.
+A "frame" here is one observation's token group, ``ModelConfig.observation_tokens``: every camera's
+frame and the state token (one camera and no state: ``tokens_per_frame``). One formula, two directions:
+``arena_capacity`` sizes an arena for a number of frames (evaluation budgets, benchmarks),
+``frames_in_arena`` says how many frames an arena holds (the frame-window policies). The scratch is
+where decoded action tokens go while an action is decoded: one slot per action dimension for the
+``bins`` head (the first bin is read off the frame's last token, so a step needs ``dof - 1``; the arena
+keeps one more so a frame never fills it to the last slot), none for the ``linear`` head, which reads the
+action off the frame's last hidden state.
 
 Memory is pages (``model/pages.py``): a page holds the keys and values of ``page_tokens`` tokens of one
 (layer, KV head). Each head's block table has room for every slot. By default the pool has a page for
@@ -56,10 +58,10 @@ def kv_page_bytes(config: ModelConfig, page_tokens: int) -> int:
 
 def arena_capacity(config: ModelConfig, prompt_tokens: int, frames: int, reserved_tokens: int = 0) -> int:
     """Slots for the prompt, ``reserved_tokens`` a policy holds beside it, ``frames`` frames and the scratch."""
-    return prompt_tokens + reserved_tokens + frames * config.vision.tokens_per_frame + scratch_tokens(config)
+    return prompt_tokens + reserved_tokens + frames * config.observation_tokens + scratch_tokens(config)
 
 
 def frames_in_arena(config: ModelConfig, capacity: int, prompt_tokens: int, reserved_tokens: int = 0) -> int:
     """Whole frames a ``capacity``-slot arena holds beside the prompt, the reserved tokens and the scratch."""
     free = capacity - prompt_tokens - reserved_tokens - scratch_tokens(config)
-    return free // config.vision.tokens_per_frame
+    return free // config.observation_tokens

@@ -7,7 +7,7 @@ so they live with the model, below the policies that read them.
   ``aura.v_proj.weight`` [d_v, write], ``aura.out_proj.weight`` [hidden, d_v]; optional learned
   write gate ``aura.gate.weight`` [1, d_k + d_v] and ``aura.gate.bias`` [1]. The widths name the
   feature layout (``memory/aura.py``): ``mean`` (query = write = hidden), ``concat`` (both
-  tokens_per_frame * hidden) or ``hidden`` (query tokens_per_frame * hidden, write hidden).
+  observation_tokens * hidden) or ``hidden`` (query observation_tokens * hidden, write hidden).
 - dms: ``model.layers.{i}.self_attn.dms_gate.weight`` [kv_heads, hidden] and ``.bias`` [kv_heads],
   every layer or none.
 """
@@ -25,7 +25,7 @@ FEATURES = ("mean", "concat", "hidden")
 
 def feature_sizes(config: ModelConfig, layout: str) -> tuple[int, int]:
     """(query width, write width) in ``layout``: what q_proj reads, and what k_proj and v_proj read."""
-    tokens = config.hidden_size * config.vision.tokens_per_frame
+    tokens = config.hidden_size * config.observation_tokens
     widths = {"mean": (config.hidden_size, config.hidden_size), "concat": (tokens, tokens),
               "hidden": (tokens, config.hidden_size)}
     if layout not in widths:

@@ -89,7 +89,7 @@ def plan_for(settings: Settings, checkpoint: Checkpoint | None = None) -> tuple[
     node = settings["reasoning"]
     checkpoint = (with_frame_geometry(checkpoint, node["vision_max_pixels"]) if checkpoint is not None
                   else load_model(settings))
-    largest = max(checkpoint.config.vision.tokens_per_frame, prompt_room(settings, checkpoint))
+    largest = max(checkpoint.config.observation_tokens, prompt_room(settings, checkpoint))
     plan = plan_memory(checkpoint, resolve_backend(node["backend"]), node["kv_capacity_tokens"],
                        node["budget_bytes"], largest, node["kv_page_tokens"], node["kv_pool_pages"])
     return plan, checkpoint
@@ -103,7 +103,7 @@ def plan_known(settings: Settings, name: str) -> tuple[MemoryPlan, ModelConfig]:
     config = replace(config, vision=frame_geometry(processing, node["vision_max_pixels"]))
     decoder, tower = weight_values(config)
     prompt = node["instruction_max_tokens"] if node["instruction"] else len(node["prompt_token_ids"])
-    largest = max(config.vision.tokens_per_frame, prompt)  # no tokenizer without the checkpoint: its bound
+    largest = max(config.observation_tokens, prompt)  # no tokenizer without the checkpoint: its bound
     plan = plan_config(config, "cuda", (decoder + tower) * KNOWN_DTYPE_BYTES, tower * KNOWN_DTYPE_BYTES,
                        node["kv_capacity_tokens"], node["budget_bytes"], largest, node["kv_page_tokens"],
                        node["kv_pool_pages"])

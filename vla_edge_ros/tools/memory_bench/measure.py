@@ -56,7 +56,7 @@ def dms_episode(engine: VlaEngine, spec: BenchSpec, episode: Episode, checkpoint
     cue_slots = policy.slots_of_frame(episode.cue_index)
     reads = engine.arena.pages.held_per_head()  # tokens each head reads
     report, stats = policy.compression(), engine.memory_stats()
-    return {"kept": bool(entries.sum()), "entries": float(entries.mean()) / engine.tokens_per_frame,
+    return {"kept": bool(entries.sum()), "entries": float(entries.mean()) / engine.observation_tokens,
             "centre": float(engine.arena.holds(np.array([centre])).mean()) if centre in cue_slots else 0.0,
             "attention": float(attention[..., cue_slots].sum(axis=-1).mean()),
             "uniform": float((entries / reads).mean()), "compression": report.ratio,

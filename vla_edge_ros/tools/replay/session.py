@@ -174,7 +174,7 @@ def replay_policy(frames: Iterable[RecordedFrame], settings: Settings, policy: s
     run.frames = [records.get(i, FrameRecord(i, t, "dropped")) for i, t in enumerate(arrivals)]
     run.buffer_dropped = driver.buffer.stats().dropped
     stats = engine.memory_stats()
-    run.tokens_seen = engine.prompt_ids.size + stats.frames_seen * engine.tokens_per_frame
+    run.tokens_seen = engine.prompt_ids.size + stats.frames_seen * engine.observation_tokens
     run.kv_tokens = stats.kv_tokens
     run.wall_s = time.perf_counter() - wall_start
     return run
