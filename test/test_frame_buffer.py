@@ -194,3 +194,110 @@ def test_racing_writer_and_slow_reader(tiny_switch_interval: None) -> None:
     assert stats.pending == 0
     assert stats.written == stats.read + stats.dropped
     assert stats.dropped > 0 and len(seen) > 100, (stats, nones)  # both paths were exercised
+
+
+def observation(seq: int) -> tuple[np.ndarray, tuple[np.ndarray, ...], np.ndarray]:
+    """An observation of three cameras and a 3-value state, every part saying ``seq`` its own way."""
+    return pattern(seq), (pattern(seq + 1_000_000), pattern(seq + 2_000_000)), np.full(3, seq, np.float32)
+
+
+def assert_observation_intact(frame, seq: int) -> None:
+    """Every camera's pixels and the state are ``seq``'s: no part comes from another observation."""
+    assert_frame_intact(frame.image, seq)
+    assert len(frame.extra_images) == 2
+    assert_frame_intact(frame.extra_images[0], seq + 1_000_000)
+    assert_frame_intact(frame.extra_images[1], seq + 2_000_000)
+    assert frame.state.tolist() == [seq] * 3, f"state of observation {frame.state[0]:.0f} beside frames of {seq}"
+
+
+def test_an_observation_is_handed_over_whole_and_read_only() -> None:
+    buf = FrameBuffer(H, W, extra_cameras=2, state_dim=3)
+    image, extra, state = observation(5)
+    assert buf.write(image, stamp_ns=50, receive_ns=60, extra_images=extra, state=state) == 0
+    state[:] = -1  # the caller's arrays are copied, not kept
+    frame = buf.read_latest()
+    assert (frame.seq, frame.stamp_ns, frame.receive_ns) == (0, 50, 60)
+    assert_observation_intact(frame, 5)
+    with pytest.raises(ValueError):
+        frame.extra_images[1][0, 0, 0] = 1
+    with pytest.raises(ValueError):
+        frame.state[0] = 1.0
+
+
+def test_a_buffer_without_extra_cameras_or_state_hands_over_the_frame_alone() -> None:
+    buf = FrameBuffer(H, W)
+    buf.write(pattern(1), stamp_ns=1)
+    frame = buf.read_latest()
+    assert frame.extra_images == () and frame.state is None
+
+
+@pytest.mark.parametrize("part, change, why", [
+    ("extra", lambda o: o[1][:1], "extra camera frames"),
+    ("extra", lambda o: (o[1][0], np.zeros((H, W + 1, 3), np.uint8)), "frame must be"),
+    ("state", lambda o: None, "finite values"),
+    ("state", lambda o: np.array([1.0, np.nan, 2.0]), "finite values"),
+    ("state", lambda o: np.array([1.0, np.inf, 2.0]), "finite values"),
+    ("state", lambda o: np.zeros(2), "finite values"),
+])
+def test_an_observation_that_does_not_fit_is_refused_whole(part, change, why) -> None:
+    """A camera missing or misshapen, a state missing, not finite or of the wrong length: ValueError, and the
+    buffer still holds the previous observation, untouched (nothing is filled in)."""
+    buf = FrameBuffer(H, W, extra_cameras=2, state_dim=3)
+    image, extra, state = observation(0)
+    buf.write(image, 0, 0, extra, state)
+    before = buf.stats()
+    image, extra, state = observation(1)
+    parts = {"extra": extra, "state": state}
+    parts[part] = change((image, extra, state))
+    with pytest.raises(ValueError, match=why):
+        buf.write(image, 1, 1, parts["extra"], parts["state"])
+    assert buf.stats() == before
+    assert_observation_intact(buf.read_latest(), 0)
+
+
+def test_a_state_is_refused_by_a_buffer_that_holds_none() -> None:
+    buf = FrameBuffer(H, W)
+    with pytest.raises(ValueError, match="holds no state"):
+        buf.write(pattern(0), 0, state=np.zeros(1))
+    assert buf.stats().written == 0
+
+
+def test_racing_writer_never_tears_an_observation(tiny_switch_interval: None) -> None:
+    """Observations of three cameras and a state, written as fast as the writer can against a slow reader:
+    every observation read has all its parts from one write, on taking it and before letting it go."""
+    count = 20_000
+    buf = FrameBuffer(H, W, extra_cameras=2, state_dim=3)
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            for seq in range(count):
+                image, extra, state = observation(seq)
+                buf.write(image, seq, seq, extra, state)
+        except BaseException as exc:  # surfaced by the main thread
+            errors.append(exc)
+        finally:
+            done.set()
+
+    seen: list[int] = []
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 300.0
+        while not (done.is_set() and (errors or seen and seen[-1] == count - 1)):
+            assert time.monotonic() < deadline, "the last observation never arrived"
+            frame = buf.read_latest()
+            if frame is None:
+                time.sleep(0)
+                continue
+            assert_observation_intact(frame, frame.seq)
+            seen.append(frame.seq)
+            if len(seen) % 3 == 0:
+                time.sleep(50e-6)
+            assert_observation_intact(frame, frame.seq)
+    finally:
+        thread.join()
+    assert not errors, errors[0]
+    stats = buf.stats()
+    assert stats.written == count == stats.read + stats.dropped and stats.dropped > 0 and len(seen) > 100
