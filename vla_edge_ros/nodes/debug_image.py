@@ -7,26 +7,28 @@ Off by default (``debug_image.enabled``); every ``debug_image.*`` parameter is l
   frame id (``runtime/debug_image.FrameCopies``);
 - the reasoning thread hands over one ``CycleView`` per cycle by reference (``runtime/cycle_view.DebugFeed``):
   ids, counters, no pixels;
-- a steady-clock timer on the executor, at ``debug_image.rate_hz``, draws the newest view that was not drawn
-  yet with ``runtime/debug_image.draw_debug_image`` and publishes it (rgb8, stamped with the frame's own
-  header stamp, reliable depth 1 so that rviz2's and Foxglove's default subscriptions match). With no new
-  cycle there is no new image, so the rate is also at most the cycle rate; with no subscriber nothing is
-  drawn (a picture costs the executor several milliseconds, and the process's cores are the reasoner's).
+- a drawing thread of its own, at most ``debug_image.rate_hz`` times a second, draws the newest view that was
+  not drawn yet with ``runtime/debug_image.draw_debug_image`` and publishes it (rgb8, stamped with the
+  frame's own header stamp, reliable depth 1 so that rviz2's and Foxglove's default subscriptions match).
+  Not on the executor: a picture takes several milliseconds (7-14 ms measured at 640 px), which would
+  delay the action publisher's control tick and the camera callback that share the executor's thread.
+  With no new cycle there is no new image, so the rate is also at most the cycle rate; with no subscriber
+  nothing is drawn (the process's cores are the reasoner's).
 
-Off, there is no publisher, no timer and no copy; the reasoning thread's part is a flag test. Nothing here
+Off, there is no publisher, no thread and no copy; the reasoning thread's part is a flag test. Nothing here
 can stop the node: a view whose frame copy is gone is skipped, a drawing or copy that fails is dropped;
 both are counted in the reasoning node's diagnostics (``figures``) and logged at most every LOG_EVERY_S.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import numpy as np
-from rclpy.clock import Clock, ClockType
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
-from rclpy.timer import Timer
 from sensor_msgs.msg import Image
 from std_msgs.msg import Header
 
@@ -57,10 +59,8 @@ class DebugImage:
         self.skipped = 0  # views whose frame had no copy left (the reasoner lagged the camera by MAIN_KEEP frames)
         self.errors = 0  # frames not copied and images not drawn, for any reason
         self._publisher = None
-        self._timer: Timer | None = None
-        self._rate_hz = 0.0
+        self._stop: threading.Event | None = None  # set to end the drawing thread; None while off
         self._drawn: CycleView | None = None
-        self._steady = Clock(clock_type=ClockType.STEADY_TIME)
         params.on_change(self._on_change)
         self._apply(DebugImageKnobs.of(params.snapshot()))
 
@@ -84,32 +84,46 @@ class DebugImage:
             self._apply(DebugImageKnobs.of(self._params.snapshot()))
 
     def _apply(self, knobs: DebugImageKnobs) -> None:
-        """Make the publisher, the timer and the feed what ``knobs`` say (executor thread)."""
-        node = self._node
+        """Make the publisher, the drawing thread and the feed what ``knobs`` say (executor thread); the thread
+        reads ``rate_hz`` afresh for every wait."""
         if not knobs.enabled:
-            self.feed.enabled = False
-            self.feed.clear()
-            self.copies.clear()
-            if self._timer is not None:
-                node.destroy_timer(self._timer)
-            if self._publisher is not None:
-                node.destroy_publisher(self._publisher)
-            self._timer = self._publisher = None
+            self.close()
             return
         if self._publisher is None:
-            self._publisher = node.create_publisher(Image, TOPIC, QOS)
-        if self._timer is None or knobs.rate_hz != self._rate_hz:
-            if self._timer is not None:
-                node.destroy_timer(self._timer)
-            self._timer = node.create_timer(1.0 / knobs.rate_hz, self._tick, clock=self._steady)
-            self._rate_hz = knobs.rate_hz
+            self._publisher = self._node.create_publisher(Image, TOPIC, QOS)
+        if self._stop is None:
+            self._stop = threading.Event()
+            threading.Thread(target=self._draw_loop, args=(self._stop, self._publisher), name="debug_image",
+                             daemon=True).start()
         if not self.feed.enabled:
             self.feed.clear()  # a view left by a cycle that ran as it was last switched off: its copies are gone
             self.feed.enabled = True
 
-    def _tick(self) -> None:
+    def close(self) -> None:
+        """Off: the feed stops, the copies go, the drawing thread ends and the publisher with it."""
+        self.feed.enabled = False
+        self.feed.clear()
+        self.copies.clear()
+        if self._stop is not None:
+            self._stop.set()  # the thread ends after at most the picture it is drawing; it never publishes again
+        if self._publisher is not None:
+            self._node.destroy_publisher(self._publisher)
+        self._stop = self._publisher = None
+
+    def _draw_loop(self, stop: threading.Event, publisher: Any) -> None:
+        """The drawing thread: at most ``rate_hz`` pictures a second, steady clock, until ``stop``."""
+        due = time.monotonic()
+        while not stop.wait(max(0.0, due - time.monotonic())):
+            due = max(due + 1.0 / self._params["debug_image.rate_hz"], time.monotonic())
+            try:
+                self._draw(publisher, stop)
+            except Exception as exc:  # a publisher destroyed under it at shutdown, or worse: counted, never fatal
+                if not stop.is_set():
+                    self._error(f"not published: {exc!r}")
+
+    def _draw(self, publisher: Any, stop: threading.Event) -> None:
         view = self.feed.latest()
-        if view is None or view is self._drawn or self._publisher.get_subscription_count() == 0:
+        if view is None or view is self._drawn or publisher.get_subscription_count() == 0:
             return
         self._drawn = view
         frame = self.copies.main(view.frame_id)
@@ -125,8 +139,9 @@ class DebugImage:
             return
         header = Header()  # the camera's stamp: a viewer lines the picture up with the camera topic
         header.stamp.sec, header.stamp.nanosec = divmod(view.stamp_ns, _NS)
-        self._publisher.publish(image_message(image, header))
-        self.published += 1
+        if not stop.is_set():
+            publisher.publish(image_message(image, header))
+            self.published += 1
 
     def _error(self, line: str) -> None:
         self.errors += 1

@@ -95,6 +95,11 @@ class ReasoningNode(ManagedNode):
         self.create_service(Trigger, "~/save_memory", self._on_save_memory)
         self._diagnostics = DiagnosticsTimer(self, self.report)
 
+    def destroy_node(self) -> None:
+        """The debug image's drawing thread ends before the node (and the publisher it draws for) goes."""
+        self.debug_image.close()
+        super().destroy_node()
+
     def _zero_counters(self) -> None:
         """Counters of one configuration (one engine, one gate): they start again at each configure."""
         self.episodes = 1
@@ -274,7 +279,7 @@ class ReasoningNode(ManagedNode):
         self.cycles += 1
         feed = self.debug_image.feed  # the debug image's references: ids and the result, never pixels
         feed.before_cycle(self.engine.policy)
-        result = self.reasoner.cycle(frame.image, frame.receive_ns)
+        result = self.reasoner.cycle(frame)
         self.instructions.desk.cycle_done()
         self.health.record(outcome_of(result), time.monotonic_ns())
         if result.invalid:
