@@ -34,6 +34,31 @@ def test_init_model_then_run(tmp_path, capsys):
     assert "12 frames: cycle p50" in out and "action [" in out
 
 
+def test_init_model_with_cameras_and_a_state_then_plan_and_run_it(tmp_path, capsys):
+    """`init-model --cameras 2 --state-dim 3` writes a checkpoint whose observation is 16 + 16 + 1 tokens: the plan
+    counts them, and `engine` runs it on synthetic frames once the configuration names the cameras and the state."""
+    model = tmp_path / "m"
+    assert main(["init-model", "--out", str(model), "--preset", "tiny", "--layers", "1", "--cameras", "2",
+                 "--state-dim", "3"]) == 0
+    assert "1 layers, 2 cameras + a 3-value state" in capsys.readouterr().out
+    config = yaml.safe_load(_config(tmp_path, model, kv_capacity_tokens=256).read_text())
+    config["camera_subscriber"] = {"ros__parameters": {"extra_image_topics": ["wrist/image_raw"],
+                                                       "state_topic": "joint_states",
+                                                       "state_joint_names": ["a", "b", "c"]}}
+    path = tmp_path / "robot.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["plan", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "observation 2 cameras x 16 tokens + 1 state token (3 values) = 33 tokens, 33,792 B of KV" in out
+    assert "33,792 B per observation of 33 tokens" in out
+    assert main(["engine", "--config", str(path), "--frames", "3"]) == 0
+    assert "33 tokens/observation" in capsys.readouterr().out
+    config["camera_subscriber"]["ros__parameters"]["state_topic"] = ""
+    path.write_text(yaml.safe_dump(config))
+    assert main(["plan", "--config", str(path)]) == 2  # what `run` would refuse, refused here
+    assert "reads a robot state of 3 values" in capsys.readouterr().err
+
+
 def test_plan_prints_breakdown_and_fails_over_budget(tmp_path, tiny_model, capsys):
     assert main(["plan", "--config", str(_config(tmp_path, tiny_model))]) == 0
     assert "kv arena" in capsys.readouterr().out

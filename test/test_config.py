@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,20 @@ def test_non_finite_numbers_and_group_rules_are_refused_with_the_file_named():
         parse_settings({"action_publisher": {"ros__parameters": {"action_max": [float("inf")]}}}, "robot.yaml")
     with pytest.raises(ConfigError, match="robot.yaml: reasoning: kv.dms.target_ratio must be 0"):
         parse_settings({"reasoning": {"ros__parameters": {"kv": {"dms": {"target_ratio": 0.5}}}}}, "robot.yaml")
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"extra_image_topics": ["camera/image_raw"]}, "image_topic and extra_image_topics name ['camera/image_raw'] more "
+                                                   "than once"),
+    ({"extra_image_topics": ["a", "b", "a"]}, "image_topic and extra_image_topics name ['a'] more than once"),
+    ({"extra_image_topics": [""]}, "a camera topic or a state joint name is empty"),
+    ({"state_joint_names": ["knee", "knee"]}, "state_joint_names name ['knee'] more than once"),
+    ({"extra_image_topics": [f"c{i}" for i in range(16)]}, "extra_image_topics must have 0 to 15 values, got 16"),
+    ({"state_type": "imu"}, "state_type must be one of ['joint_state', 'odometry']"),
+])
+def test_an_observation_that_cannot_be_put_together_is_refused(params, message):
+    with pytest.raises(ConfigError, match=re.escape(f"robot.yaml: camera_subscriber: {message}")):
+        parse_settings({"camera_subscriber": {"ros__parameters": params}}, "robot.yaml")
 
 
 def test_every_param_has_a_description_and_numbers_have_ranges():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -181,3 +183,142 @@ def test_a_camera_that_stops_is_a_safe_stop_within_one_timeout_and_one_period(ti
     assert stops and all(c.outcome is Outcome.STALE and c.values == (0.0,) * 7 for _, c in stops)
     first_stop = stops[0][0]
     assert last_ready + 300 * NS_PER_MS < first_stop <= last_ready + (300 + 20) * NS_PER_MS
+
+
+# --- observations: two cameras and the robot's state, and every bad input of them ---------------------------
+
+STATE_JOINTS = ["shoulder", "elbow", "wrist"]
+
+
+@pytest.fixture(scope="module")
+def two_cameras_and_state(tmp_path_factory):
+    """The tiny model seeing two cameras and a 3-joint state per observation (16 + 16 + 1 tokens)."""
+    from vla_edge_ros.model.init_model import preset, write_random_model
+
+    return write_random_model(tmp_path_factory.mktemp("models") / "stereo_state", preset("tiny", cameras=2, state_dim=3))
+
+
+def _observing(model, camera=None, publisher=None):
+    settings = _settings(model, {"warmup_cycles": 1, "kv_capacity_tokens": 512},
+                         {"action_timeout_ms": 100.0, **(publisher or {})})
+    return settings.replace("camera_subscriber", {"extra_image_topics": ["wrist/image_raw"], "sync_slop_ms": 10.0,
+                                                  "state_topic": "joint_states", "state_joint_names": STATE_JOINTS,
+                                                  "state_max_age_ms": 50.0, **(camera or {})})
+
+
+def _joints(position, names=STATE_JOINTS):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(name=list(names), position=list(position), velocity=[])
+
+
+def _run(driver, frames: int, state_at=lambda i: (_joints([0.1, 0.2, 0.3]), i * 33 * NS_PER_MS),
+         cameras=(0, 1), tick_hz: float = 100.0):
+    """Frames every 33 ms from ``cameras`` (stamp = arrival), the state ``state_at(i)`` (message, stamp) just before
+    each, the reasoner whenever free, and every publisher tick: (cycles, commands)."""
+    camera = SyntheticCamera(height=48, width=64, seed=6)
+    clock, cycles, commands, tick = driver.clock, [], [], 0
+    period = round(1e9 / tick_hz)
+    for i in range(frames):
+        now = i * 33 * NS_PER_MS
+        clock.wait_until(now)
+        sent = state_at(i)
+        if sent is not None:
+            driver.state(*sent, now)
+        for index in cameras:
+            driver.camera(camera.frame(), now + index * NS_PER_MS, now + index * NS_PER_MS, camera=index)
+        if clock() <= now + 2 * NS_PER_MS:
+            clock.wait_until(now + 2 * NS_PER_MS)
+            cycle = driver.reason()
+            if cycle is not None:
+                cycles.append(cycle)
+        while tick * period < (i + 1) * 33 * NS_PER_MS:
+            commands.append(driver.command(tick * period))
+            tick += 1
+    return cycles, commands
+
+
+def _nothing_unsafe(commands) -> None:
+    """Every command is a fresh, finite action or the safe stop's zeros."""
+    for command in commands:
+        assert command.outcome in (Outcome.FRESH, Outcome.NONE, Outcome.STALE), command
+        assert all(np.isfinite(command.values))
+        if command.outcome is not Outcome.FRESH:
+            assert not any(command.values)
+
+
+def test_two_synced_cameras_and_a_fresh_state_make_each_observation_one_cycle(two_cameras_and_state):
+    driver = _driver(_observing(two_cameras_and_state))
+    cycles, commands = _run(driver, frames=8)
+    assert len(cycles) == 8 and all(cycle.result.action is not None for cycle in cycles)
+    frame = cycles[-1].frame
+    assert len(frame.extra_images) == 1 and frame.state.tolist() == pytest.approx([0.1, 0.2, 0.3])
+    assert driver.engine.observation_tokens == 33
+    assert driver.engine.arena.used == 6 + 8 * 33  # the prompt, then whole observations: cameras and state token
+    assert driver.assembler.observations == 8 and driver.assembler.no_state == 0
+    _nothing_unsafe(commands)
+    assert commands[-1].outcome is Outcome.FRESH
+
+
+def test_a_stale_state_means_no_observation_and_the_robot_stops(two_cameras_and_state):
+    """The state stops coming after frame 3: 50 ms later the frames have no observation (no_state), so no cycle
+    runs on them and the publisher stops the robot once the last action is 100 ms old, never acting on a made-up
+    state."""
+    driver = _driver(_observing(two_cameras_and_state))
+    cycles, commands = _run(driver, frames=20,
+                            state_at=lambda i: (_joints([0.1, 0.2, 0.3]), i * 33 * NS_PER_MS) if i <= 3 else None)
+    assert len(cycles) == 5  # frames 0-3, and frame 4, 33 ms after the last state (within 50 ms)
+    assert driver.assembler.no_state == 15 and "older than the frames (state_max_age_ms 50)" in \
+        driver.assembler.last_refusal
+    _nothing_unsafe(commands)
+    assert commands[-1].outcome is Outcome.STALE
+
+
+@pytest.mark.parametrize("bad, reason", [
+    (_joints([0.1, float("nan"), 0.3]), "not_finite"),
+    (_joints([0.1, 0.2, float("inf")]), "not_finite"),
+    (_joints([0.1, 0.2], names=["shoulder", "elbow"]), "missing_joint"),
+    (_joints([0.1, 0.2, 0.3, 0.4], names=["shoulder", "elbow", "wrist", "wrist"]), "duplicate_joint"),
+    (_joints([0.1, 0.2], names=STATE_JOINTS), "wrong_length"),
+])
+def test_a_bad_state_is_dropped_counted_and_never_reaches_the_model(two_cameras_and_state, bad, reason):
+    """Only bad state messages from frame 2 on: each is refused with its reason, the last good state ages out, and
+    from then on there is no observation, so no action: the robot stops."""
+    driver = _driver(_observing(two_cameras_and_state))
+    good = _joints([0.1, 0.2, 0.3])
+    cycles, commands = _run(driver, frames=12, state_at=lambda i: (good if i < 2 else bad, i * 33 * NS_PER_MS))
+    assert driver.states.dropped[reason] == 10 and driver.states.received == 12
+    assert all(np.array_equal(cycle.frame.state, np.float32([0.1, 0.2, 0.3])) for cycle in cycles)
+    assert len(cycles) == 3 and driver.assembler.no_state == 9  # frame 2 still pairs with frame 1's state
+    _nothing_unsafe(commands)
+    assert commands[-1].outcome is Outcome.STALE
+
+
+def test_a_silent_camera_means_no_observation_and_the_robot_stops(two_cameras_and_state):
+    """The wrist camera goes silent after frame 3: the front camera's frames find no partner (counted as unsynced),
+    no observation is made with a camera missing, and the robot stops once the last action is stale."""
+    driver = _driver(_observing(two_cameras_and_state))
+    first, commands_before = _run(driver, frames=4)
+    later, commands = _run(driver, frames=12, cameras=(0,))
+    assert len(first) == 4 and later == []
+    assert driver.assembler.unsynced[0] > 0 and "nothing waiting from camera 1" in driver.assembler.last_refusal
+    _nothing_unsafe(commands_before + commands)
+    assert commands[-1].outcome is Outcome.STALE
+
+
+@pytest.mark.parametrize("camera, words", [
+    ({"state_topic": ""}, "reads a robot state of 3 values (state_proj, vla.state): set state_topic"),
+    ({"extra_image_topics": []}, "sees 2 cameras per observation (vla.cameras), the configuration names 1"),
+    ({"state_joint_names": ["shoulder", "elbow"]}, "reads a state of 3 values, state_type joint_state gives 2"),
+    ({"state_type": "odometry"}, "state_type odometry gives 6 (odometry gives x, y, yaw, vx, vy, wz)"),
+])
+def test_an_observation_the_checkpoint_does_not_read_is_refused_at_configure(two_cameras_and_state, camera, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        load_engine(_observing(two_cameras_and_state, camera))
+
+
+def test_a_state_topic_for_a_checkpoint_without_a_state_projection_is_refused(tiny_model):
+    settings = _settings(tiny_model).replace("camera_subscriber", {"state_topic": "joint_states"})
+    with pytest.raises(ValueError, match="camera_subscriber: state_topic is 'joint_states', but .* reads no robot "
+                                         "state \\(it has no state_proj\\)"):
+        load_engine(settings)

@@ -122,6 +122,27 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               minimum=10.0, maximum=600000.0, read_only=False),
         Param("stale_error_ms", 5000.0, "Diagnostics turn ERROR when no valid frame arrived for this long.",
               minimum=10.0, maximum=600000.0, read_only=False),
+        Param("extra_image_topics", [], "More cameras, after image_topic (the primary camera), in the order the "
+              "checkpoint reads them (its vla.cameras counts all of them); each is read raw and on + '/compressed' "
+              "with qos, and resized to the frame buffer's size. Empty: one camera.", item=str, items=(0, 15)),
+        Param("sync_slop_ms", 20.0, "With extra cameras: frames form one observation when their header stamps lie "
+              "within this of each other (message_filters' ApproximateTimeSynchronizer's slop). For cameras that "
+              "are not triggered together, at least half the slowest camera's period.",
+              minimum=0.0, maximum=10000.0),
+        Param("state_topic", "", "The robot's state (the checkpoint's vla.state): a sensor_msgs/JointState or "
+              "nav_msgs/Odometry topic (state_type). Empty: no state, and a checkpoint that reads one is refused. "
+              "Best effort, depth 1 (it matches every publisher)."),
+        Param("state_type", "joint_state", "Message on state_topic: joint_state (the positions of "
+              "state_joint_names in order, then with state_joint_velocities their velocities) or odometry (x, y, "
+              "yaw, vx, vy, wz).", choices=("joint_state", "odometry")),
+        Param("state_joint_names", ["joint_1", "joint_2", "joint_3", "joint_4", "joint_5", "joint_6", "gripper"],
+              "For joint_state: the joints of the state, in the order the checkpoint reads them; every message "
+              "must name them all.", item=str, items=(1, 256)),
+        Param("state_joint_velocities", False, "For joint_state: the state also holds each joint's velocity, "
+              "after all the positions."),
+        Param("state_max_age_ms", 100.0, "An observation takes the newest state only if its header stamp is within "
+              "this of the primary frame's stamp (before or after); otherwise there is no observation (no_state).",
+              minimum=1.0, maximum=60000.0),
     ),
     "action_publisher": (
         Param("command_topic", "vla/command", "Topic the commands are published on (relative names resolve in the "
@@ -711,5 +732,38 @@ class OutputKnobs(KnobGroup):
                 raise ConfigError(f"{self.NODE}: action_min is above action_max in dimension {i} ({a:g} > {b:g})")
 
 
+@dataclass(frozen=True)
+class ObservationKnobs(KnobGroup):
+    """camera_subscriber: what one observation is made of (cameras, state) and how it is put together."""
+
+    NODE: ClassVar[str] = "camera_subscriber"
+    image_topic: str
+    extra_image_topics: tuple[str, ...]
+    sync_slop_ms: float
+    state_topic: str
+    state_type: str
+    state_joint_names: tuple[str, ...]
+    state_joint_velocities: bool
+    state_max_age_ms: float
+
+    @property
+    def cameras(self) -> int:
+        return 1 + len(self.extra_image_topics)
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        """Every camera's topic, the primary first."""
+        return (self.image_topic, *self.extra_image_topics)
+
+    def check(self) -> None:
+        for what, names in (("image_topic and extra_image_topics", self.topics),
+                            ("state_joint_names", self.state_joint_names)):
+            twice = sorted({name for name in names if names.count(name) > 1})
+            if twice:
+                raise ConfigError(f"{self.NODE}: {what} name {shown(twice)} more than once")
+        if not all(self.topics) or not all(self.state_joint_names):
+            raise ConfigError(f"{self.NODE}: a camera topic or a state joint name is empty")
+
+
 KNOB_GROUPS: tuple[type[KnobGroup], ...] = (GateKnobs, DiagnosticsKnobs, DebugImageKnobs, MemoryKnobs,
-                                             OutputKnobs)  # every group a node has
+                                             OutputKnobs, ObservationKnobs)  # every group a node has

@@ -12,7 +12,7 @@ starts following the policy afresh whenever it is switched on, the policy is rep
 reset for a new episode (``KeptFrames``). The live node and the offline ``Driver`` call it the same way::
 
     feed.before_cycle(policy)                  # reasoning thread, before the cycle
-    result = reasoner.cycle(image, receive_ns)
+    result = reasoner.cycle(frame)
     feed.after_cycle(frame, result)            # after the action went to its slot
     view = feed.latest()                       # any thread, any time
 """

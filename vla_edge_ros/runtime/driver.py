@@ -1,17 +1,20 @@
 """The runtime without ROS, on one clock: what offline replay and closed-loop evaluation both drive.
 
-The pieces are the live pipeline's own. The camera's frames go into the latest-frame buffer
-(``camera``); the reasoner takes the newest one through the admission gate (``reason``); the action
-publisher's rule decides what the robot is told at a tick (``command``). Live, the camera node, the
-reasoning thread and the publisher timer call the same objects; here the caller calls them, in the
-order its clock says:
+The pieces are the live pipeline's own. The cameras' frames and the robot's states go through the
+observation assembler (``observation.py``: cameras synced, the state paired) into the latest-observation
+buffer (``camera``, ``state``); the reasoner takes the newest observation through the admission gate
+(``reason``); the action publisher's rule decides what the robot is told at a tick (``command``). Live,
+the camera node, the reasoning thread and the publisher timer call the same objects; here the caller
+calls them, in the order its clock says:
 
     driver = Driver(engine, settings, clock, costs)   # clock: VirtualClock (or WallClock for --realtime)
-    driver.camera(image, stamp_ns, arrival_ns)          # a frame arrives (it overwrites an unread one)
+    driver.state(msg, stamp_ns, arrival_ns)             # a state message arrives (models that read one)
+    driver.camera(image, stamp_ns, arrival_ns)          # a frame arrives; with its state (and the other cameras'
+                                                        # frames) it overwrites an unread observation
     if driver.clock() <= t:                             # the reasoner is free at time t:
         clock.wait_until(t)
         cycle = driver.reason()                         # newest frame -> gate -> engine; the blocks' costs
-                                                        # move the clock; None when no frame waits
+                                                        # move the clock; None when no observation waits
     command = driver.command(t)                         # what the publisher sends at tick t
 
 ``driver.feed`` is the debug image's hand-off (``cycle_view.DebugFeed``), off until ``feed.enabled`` is set:
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import OutputKnobs, Settings
+from ..config import ObservationKnobs, OutputKnobs, Settings
 from ..engine import VlaEngine
 from .action_output import ActionOutput, Command
 from .action_slot import TimedAction
@@ -38,13 +41,15 @@ from .admission import AdmissionGate
 from .block_costs import CostModel, VirtualTimer
 from .clock import VirtualClock, WallClock
 from .cycle_view import DebugFeed
-from .frame_buffer import Frame, FrameBuffer
+from .frame_buffer import Frame
+from .observation import ObservationAssembler, observation_buffer
 from .reasoner import CycleResult, Reasoner, block_kinds
+from .robot_state import StateInput, StateInputError, state_reader
 
 
 @dataclass(frozen=True)
 class Cycle:
-    """One frame the reasoner took, and what became of it."""
+    """One observation the reasoner took, and what became of it."""
 
     frame: Frame
     result: CycleResult
@@ -65,27 +70,38 @@ class Driver:
             costs.require(block_kinds(engine.config))
         self.knobs = OutputKnobs.of(settings["action_publisher"])
         self.output = ActionOutput(self.knobs)
-        self.buffer = FrameBuffer(*frame_size)
+        self.observation = ObservationKnobs.of(settings["camera_subscriber"])
+        self.new_episode()
         self.feed = DebugFeed()
+
+    def new_episode(self) -> None:
+        """Frames, states and actions of the last episode are gone (the gate keeps what it learned of costs)."""
+        knobs = self.observation
+        self.buffer = observation_buffer(*self.frame_size, knobs)
+        self.assembler = ObservationAssembler(self.buffer, knobs.sync_slop_ms, knobs.state_max_age_ms)
+        self.states = StateInput(state_reader(knobs.state_type, knobs.state_joint_names, knobs.state_joint_velocities),
+                                 self.assembler.state)
         self._pending: TimedAction | None = None  # the newest action, until its ready time
         self._ready: TimedAction | None = None  # the newest action that is ready
 
-    def new_episode(self) -> None:
-        """Frames and actions of the last episode are gone (the gate keeps what it learned of costs)."""
-        self.buffer = FrameBuffer(*self.frame_size)
-        self._pending = self._ready = None
+    def camera(self, image: np.ndarray, stamp_ns: int, arrival_ns: int, camera: int = 0) -> int | None:
+        """A decoded frame of ``camera`` (0: the primary) arrives; the sequence number of the observation it
+        completed in the buffer, or None when it completed none (waiting for the other cameras, or no state)."""
+        written = self.assembler.frame(camera, image, stamp_ns, arrival_ns)
+        return None if written is None else written.seq
 
-    def camera(self, image: np.ndarray, stamp_ns: int, arrival_ns: int) -> int:
-        """A decoded frame arrives; returns its sequence number in the buffer."""
-        return self.buffer.write(image, stamp_ns, arrival_ns)
+    def state(self, msg: object, stamp_ns: int, arrival_ns: int) -> StateInputError | None:
+        """A state message (JointState or Odometry, as ``camera_subscriber.state_type`` says) arrives: read, it is
+        the newest state for the observations to come; refused, it is counted and its error returned."""
+        return self.states.receive(msg, stamp_ns, arrival_ns)
 
     def reason(self) -> Cycle | None:
-        """One reasoning cycle on the newest frame, now; None when no unread frame waits."""
+        """One reasoning cycle on the newest observation, now; None when no unread one waits."""
         frame = self.buffer.read_latest()
         if frame is None:
             return None
         self.feed.before_cycle(self.engine.policy)
-        result = self.reasoner.cycle(frame.image, frame.receive_ns)
+        result = self.reasoner.cycle(frame)
         if result.action is not None:
             if self._pending is not None:
                 self._ready = self._pending  # it was ready before this cycle could start

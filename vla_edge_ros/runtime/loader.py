@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from ..config import MemoryKnobs, OutputKnobs, Settings
+from ..config import MemoryKnobs, ObservationKnobs, OutputKnobs, Settings
 from ..engine import VlaEngine
 from ..kv_store import BlockStore, load_key, load_or_prefill_prompt, model_fingerprint, restore_memory
 from ..memory import POLICIES, MemorySite, build_policy, check_knobs
@@ -25,6 +25,7 @@ from ..model.instruction import InstructionError, InstructionTokenizer
 from ..model.known_models import KNOWN_DTYPE_BYTES, known_model, weight_values
 from ..model.vl.frames import frame_geometry, with_frame_geometry
 from .action_output import check_fits_action
+from .robot_state import state_reader
 
 _LOG = logging.getLogger("vla_edge_ros.runtime")
 
@@ -136,11 +137,41 @@ def _reasoning_errors(settings: Settings) -> Iterator[None]:
         raise ValueError(f"{settings.source}: reasoning: {exc}") from exc
 
 
+def check_observation(knobs: ObservationKnobs, checkpoint: Checkpoint) -> None:
+    """ValueError unless the configured observation is the one the checkpoint reads: as many cameras, a state
+    topic exactly when it has a state projection, and a state of its length."""
+    config, path = checkpoint.config, checkpoint.path
+    if knobs.cameras != config.cameras:
+        raise ValueError(f"{path} sees {config.cameras} camera{'s' if config.cameras > 1 else ''} per observation "
+                         f"(vla.cameras), the configuration names {knobs.cameras} (image_topic and "
+                         f"{len(knobs.extra_image_topics)} extra_image_topics)")
+    if config.state is None:
+        if knobs.state_topic:
+            raise ValueError(f"state_topic is {knobs.state_topic!r}, but {path} reads no robot state (it has no "
+                             "state_proj): clear state_topic, or use a checkpoint trained with the state")
+        return
+    if not knobs.state_topic:
+        raise ValueError(f"{path} reads a robot state of {config.state.dim} values (state_proj, vla.state): set "
+                         "state_topic to the robot's sensor_msgs/JointState or nav_msgs/Odometry topic")
+    reader = state_reader(knobs.state_type, knobs.state_joint_names, knobs.state_joint_velocities)
+    if reader.dim != config.state.dim:
+        what = ("odometry gives x, y, yaw, vx, vy, wz" if knobs.state_type == "odometry" else
+                f"{len(knobs.state_joint_names)} state_joint_names" + (", with velocities" if
+                                                                      knobs.state_joint_velocities else ""))
+        raise ValueError(f"{path} reads a state of {config.state.dim} values, state_type {knobs.state_type} gives "
+                         f"{reader.dim} ({what})")
+
+
 def check_settings(settings: Settings, checkpoint: Checkpoint, policies: Iterable[str] = POLICIES) -> None:
-    """ValueError for what the settings ask of this checkpoint that it cannot do: prompt ids beyond its
-    vocabulary, commands its action does not fit, an arena or ``kv.*`` knobs a policy in ``policies``
-    cannot run with (an arena without room for one frame names ``kv_capacity_tokens``). Shapes only:
-    ``load_engine`` checks this before building anything, and ``vla-edge plan`` refuses what it refuses."""
+    """ValueError for what the settings ask of this checkpoint that it cannot do: an observation it does not
+    read (``check_observation``), prompt ids beyond its vocabulary, commands its action does not fit, an arena
+    or ``kv.*`` knobs a policy in ``policies`` cannot run with (an arena without room for one frame names
+    ``kv_capacity_tokens``). Shapes only: ``load_engine`` checks this before building anything, and
+    ``vla-edge plan`` refuses what it refuses."""
+    try:
+        check_observation(ObservationKnobs.of(settings["camera_subscriber"]), checkpoint)
+    except ValueError as exc:
+        raise ValueError(f"{settings.source}: camera_subscriber: {exc}") from exc
     node = settings["reasoning"]
     prompt = prompt_ids(settings, checkpoint)
     vocab = checkpoint.config.vocab_size

@@ -1,5 +1,8 @@
 """One reasoning cycle: ask the gate, encode + prefill, decode, account. Shared by the live node and replay.
 
+A cycle acts on one observation from the frame buffer (every camera's frame and the robot's state, put
+together by ``observation.py``); its deadline runs from the observation's receive time.
+
 A model output holding NaN or Inf (``numerics/finite.py``) ends the cycle without an action, as
 ``invalid``: the robot keeps what it had (the publisher's safe stop once that is stale), never a command
 read off NaN logits.
@@ -26,6 +29,7 @@ from ..engine.vla_engine import VlaEngine
 from ..model.config import ModelConfig
 from ..numerics.finite import NonFiniteError
 from .admission import AdmissionGate, BlockKind, Verdict
+from .frame_buffer import Frame
 
 
 T = TypeVar("T")
@@ -87,9 +91,10 @@ class Reasoner:
             self.timer.finished(BlockKind.PROMPT)
             self.gate.record(block)
 
-    def cycle(self, image: np.ndarray, receive_ns: int) -> CycleResult:
+    def cycle(self, frame: Frame) -> CycleResult:
+        """What becomes of observation ``frame``: the gate's verdict, and the action if every block ran."""
         gate, timer = self.gate, self.timer
-        cycle = gate.start_cycle(receive_ns)
+        cycle = gate.start_cycle(frame.receive_ns)
         if not cycle:
             return CycleResult(cycle.verdict, None, None, False)
         late: list[bool] = []
@@ -99,14 +104,15 @@ class Reasoner:
             if not block:
                 return CycleResult(cycle.verdict, None, None, False, BlockKind.VISION_ENCODE)
             timer.started(BlockKind.VISION_ENCODE)
-            encoded = self.engine.encode_frame(image)
+            encoded = self.engine.encode_frame(frame.image, frame.extra_images, frame.state)
             timer.finished(BlockKind.VISION_ENCODE)
             late.append(gate.record(block))
         block = gate.admit(BlockKind.ENCODE_PREFILL, cycle.deadline_ns, within=cycle.verdict)
         if not block:
             return CycleResult(cycle.verdict, None, None, any(late), BlockKind.ENCODE_PREFILL)
         timer.started(BlockKind.ENCODE_PREFILL)
-        prefill = self.engine.prefill_frame(encoded if encoded is not None else self.engine.encode_frame(image))
+        prefill = self.engine.prefill_frame(encoded if encoded is not None else
+                                            self.engine.encode_frame(frame.image, frame.extra_images, frame.state))
         timer.finished(BlockKind.ENCODE_PREFILL)
         late.append(gate.record(block))
 

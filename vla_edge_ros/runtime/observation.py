@@ -1,0 +1,179 @@
+"""An observation put together where its parts arrive: every camera's frame synced in time, plus the state.
+
+One reasoning cycle acts on one observation: a frame of the primary camera (``image_topic``), a frame of
+each extra camera (``extra_image_topics``) whose header stamps lie within ``sync_slop_ms`` of each other,
+and the robot's state when the model reads one. The camera node's callbacks (one thread) hand every
+decoded frame and every read state to the ``ObservationAssembler``, which writes each complete observation
+to the frame buffer (``frame_buffer.py``), the one hand-off to the reasoning thread; offline, the
+``Driver`` does the same on its clock. Nothing here reads a clock: only header stamps and the receive
+times it is given, so replay decides exactly as live.
+
+Syncing, in the spirit of message_filters' ApproximateTimeSynchronizer (our code): each camera keeps its
+last ``SYNC_DEPTH`` frames waiting. A set forms when its last member arrives, so each new frame looks for
+partners: the latest window of ``sync_slop_ms`` that holds it and a waiting frame of every other camera
+(the newest one of each camera in that window). When one is found the set is taken, and every waiting
+frame no newer than the set's member of its camera goes too: it could only make an older observation than
+the one just made. Frames that leave without joining a set (pushed out of a full queue, or passed by a
+newer set) are counted as ``unsynced``. A silent camera therefore means no observation at all, never one
+with a camera missing, and a bounded queue behind the others. One camera alone needs no sync: each frame
+is a set.
+
+Pairing the state: a set takes the newest state that has arrived, if its header stamp lies within
+``state_max_age_ms`` of the primary frame's stamp (before or after it: a state stamped much later than the
+frames means the two clocks disagree, or the camera is that late). Otherwise the set is refused as
+``no_state`` (no state yet, stale, or ahead), its frames are used up, and no observation is written: the
+reasoner gets nothing new, the action publisher keeps the last action while it is fresh and then sends
+the safe stop. A state is never filled in, and one that failed to read (``robot_state.py``) never replaces
+the last good one. Pairing against stamps, not arrival times, is what makes a bag replay decide the same.
+
+The observation's stamp is the primary frame's; its receive time is the earliest receive time of its
+frames, so the admission gate's deadline runs from the moment its oldest part arrived.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import ObservationKnobs
+from .clock import NS_PER_MS
+from .frame_buffer import FrameBuffer
+from .robot_state import state_reader
+
+SYNC_DEPTH = 4
+"""Frames each camera keeps waiting for the others (about 130 ms of a 30 Hz camera)."""
+
+
+def observation_buffer(height: int, width: int, knobs: ObservationKnobs) -> FrameBuffer:
+    """The frame buffer of the observations ``knobs`` configure: its extra cameras, and the state's length."""
+    state_dim = 0
+    if knobs.state_topic:
+        state_dim = state_reader(knobs.state_type, knobs.state_joint_names, knobs.state_joint_velocities).dim
+    return FrameBuffer(height, width, len(knobs.extra_image_topics), state_dim)
+
+
+@dataclass(frozen=True)
+class _Waiting:
+    image: np.ndarray
+    stamp_ns: int
+    receive_ns: int
+
+
+@dataclass(frozen=True)
+class Written:
+    """An observation that went to the buffer: its sequence number and its primary frame."""
+
+    seq: int
+    image: np.ndarray
+
+
+class ObservationAssembler:
+    """Syncs the cameras' frames, pairs the state, writes whole observations to ``buffer`` (one writer thread)."""
+
+    def __init__(self, buffer: FrameBuffer, sync_slop_ms: float, state_max_age_ms: float,
+                 names: Sequence[str] = ()) -> None:
+        """``names``: what the reasons call each camera (the node: its topics); default camera 0, 1, ..."""
+        self.buffer = buffer
+        self.cameras = 1 + buffer.extra_cameras
+        self.names = tuple(names) or tuple(f"camera {c}" for c in range(self.cameras))
+        self.sync_slop_ns = round(sync_slop_ms * NS_PER_MS)
+        self.state_max_age_ns = round(state_max_age_ms * NS_PER_MS)
+        self._waiting: list[deque[_Waiting]] = [deque() for _ in range(self.cameras)]
+        self._state: tuple[np.ndarray, int] | None = None  # the newest good state and its stamp
+        self.observations = 0  # written to the buffer
+        self.unsynced = [0] * self.cameras  # frames per camera that left without joining an observation
+        self.no_state = 0  # complete sets refused for want of a fresh state
+        self.last_refusal = ""  # why the latest set was refused, or the latest frames were left unsynced
+
+    def state(self, values: np.ndarray, stamp_ns: int) -> None:
+        """A good state (read and checked by ``robot_state``) arrived: the newest, for the sets to come."""
+        self._state = (values, int(stamp_ns))
+
+    def frame(self, camera: int, image: np.ndarray, stamp_ns: int, receive_ns: int) -> Written | None:
+        """A decoded frame of ``camera`` (0: the primary) arrived; the observation it completed, if any."""
+        new = _Waiting(image, int(stamp_ns), int(receive_ns))
+        if self.cameras == 1:
+            members = [new]
+        else:
+            queue = self._waiting[camera]
+            queue.append(new)
+            if len(queue) > SYNC_DEPTH:
+                queue.popleft()
+                self._unsynced(camera, 1)
+            found = self._match(camera, new)
+            if found is None:
+                return None
+            members = found
+            for index, member in enumerate(members):
+                self._take(index, member)
+        return self._write(members)
+
+    def _match(self, camera: int, new: _Waiting) -> list[_Waiting] | None:
+        """The newest set holding ``new``: one waiting frame per camera, all within the slop (see the module doc)."""
+        slop = self.sync_slop_ns
+        near = [[f for f in queue if abs(f.stamp_ns - new.stamp_ns) <= slop] for queue in self._waiting]
+        near[camera] = [new]
+        if not all(near):
+            return None
+        starts = sorted({f.stamp_ns for frames in near for f in frames if f.stamp_ns <= new.stamp_ns}, reverse=True)
+        for start in starts:  # the window [start, start + slop] holds new: start >= new - slop
+            members = []
+            for frames in near:
+                inside = [f for f in frames if start <= f.stamp_ns <= start + slop]
+                if not inside:
+                    break
+                members.append(max(inside, key=lambda f: f.stamp_ns))
+            else:
+                return members
+        self.last_refusal = (f"camera frames out of sync: no set within sync_slop_ms "
+                             f"{slop / NS_PER_MS:g} of each other")
+        return None
+
+    def _take(self, camera: int, member: _Waiting) -> None:
+        """Take ``member`` out of its camera's queue, with every waiting frame no newer (those count as unsynced)."""
+        queue = self._waiting[camera]
+        left = [f for f in queue if f.stamp_ns > member.stamp_ns]
+        passed = len(queue) - len(left) - 1
+        queue.clear()
+        queue.extend(left)
+        if passed:
+            self._unsynced(camera, passed)
+
+    def _unsynced(self, camera: int, count: int) -> None:
+        self.unsynced[camera] += count
+        silent = [self.names[c] for c, queue in enumerate(self._waiting) if not queue and c != camera]
+        self.last_refusal = (f"{self.names[camera]}: frames found no partner within sync_slop_ms "
+                             f"{self.sync_slop_ns / NS_PER_MS:g}" + (f" (nothing waiting from "
+                                                                      f"{', '.join(silent)})" if silent else ""))
+
+    def _write(self, members: list[_Waiting]) -> Written | None:
+        primary = members[0]
+        state = None
+        if self.buffer.state_dim:
+            state = self._paired_state(primary.stamp_ns)
+            if state is None:
+                self.no_state += 1
+                return None
+        seq = self.buffer.write(primary.image, primary.stamp_ns, min(m.receive_ns for m in members),
+                                tuple(m.image for m in members[1:]), state)
+        self.observations += 1
+        return Written(seq, primary.image)
+
+    def _paired_state(self, stamp_ns: int) -> np.ndarray | None:
+        """The newest state if it is within ``state_max_age_ms`` of ``stamp_ns``; else None, and why."""
+        limit = f"(state_max_age_ms {self.state_max_age_ns / NS_PER_MS:g})"
+        if self._state is None:
+            self.last_refusal = "no robot state: none has arrived yet"
+            return None
+        values, state_ns = self._state
+        age_ms = (stamp_ns - state_ns) / NS_PER_MS
+        if abs(stamp_ns - state_ns) <= self.state_max_age_ns:
+            return values
+        self.last_refusal = (f"no robot state: the newest is {age_ms:.1f} ms older than the frames {limit}"
+                             if age_ms > 0 else
+                             f"no robot state: the newest is stamped {-age_ms:.1f} ms after the frames {limit}; "
+                             "do the camera and the state share a clock?")
+        return None
