@@ -260,9 +260,3 @@ def test_a_budget_bounds_all_a_policy_holds_and_gives_dms_the_pages_of_the_same_
     assert pool == heads * -(-fifo_slots // 16)  # fifo's bytes at 8 frames, the window inside them
     assert slots == prompt + 32 + episode_frames * tokens + scratch  # and a slot for every frame of the episode
     assert arena_for(config, dms, prompt, None, spec, 16) == (slots, 0)  # all: room for everything, dense pool
-
-
-def test_lang_reach_is_refused_until_evaluate_gives_each_episode_its_instruction(tiny_model, tmp_path):
-    with pytest.raises(ValueError, match="lang-reach needs an instruction per episode"):
-        evaluate(_settings(tiny_model), TaskSpec(name="lang-reach"), ["fifo"], [2], episodes=1, seed=0, costs=FIXED,
-                 out=tmp_path)

@@ -8,17 +8,20 @@ from pathlib import Path
 
 from ..config import load_settings
 from ..memory import POLICIES
-from ..tools.evaluate import EVALUATED_TASKS, VARIANTS, evaluate, format_table, invalid_line, write_report
+from ..tools.evaluate import VARIANTS, evaluate, format_table, invalid_line, write_report
+from ..tools.lang_reach import read_templates
 from ..tools.parallel import progress_bar, run_line
-from ..worlds.sim.world import TaskSpec
+from ..worlds.sim.world import TASKS, TaskSpec
 from .args import add_parallel_arguments, cost_model, frame_budgets, subset_of
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     spec = TaskSpec(name=args.task, time_limit_s=args.time_limit_s)
+    templates = read_templates(args.instructions) if args.instructions is not None else ()
     report = evaluate(settings, spec, args.policy, args.budgets, args.episodes, args.seed, args.cost, args.out,
-                      record_dir=args.record, workers=args.workers, ray_address=args.ray, resume=args.resume,
+                      record_dir=args.record, templates=templates, workers=args.workers, ray_address=args.ray,
+                      resume=args.resume,
                       progress=lambda line: print(line, file=sys.stderr, flush=True),
                       bar=progress_bar("evaluate"))
     print(format_table(report))
@@ -32,7 +35,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="closed-loop task success per KV policy and budget in the 2-D simulator")
-    p.add_argument("--task", choices=EVALUATED_TASKS, default="cue-reach")
+    p.add_argument("--task", choices=TASKS, default="cue-reach")
     p.add_argument("--policy", type=subset_of(VARIANTS), default=list(POLICIES),
                    help=f"comma-separated policy variants ({','.join(VARIANTS)}): aura and dms use the checkpoint's "
                         "learned gate if it has one, aura:surprise and dms:novelty their scores, aura:random and "
@@ -44,6 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--episodes", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--time-limit-s", type=float, default=TaskSpec().time_limit_s)
+    p.add_argument("--instructions", type=Path, metavar="FILE",
+                   help="lang-reach: instruction templates, one a line with {color} (never ones the model was "
+                        "trained on); each seed draws one")
     p.add_argument("--config", type=Path, help="YAML config (model, deadline, action mapping)")
     p.add_argument("--cost", type=cost_model, default=cost_model("measured"),
                    help="block costs: measured (default) or fixed:encode=4ms,decode=1ms (deterministic)")

@@ -79,9 +79,7 @@ class InstructionTokenizer:
 
     def prompt_ids(self, instruction: str, max_tokens: int) -> np.ndarray:
         """The prompt's token ids for ``instruction``; InstructionError when it is refused (module doc)."""
-        text = check_text(instruction, max_tokens)
-        encoding = self.tokenizer.encode(self.render(text), add_special_tokens=self.template is None)
-        ids = np.asarray(encoding.ids, dtype=np.int32)
+        ids = self.template_ids(check_text(instruction, max_tokens))
         if ids.size > max_tokens:
             raise InstructionError(f"instruction too long: {ids.size} tokens, at most {max_tokens} "
                                    "(reasoning.instruction_max_tokens)")
@@ -90,6 +88,12 @@ class InstructionTokenizer:
             raise InstructionError(f"the tokenizer gives id {int(ids.max())}, at or above the first action bin "
                                    f"{first_bin}: it does not belong to this model")
         return ids
+
+    def template_ids(self, content: str) -> np.ndarray:
+        """The token ids of the template around ``content``, unchecked: ``prompt_ids`` checks an instruction
+        first; an evaluation's instruction-blind ablation renders an empty user turn with this."""
+        encoding = self.tokenizer.encode(self.render(content), add_special_tokens=self.template is None)
+        return np.asarray(encoding.ids, dtype=np.int32)
 
 
 def check_text(instruction: object, max_tokens: int) -> str:

@@ -25,6 +25,10 @@ KV holds the prompt, one memory token and the current frame whatever the budget,
 fast-weight state, so each aura row runs once, at the smallest budget whose bytes hold all of that
 (``aura_budget_frames``: 2 frames for the shipped model).
 
+In ``lang-reach`` the cue swap's place is taken by the language probes of ``lang_reach.py``: each seed's
+episode told its goal in words (success per colour), the same episode instruction-blind, and one whose goal
+changes mid-way with a live instruction.
+
 Each cell also runs the *cue swap*: per seed, the same layout and noise with each target cued in turn,
 the first action after the release read, and counted as picking the target whose direction from the
 robot is closest to the action's. A policy that remembers the cue picks the cued target every time;
@@ -51,21 +55,22 @@ from ..memory.aura import fast_weight_bytes
 from ..model.checkpoint import Checkpoint
 from ..model.config import ModelConfig
 from ..model.layout import arena_capacity, kv_bytes_per_token, kv_page_bytes, kv_pages_for
-from ..runtime.admission import Verdict
+from ..runtime.admission import BlockKind, Verdict
 from ..runtime.block_costs import CostModel
 from ..runtime.clock import VirtualClock
 from ..runtime.driver import Driver
-from ..runtime.loader import load_engine, load_model, prompt_ids
+from ..runtime.loader import checkpoint_tokenizer, load_engine, load_model, prompt_ids
 from ..runtime.reasoner import block_kinds
+from ..worlds.sim.render import COLOUR_NAMES
 from ..worlds.sim.world import VELOCITY_COMMANDS, CueReachEnv, TaskSpec, velocity_command
 from .aura_gates import BASELINE_GATES, baseline_policy
+from .lang_reach import PROBES as LANGUAGE_PROBES
+from .lang_reach import Instructor, switch_plan
 from .parallel import Job, Unit, UnitsFailed, run_figures, run_units
 
 EXPERT = "expert"
-# lang-reach episodes need an instruction each (and a switch, a blind ablation): not here yet, so refused
-EVALUATED_TASKS = ("reach", "cue-reach")
 BAG_START_NS = 1_735_689_600 * 10**9  # recorded episodes start at 2025-01-01, as make-bag's bags do
-SCHEMA = "vla_edge_ros.evaluate/4"
+SCHEMA = "vla_edge_ros.evaluate/5"
 VARIANTS = ("fifo", "cosine", "aura", "aura:surprise", "aura:random", "aura:periodic", "aura:no-write", "dms",
             "dms:novelty")
 MATCHED = ("aura:surprise", "aura:random", "aura:periodic")  # write at the rate the ``aura`` row measured
@@ -100,6 +105,7 @@ class Episode:
     held_peak: int = 0
     head_held_sum: float = 0.0  # tokens each (layer, KV head) reads beside the prompt, mean over heads (dms)
     seen_sum: int = 0  # frame tokens offered to the memory so far: what an unbounded cache would hold
+    goal_colour: str | None = None  # lang-reach: the colour the (last) instruction named
 
 
 @dataclass
@@ -120,6 +126,8 @@ class Cell:
     note: str | None = None
     episodes: list[Episode] = field(default_factory=list)
     swaps: list[CueSwap] = field(default_factory=list)
+    blind: list[Episode] = field(default_factory=list)  # lang-reach: the same episodes, instruction-blind
+    switched: list[Episode] = field(default_factory=list)  # lang-reach: the goal changed mid-way
 
     @property
     def policy(self) -> str:
@@ -158,7 +166,17 @@ class Cell:
                 "seeds": len(self.swaps), "trials": len(picked), "picked": sum(picked),
                 "rate": sum(picked) / len(picked) if picked else 0.0,
                 "ci95": list(wilson_interval(sum(picked), len(picked)))},
+            "language": self._language(),
         }
+
+    def _language(self) -> dict[str, Any] | None:
+        """lang-reach's probes: success per named colour, instruction-blind (against chance), goal switched."""
+        if not self.blind and not self.switched:
+            return None
+        colours = sorted({e.goal_colour for e in self.episodes if e.goal_colour})
+        return {"per_colour": {colour: rate_of([e for e in self.episodes if e.goal_colour == colour])
+                               for colour in colours},
+                "blind": rate_of(self.blind), "switch": rate_of(self.switched)}
 
     def matched_rate(self) -> tuple[float, str | None]:
         """This (``aura``) row's write rate, writes / frames processed over all its episodes, for the aura:*
@@ -170,6 +188,13 @@ class Cell:
             note = f"aura wrote nothing in {frames} frames: matched to 1/{smallest}, the smallest rate > 0"
             return 1 / smallest, note
         return min(1.0, writes / frames), None
+
+
+def rate_of(episodes: Sequence[Episode]) -> dict[str, Any]:
+    """Episodes, successes, their rate and its 95 % Wilson interval."""
+    wins = sum(e.success for e in episodes)
+    return {"episodes": len(episodes), "successes": wins, "rate": wins / len(episodes) if episodes else 0.0,
+            "ci95": list(wilson_interval(wins, len(episodes)))}
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -229,9 +254,11 @@ def aura_budget_frames(checkpoint: Checkpoint) -> int:
 
 
 def run_episode(env: CueReachEnv, seed: int, driver: Driver | None,
-                record: Callable[[int, np.ndarray, np.ndarray], None] | None = None) -> Episode:
+                record: Callable[[int, np.ndarray, np.ndarray], None] | None = None,
+                at_tick: Callable[[int, int], None] | None = None) -> Episode:
     """One episode; ``driver`` None drives with the scripted expert. ``record(time_ns, frame, expert
-    command)`` sees every camera frame with the expert's command for it (the ground truth)."""
+    command)`` sees every camera frame with the expert's command for it (the ground truth); ``at_tick(tick,
+    time_ns)`` is called before each tick's frame is seen (a goal that changes mid-way)."""
     spec = env.spec
     period_ns = round(1e9 / spec.rate_hz)
     frame = env.reset()
@@ -241,6 +268,8 @@ def run_episode(env: CueReachEnv, seed: int, driver: Driver | None,
         driver.new_episode()
     for tick in range(math.ceil(spec.time_limit_s * spec.rate_hz)):
         now = start + tick * period_ns
+        if at_tick is not None:
+            at_tick(tick, now)
         if record is not None:
             record(now, frame, env.expert_command())
         if driver is None:
@@ -356,6 +385,8 @@ class EvalContext:
     spec: TaskSpec
     costs: CostModel
     record_dir: Path | None
+    templates: tuple[str, ...]  # lang-reach's instruction templates (none for the other tasks)
+    prompt_tokens: int  # the longest prompt an episode starts with: what every arena must hold beside it
 
 
 @dataclass(frozen=True)
@@ -366,72 +397,120 @@ class EpisodeSpec:
     budget: int | None
     seed: int
     gate_rate: float | None = None
-    swap: bool = False  # the seed's cue swap instead of its episode
+    probe: str = "episode"  # or the seed's cue "swap"; lang-reach: "blind" or "switch" (lang_reach.py)
 
     @property
     def key(self) -> str:
         budget = "all" if self.budget is None else self.budget
-        return f"{self.variant.replace(':', '-')}_b{budget}_s{self.seed}" + ("_swap" if self.swap else "")
+        probe = "" if self.probe == "episode" else f"_{self.probe}"
+        return f"{self.variant.replace(':', '-')}_b{budget}_s{self.seed}{probe}"
+
+
+def probes_of(spec: TaskSpec) -> tuple[str, ...]:
+    """What each seed runs in each cell: its episode and the task's probes."""
+    return LANGUAGE_PROBES if spec.name == "lang-reach" else ("episode", "swap")
 
 
 def prepare(context: EvalContext) -> dict[str, Any]:
-    """A worker's state: the checkpoint, loaded once, and an engine per cell, built on first use."""
-    return {"context": context, "checkpoint": load_model(context.settings), "engines": {}}
+    """A worker's state: the checkpoint, loaded once, an engine per cell, built on first use, and lang-reach's
+    instructor (the checkpoint's tokenizer)."""
+    checkpoint = load_model(context.settings)
+    instructor = (Instructor(context.templates, checkpoint_tokenizer(checkpoint),
+                             context.settings["reasoning"]["instruction_max_tokens"]) if context.templates else None)
+    return {"context": context, "checkpoint": checkpoint, "engines": {}, "instructor": instructor}
 
 
 def run_unit(state: dict[str, Any], episode: EpisodeSpec) -> dict[str, Any]:
     """One episode, from nothing but its spec: a fresh frame buffer, gate and clock; the cell's engine with
     its memory restarted from the prompt. Its result does not depend on what the worker ran before."""
-    context = state["context"]
-    spec = context.spec
+    context, instructor = state["context"], state["instructor"]
+    spec, seed, probe = context.spec, episode.seed, episode.probe
+    env = CueReachEnv(spec, seed)
     if episode.variant == EXPERT:
-        if episode.swap:
-            return asdict(cue_swap(spec, episode.seed, None))
-        return asdict(_expert_episode(spec, episode.seed, context.settings, context.record_dir))
+        if probe == "swap":
+            return asdict(cue_swap(spec, seed, None))
+        if probe == "episode":
+            return asdict(_named(_expert_episode(spec, seed, context.settings, context.record_dir), env, instructor))
+        hook = _switch(env, seed, None, instructor, False) if probe == "switch" else None
+        return asdict(_named(run_episode(env, seed, None, at_tick=hook), env, instructor))
     cell = (episode.variant, episode.budget, episode.gate_rate)
     if cell not in state["engines"]:
         state["engines"][cell] = _cell_runtime(context, episode, state["checkpoint"])
     engine, settings = state["engines"][cell]
 
-    def start() -> Driver:
-        _start_episode(engine, settings["reasoning"], episode.variant, episode.gate_rate, episode.seed)
+    def start(prompt: np.ndarray | None = None) -> Driver:
+        _start_episode(engine, settings["reasoning"], episode.variant, episode.gate_rate, seed, prompt)
         return Driver(engine, settings, VirtualClock(0), context.costs, (spec.image_size, spec.image_size))
 
-    if episode.swap:
-        return asdict(cue_swap(spec, episode.seed, start))
-    return asdict(run_episode(CueReachEnv(spec, episode.seed), episode.seed, start()))
+    if probe == "swap":
+        return asdict(cue_swap(spec, seed, start))
+    if instructor is None:
+        return asdict(run_episode(env, seed, start()))
+    driver = start(instructor.prompt(env, seed, probe))
+    keep = settings["reasoning"]["kv.on_instruction"] == "keep"
+    hook = _switch(env, seed, driver, instructor, keep) if probe == "switch" else None
+    return asdict(_named(run_episode(env, seed, driver, at_tick=hook), env, instructor))
+
+
+def _named(episode: Episode, env: CueReachEnv, instructor: Instructor | None) -> Episode:
+    """The episode with the colour its (last) goal was named by, in lang-reach."""
+    episode.goal_colour = env.goal_colour if instructor is not None else None
+    return episode
+
+
+def _switch(env: CueReachEnv, seed: int, driver: Driver | None, instructor: Instructor,
+            keep: bool) -> Callable[[int, int], None]:
+    """The ``switch`` probe's hook: at its tick the goal changes, and the driver's engine is re-tasked with the
+    new goal's instruction as a live one is (a ``prompt`` block), its memory kept or reset as ``keep`` says."""
+    tick, goal = switch_plan(env, seed)
+
+    def at_tick(now_tick: int, now_ns: int) -> None:
+        if now_tick != tick:
+            return
+        env.goal = goal
+        if driver is None:
+            return
+        ids = instructor.prompt(env, seed, "switch")
+        engine = driver.engine
+        driver.clock.wait_until(max(now_ns, driver.clock()))  # arriving now; a busy reasoner ends its cycle first
+        driver.reasoner.retask(lambda: engine.replace_prompt(ids) if keep else engine.set_prompt(ids))
+
+    return at_tick
 
 
 def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budgets: Sequence[int | None],
              episodes: int, seed: int, costs: CostModel, out: Path, record_dir: Path | None = None, *,
-             workers: int | None = None, ray_address: str | None = None, resume: bool = False,
+             templates: tuple[str, ...] = (), workers: int | None = None, ray_address: str | None = None,
+             resume: bool = False,
              progress: Callable[[str], None] = lambda line: None,
              bar: Callable[[int, int], None] = lambda done, total: None) -> dict[str, Any]:
     """Every (variant, budget) over the same seeded episodes, plus the expert; returns evaluate.json's content.
 
     Episodes are units (tools/parallel.py): serial, on ``workers`` local processes or on Ray, each result
     written to ``out/units`` as it finishes, with the same report whichever ran where. The aura:* rows run
-    in a second pass, at the write rate the aura row measured in the first."""
+    in a second pass, at the write rate the aura row measured in the first. ``templates``: lang-reach's
+    instruction templates (``lang_reach.read_templates``), which it needs and the other tasks refuse."""
     spec.validate()
-    if spec.name not in EVALUATED_TASKS:
-        raise ValueError(f"evaluate runs {', '.join(EVALUATED_TASKS)}; {spec.name} needs an instruction per episode, "
-                         "which it does not give yet (vla-edge run --sim lang-reach words them)")
+    if (spec.name == "lang-reach") != bool(templates):
+        raise ValueError("lang-reach needs instruction templates (--instructions FILE)" if not templates else
+                         f"{spec.name} takes no instructions (--instructions is for lang-reach)")
     command_type = settings["action_publisher"]["command_type"]
     if command_type not in VELOCITY_COMMANDS:
         raise ValueError(f"{settings.source}: the simulated robot drives on velocity commands "
                          f"({', '.join(VELOCITY_COMMANDS)}), not action_publisher.command_type {command_type!r}")
     order, added = run_order(variants)
     checkpoint = load_model(settings)
-    costs.require(block_kinds(checkpoint.config))
+    costs.require(block_kinds(checkpoint.config) + ((BlockKind.PROMPT,) if templates else ()))  # the switch's
+    prompt_tokens = _prompt_tokens(settings, checkpoint, spec, templates)
     aura_budget = aura_budget_frames(checkpoint) if any(v.startswith("aura") for v in order) else None
     notes = [f"{AURA_NOTE} ({aura_budget} frames)"] if aura_budget else []
     if added:
         notes.append(f"aura added: it measures the write rate matched by {', '.join(v for v in order if v in MATCHED)}")
         progress(notes[-1])
     seeds = [seed + i for i in range(episodes)]
-    prompt_tokens = len(prompt_ids(settings, checkpoint))
-    context = EvalContext(settings, spec, costs, record_dir)
-    job = Job(prepare, run_unit, context, identity=_identity(settings, spec, costs))
+    probes = probes_of(spec)
+    context = EvalContext(settings, spec, costs, record_dir, templates, prompt_tokens)
+    job = Job(prepare, run_unit, context, identity=_identity(settings, spec, costs, templates))
     cells = [Cell(EXPERT, None)] + [Cell(v, b) for v in order
                                     for b in ([aura_budget] if v.startswith("aura") else budgets)]
     for cell in cells[1:]:
@@ -453,7 +532,7 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
                                                                  cell.budget_frames, spec, page_tokens)
         return cell.summary(prompt_tokens * token, token, budget)
 
-    total = 2 * len(cells) * len(seeds)  # an episode and a cue swap per cell and seed
+    total = len(probes) * len(cells) * len(seeds)  # an episode and each probe per cell and seed
     summaries, done = [], [0]
     for matched_pass in (False, True):
         todo = [cell for cell in cells if (cell.variant in MATCHED) == matched_pass]
@@ -461,8 +540,8 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
             rate, note = next(c for c in cells if c.variant == "aura").matched_rate()
             for cell in todo:
                 cell.gate_rate, cell.note = rate, "; ".join(filter(None, (note, cell.note))) or None
-        specs = [EpisodeSpec(c.variant, c.budget_frames, s, c.gate_rate, swap) for c in todo
-                 for swap in (False, True) for s in seeds]
+        specs = [EpisodeSpec(c.variant, c.budget_frames, s, c.gate_rate, probe) for c in todo
+                 for probe in probes for s in seeds]
         units = [Unit(spec.key, spec) for spec in specs]
         base = done[0]
         summary = run_units(job, units, out, workers=workers, ray_address=ray_address, resume=resume,
@@ -474,10 +553,12 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
             raise UnitsFailed(f"{len(summary.failed)} of {len(units)} episodes failed ({failures}); the finished "
                               f"ones are in {out / 'units'}: --resume runs only what is missing")
         for cell in todo:
-            results = {swap: [summary.results[EpisodeSpec(cell.variant, cell.budget_frames, s, cell.gate_rate,
-                                                          swap).key] for s in seeds] for swap in (False, True)}
-            cell.episodes = [Episode(**result) for result in results[False]]
-            cell.swaps = [CueSwap(**result) for result in results[True]]
+            results = {probe: [summary.results[EpisodeSpec(cell.variant, cell.budget_frames, s, cell.gate_rate,
+                                                           probe).key] for s in seeds] for probe in probes}
+            cell.episodes = [Episode(**result) for result in results["episode"]]
+            cell.swaps = [CueSwap(**result) for result in results.get("swap", ())]
+            cell.blind = [Episode(**result) for result in results.get("blind", ())]
+            cell.switched = [Episode(**result) for result in results.get("switch", ())]
             if cell.variant != EXPERT:
                 progress(_cell_line(report(cell)))
     run = run_figures(summaries, ray_address)
@@ -486,9 +567,22 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
             "runtime_s": run.pop("seconds"), "run": run, "cells": [report(cell) for cell in cells]}
 
 
-def _identity(settings: Settings, spec: TaskSpec, costs: CostModel) -> str:
+def _prompt_tokens(settings: Settings, checkpoint: Checkpoint, spec: TaskSpec, templates: tuple[str, ...]) -> int:
+    """The longest prompt an episode starts with: the configured one, or the longest of every template with every
+    colour and the blind one (lang-reach; each checked as an instruction first, before anything runs)."""
+    if not templates:
+        return len(prompt_ids(settings, checkpoint))
+    tokenizer = checkpoint_tokenizer(checkpoint)
+    if tokenizer is None:
+        raise ValueError(f"{checkpoint.path} has no tokenizer.json: lang-reach tells the robot its goal in words")
+    instructor = Instructor(templates, tokenizer, settings["reasoning"]["instruction_max_tokens"])
+    return instructor.check(COLOUR_NAMES)
+
+
+def _identity(settings: Settings, spec: TaskSpec, costs: CostModel, templates: tuple[str, ...]) -> str:
     """What an episode's result depends on besides its spec: a unit file of another evaluation never resumes."""
-    text = json.dumps([SCHEMA, settings.values, asdict(spec), costs.describe()], sort_keys=True, default=str)
+    text = json.dumps([SCHEMA, settings.values, asdict(spec), costs.describe(), templates], sort_keys=True,
+                      default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -544,12 +638,14 @@ def variant_knobs(variant: str, rate: float | None) -> dict[str, Any]:
     return knobs
 
 
-def _start_episode(engine: VlaEngine, node: dict[str, Any], variant: str, rate: float | None, seed: int) -> None:
-    """A new episode: the memory starts from the prompt. A baseline gate gets a fresh policy seeded by the
-    episode (as memory-bench does), so its draws and periodic phase differ between episodes, not between runs."""
+def _start_episode(engine: VlaEngine, node: dict[str, Any], variant: str, rate: float | None, seed: int,
+                   prompt: np.ndarray | None = None) -> None:
+    """A new episode: the memory starts from the prompt (``prompt``, or the engine's own). A baseline gate gets
+    a fresh policy seeded by the episode (as memory-bench does), so its draws and periodic phase differ between
+    episodes, not between runs."""
+    engine.set_prompt(engine.prompt_ids if prompt is None else prompt)
     gate = BASELINES.get(variant)
     if gate is None:
-        engine.set_prompt(engine.prompt_ids)
         return
     engine.set_policy(baseline_policy(MemoryKnobs.of(node).aura, gate, rate or 1.0, seed))
 
@@ -579,7 +675,7 @@ def _cell_runtime(context: EvalContext, episode: EpisodeSpec, checkpoint: Checkp
     """The engine of one cell: sized for its budget under its variant (``cell_node``)."""
     settings = context.settings
     node = cell_node(settings["reasoning"], episode.variant, episode.budget, episode.gate_rate, checkpoint,
-                     context.spec, len(prompt_ids(settings, checkpoint)))
+                     context.spec, context.prompt_tokens)
     cell = Settings({**settings.values, "reasoning": node}, settings.source)
     engine = load_engine(cell, policies=(node["kv.policy"],), checkpoint=checkpoint).engine  # this policy's arena
     return engine, cell
@@ -603,6 +699,7 @@ def format_table(report: dict[str, Any]) -> str:
                      f"[{c['success_ci95'][0]:.2f}, {c['success_ci95'][1]:.2f}] {swap:>5} {reach:>9} "
                      f"{c['bytes_held']['peak']:>11,} {round(c['bytes_held']['mean']):>11,} {tokens:>6} {size:>7} "
                      f"{per_frame:>7} {rate:>6} {c['refused']:>7} {c['missed']:>6} {c['invalid']:>7}")
+    lines += [_language_line(c, report["task"]["targets"]) for c in report["cells"] if c["language"]]
     lines += [f"note: {note}" for note in report["notes"]]
     lines += [f"error ({c['variant']}): {line}" for c in report["cells"] if (line := invalid_line(c))]
     lines += [f"note ({c['variant']}): {c['note']}" for c in report["cells"] if c["note"]]
@@ -612,6 +709,14 @@ def format_table(report: dict[str, Any]) -> str:
     if any(c["gate_rate"] is not None for c in report["cells"]):
         lines.append("w rate: the write rate an aura:* row is matched to (the aura row's writes / frames)")
     return "\n".join(lines)
+
+
+def _language_line(cell: dict[str, Any], targets: int) -> str:
+    """lang-reach's probes of one cell in one line: success per colour, blind against chance, switched."""
+    language, budget = cell["language"], "all" if cell["budget_frames"] is None else cell["budget_frames"]
+    colours = ", ".join(f"{colour} {r['rate']:.2f} ({r['episodes']})" for colour, r in language["per_colour"].items())
+    return (f"language ({cell['variant']}, budget {budget}): {colours}; blind {language['blind']['rate']:.2f} "
+            f"(chance {1 / targets:.2f}); goal switched mid-way {language['switch']['rate']:.2f}")
 
 
 def invalid_line(cell: dict[str, Any]) -> str:
