@@ -30,7 +30,7 @@ LAYERS = (
 )
 HARNESS = ("tools", "train", "cli", "__main__")  # built on the runtime, never run by a robot
 ROS_MODULES = {"rclpy", "launch", "launch_ros", "ament_index_python", "builtin_interfaces", "diagnostic_msgs",
-               "geometry_msgs", "rcl_interfaces", "rosgraph_msgs", "sensor_msgs", "std_msgs", "std_srvs",
+               "geometry_msgs", "nav_msgs", "rcl_interfaces", "rosgraph_msgs", "sensor_msgs", "std_msgs", "std_srvs",
                "trajectory_msgs"}
 
 

@@ -30,6 +30,7 @@ from vla_edge_ros.nodes.camera_subscriber import DROP_REASONS, INTERNAL_ERROR, C
 from vla_edge_ros.nodes.synthetic_camera import SyntheticCameraPublisher  # noqa: E402
 from vla_edge_ros.runtime.frame_buffer import FrameBuffer  # noqa: E402
 from vla_edge_ros.runtime.image_codec import REASONS  # noqa: E402
+from vla_edge_ros.runtime.observation import SYNC_DEPTH  # noqa: E402
 
 pytestmark = pytest.mark.ros
 TOPIC = "/test_camera/image_raw"
@@ -349,3 +350,154 @@ def _run_synthetic_camera(script: str, domain: int) -> None:
     out, err = process.communicate(timeout=WAIT_S)
     assert process.returncode == 0, err[-2000:]
     assert "Traceback" not in err
+
+
+# --- observations: a second camera and the robot's state -----------------------------------------------------
+
+WRIST = "/test_camera/wrist/image_raw"
+STATES = "/test_camera/joint_states"
+
+
+def _joint_state(position, names=("shoulder", "elbow"), stamp_ns: int = 0) -> "JointState":
+    from sensor_msgs.msg import JointState
+
+    msg = JointState(name=list(names), position=[float(v) for v in position])
+    msg.header.stamp.sec, msg.header.stamp.nanosec = divmod(stamp_ns, 1_000_000_000)
+    return msg
+
+
+@pytest.fixture
+def observing(graph):
+    """A camera subscriber on two cameras and a 2-joint state (slop 10 ms, state age 50 ms), its buffer, and
+    reliable publishers of both cameras and the state."""
+    from sensor_msgs.msg import JointState
+
+    from vla_edge_ros.config import ObservationKnobs
+    from vla_edge_ros.runtime.observation import observation_buffer
+
+    context, executor, add = graph
+    settings = _settings(extra_image_topics=[WRIST], sync_slop_ms=10.0, state_topic=STATES,
+                         state_joint_names=["shoulder", "elbow"], state_max_age_ms=50.0)
+    buffer = observation_buffer(H, W, ObservationKnobs.of(settings))
+    node = add(CameraSubscriber(buffer, settings, context=context))
+    driver = add(Node("driver", context=context))
+    front, wrist = (driver.create_publisher(Image, topic, RELIABLE) for topic in (TOPIC, WRIST))
+    states = driver.create_publisher(JointState, STATES, RELIABLE)
+    return executor, node, buffer, front, wrist, states
+
+
+def _connect_state(executor, states, msg, node) -> None:
+    """Repeat a state until the node has read one from this publisher (discovery may lag on either side)."""
+    deadline = time.monotonic() + WAIT_S
+    while node.states.received == 0:
+        assert time.monotonic() < deadline, "no state arrived"
+        states.publish(msg)
+        _spin_briefly(executor)
+
+
+def _spin_briefly(executor, seconds: float = 0.1) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        executor.spin_once(timeout_sec=0.02)
+
+
+def _deliver_state(executor, states, msg, node) -> None:
+    target = node.states.received + 1
+    states.publish(msg)
+    _spin_until(executor, lambda: node.states.received >= target)
+
+
+def _observe(executor, node, front, wrist, stamp_ns: int) -> None:
+    """Both cameras' frames at ``stamp_ns`` (the wrist's 3 ms later), each repeated until its camera has one (a
+    publisher may not be discovered yet)."""
+    for index, (publisher, offset, seed) in enumerate(((front, 0, 1), (wrist, 3_000_000, 2))):
+        camera, target = node.cameras[index], node.cameras[index].frames + 1
+        deadline = time.monotonic() + WAIT_S
+        while camera.frames < target:
+            assert time.monotonic() < deadline, f"no frame arrived on {publisher.topic_name}"
+            publisher.publish(_image(_scene(seed=seed), stamp_ns=stamp_ns + offset))
+            end = time.monotonic() + 0.1
+            while camera.frames < target and time.monotonic() < end:
+                executor.spin_once(timeout_sec=0.02)
+
+
+def test_two_cameras_and_a_joint_state_become_one_observation(observing):
+    executor, node, buffer, front, wrist, states = observing
+    _connect_state(executor, states, _joint_state([0.1, -0.2], stamp_ns=1_000_000_000), node)
+    deadline = time.monotonic() + WAIT_S
+    while node.written == 0:  # discovery: repeat both cameras' frames until one observation is made
+        assert time.monotonic() < deadline, "no observation"
+        front.publish(_image(_scene(seed=1), stamp_ns=1_010_000_000))
+        wrist.publish(_image(_scene(seed=2), stamp_ns=1_013_000_000))
+        _spin_briefly(executor)
+    frame = buffer.read_latest()
+    assert frame.stamp_ns == 1_010_000_000  # the primary camera's stamp
+    np.testing.assert_array_equal(frame.image, _scene(seed=1))
+    np.testing.assert_array_equal(frame.extra_images[0], _scene(seed=2))
+    assert frame.state.tolist() == pytest.approx([0.1, -0.2])
+    values = _values(node.report())
+    assert values["extra_topics"] == WRIST and values["state_topic"] == STATES and values["no_state"] == "0"
+
+
+@pytest.mark.parametrize("bad, reason", [
+    (_joint_state([0.1, float("nan")]), "not_finite"),
+    (_joint_state([0.1, 0.2], names=("shoulder", "knee")), "missing_joint"),
+    (_joint_state([0.1]), "wrong_length"),
+])
+def test_a_bad_state_over_dds_is_dropped_counted_reported_and_never_paired(observing, bad, reason):
+    executor, node, buffer, front, wrist, states = observing
+    _connect_state(executor, states, bad, node)
+    for _ in range(3):
+        _deliver_state(executor, states, bad, node)
+    _observe(executor, node, front, wrist, stamp_ns=0)
+    assert node.state_dropped[reason] == node.states.received >= 4 and node.written == 0
+    assert buffer.read_latest() is None and node.assembler.no_state >= 1
+    report = node.report()
+    assert report.level == DiagnosticStatus.WARN and f"dropping state messages (totals: {reason}:" in report.message
+    values = _values(report)
+    assert values[f"state_dropped_{reason}"] == str(node.states.received)
+    assert values["last_refusal"] == "no robot state: none has arrived yet"
+
+
+def test_a_stale_state_and_a_silent_camera_are_named_on_diagnostics(observing):
+    executor, node, buffer, front, wrist, states = observing
+    _connect_state(executor, states, _joint_state([0.0, 0.0], stamp_ns=0), node)
+    _observe(executor, node, front, wrist, stamp_ns=200_000_000)  # 200 ms after the state
+    assert node.written == 0 and node.assembler.no_state >= 1
+    now = node.cameras[1].last_frame_ns
+    stale = node.report(now + 6_000_000_000)
+    assert stale.level == DiagnosticStatus.ERROR  # nothing for 6 s: every part is silent by then
+    fresh = node.report(now)  # every part has just arrived, no observation yet: the reason is the state's
+    assert "no robot state: the newest is 200.0 ms older than the frames (state_max_age_ms 50)" in fresh.message
+    for _ in range(SYNC_DEPTH + 2):  # the wrist camera goes silent: the front's frames find no partner
+        _deliver(executor, front, _image(_scene(), stamp_ns=300_000_000), node)  # front: connected above
+    silent = node.report(node.cameras[1].last_frame_ns + 6_000_000_000)
+    assert silent.level == DiagnosticStatus.ERROR and f"no valid frame on {WRIST} for" in silent.message
+    assert int(_values(silent)["unsynced_frames"]) >= 2 and node.written == 0
+
+
+def test_odometry_is_the_state_of_a_mobile_robot(graph):
+    import math
+
+    from nav_msgs.msg import Odometry
+
+    from vla_edge_ros.config import ObservationKnobs
+    from vla_edge_ros.runtime.observation import observation_buffer
+
+    context, executor, add = graph
+    settings = _settings(state_topic="/test_camera/odom", state_type="odometry")
+    buffer = observation_buffer(H, W, ObservationKnobs.of(settings))
+    node = add(CameraSubscriber(buffer, settings, context=context))
+    driver = add(Node("driver", context=context))
+    odometry = driver.create_publisher(Odometry, "/test_camera/odom", RELIABLE)
+    camera = driver.create_publisher(Image, TOPIC, RELIABLE)
+    msg = Odometry()
+    msg.pose.pose.position.x, msg.pose.pose.position.y = 1.5, -0.5
+    msg.pose.pose.orientation.z, msg.pose.pose.orientation.w = math.sin(0.3), math.cos(0.3)  # yaw 0.6
+    msg.twist.twist.linear.x, msg.twist.twist.angular.z = 0.2, -0.1
+    _connect_state(executor, odometry, msg, node)
+    _connect(executor, camera, _image(_scene()), node)
+    np.testing.assert_allclose(buffer.read_latest().state, [1.5, -0.5, 0.6, 0.2, 0.0, -0.1], rtol=1e-6, atol=1e-7)
+    msg.pose.pose.orientation.w = msg.pose.pose.orientation.z = 0.0  # no rotation at all: refused, never yaw 0
+    _deliver_state(executor, odometry, msg, node)
+    assert node.state_dropped["bad_orientation"] == 1

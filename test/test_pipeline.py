@@ -139,3 +139,76 @@ def test_a_model_whose_output_is_not_finite_never_commands_the_robot(tiny_model,
         report = pipeline.reasoning.report()
         assert report.level == ERROR and "not finite" in report.message and "acting on" not in report.message
         assert pipeline.reasoning.figures()["invalid_outputs"] >= 5
+
+
+def test_a_bad_state_or_a_silent_camera_never_reaches_the_command_topic(tmp_path):
+    """Two cameras and a joint state over DDS, into a model that reads both: commands flow while every part is
+    good; NaN states, then a wrist camera gone silent, each give only safe stops on /vla/command (never a
+    non-finite value, never an action from a made-up state or a missing camera), counted and named on the camera
+    node's diagnostics; good states again bring the actions back."""
+    import math
+
+    import numpy as np
+    from sensor_msgs.msg import Image, JointState
+    from std_msgs.msg import Header
+
+    from vla_edge_ros.model.init_model import preset, write_random_model
+    from vla_edge_ros.nodes.synthetic_camera import image_message
+
+    model = write_random_model(tmp_path / "m", preset("tiny", layers=2, cameras=2, state_dim=2), seed=0)
+    settings = parse_settings({
+        "reasoning": {"ros__parameters": {"model_dir": str(model), "backend": "numpy", "kv_capacity_tokens": 256,
+                                          "deadline_ms": 1000.0}},
+        "camera_subscriber": {"ros__parameters": {
+            "frame_height": 120, "frame_width": 160, "extra_image_topics": ["wrist/image_raw"], "sync_slop_ms": 40.0,
+            "state_topic": "joint_states", "state_joint_names": ["shoulder", "elbow"], "state_max_age_ms": 200.0}},
+        "action_publisher": {"ros__parameters": {"action_timeout_ms": 300.0, "control_rate_hz": 50.0,
+                                                 "command_type": "float32_multi_array"}},
+    }, "test.yaml")
+    with listening_pipeline(settings) as (pipeline, commands):
+        robot = Node("robot", context=pipeline.executor.context)
+        joints = [0.1, -0.3]
+        wrist_frame = np.zeros((60, 80, 3), np.uint8)
+        wrist = robot.create_publisher(Image, "wrist/image_raw", qos_profile_sensor_data)
+        states = robot.create_publisher(JointState, "joint_states", 10)
+
+        def publish() -> None:
+            stamp = robot.get_clock().now().to_msg()
+            states.publish(JointState(header=Header(stamp=stamp), name=["shoulder", "elbow"], position=list(joints)))
+            if wrist_on[0]:
+                wrist.publish(image_message(wrist_frame, Header(stamp=stamp)))
+
+        wrist_on = [True]
+        robot.create_timer(1 / 30, publish)
+        pipeline.executor.add_node(robot)
+        camera, stop = pipeline.camera, [0.0] * 7
+
+        def stops_only() -> bool:
+            if commands.count(stop) < 3:
+                return False
+            first = commands.index(stop)
+            return all(c == stop for c in commands[first:])
+
+        def acting() -> bool:
+            return any(len(c) == 7 and any(v != 0.0 for v in c) for c in commands)
+
+        def next_phase() -> None:
+            assert all(math.isfinite(v) for c in commands for v in c)  # whatever the phase, nothing non-finite
+            commands.clear()
+
+        try:
+            assert _run_until(pipeline, lambda: pipeline.reasoning.actions > 3 and acting())
+            joints[1] = math.nan  # the state goes bad: refused at the node, so no observation is made
+            next_phase()
+            assert _run_until(pipeline, lambda: stops_only() and camera.state_dropped["not_finite"] > 5)
+            assert "dropping state messages (totals: not_finite:" in camera.report().message
+            joints[1] = -0.3
+            next_phase()
+            assert _run_until(pipeline, acting)  # good states again: acting again
+            wrist_on[0] = False  # the wrist camera goes silent: no observation without it
+            next_phase()
+            assert _run_until(pipeline, lambda: stops_only() and camera.assembler.unsynced[0] > 5)
+            next_phase()
+        finally:
+            pipeline.executor.remove_node(robot)
+            robot.destroy_node()

@@ -38,6 +38,17 @@ def test_cli_errors_are_clear_and_exit_2(tmp_path, capsys, moving_bag, tiny_mode
     assert "| cosine |" in output and "frames/s" in output and (tmp_path / "out" / "report.json").is_file()
 
 
+@pytest.mark.parametrize("observation", ["    extra_image_topics: [wrist/image_raw]\n",
+                                         "    state_topic: joint_states\n"])
+def test_replaying_several_cameras_or_a_state_is_refused_before_any_work(tmp_path, capsys, moving_bag, tiny_model,
+                                                                           observation):
+    config = replay_config_file(tmp_path, tiny_model)
+    config.write_text(config.read_text() + observation)
+    assert main(["replay", str(moving_bag), "--config", str(config), "--out", str(tmp_path / "out")]) == 2
+    assert "replaying several cameras or a state is not supported yet" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_out_is_checked_before_any_work(tmp_path, capsys, moving_bag):
     """A file where the report directory should be, or a place where no file can be written, fails at once
     with one line: the bag is never opened (a missing bag would otherwise be the error), nothing is created."""

@@ -44,6 +44,7 @@ ROS = {  # ROS 2 package (its import and its rosdep key): its pip wheel of Kilte
     "std_msgs": "ros-std-msgs==5.5.1",
     "std_srvs": "ros-std-srvs==5.5.1",
     "geometry_msgs": "ros-geometry-msgs==5.5.1",
+    "nav_msgs": "ros-nav-msgs==5.5.1",  # nav_msgs/Odometry: the robot's state (camera_subscriber.state_type)
     "trajectory_msgs": "ros-trajectory-msgs==5.5.1",
     "rosgraph_msgs": "ros-rosgraph-msgs==2.3.0",
     "diagnostic_msgs": "ros-diagnostic-msgs==5.5.1",

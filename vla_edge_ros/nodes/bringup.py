@@ -35,9 +35,9 @@ from rclpy.context import Context
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
 
-from ..config import USER_ERRORS, Settings, load_settings
+from ..config import USER_ERRORS, ObservationKnobs, Settings, load_settings
 from ..runtime.action_slot import ActionSlot
-from ..runtime.frame_buffer import FrameBuffer
+from ..runtime.observation import observation_buffer
 from ..runtime.stop_signals import StopSignals
 from .action_publisher import ActionPublisher
 from .camera_subscriber import CameraSubscriber
@@ -63,7 +63,7 @@ class Pipeline:
             raise ValueError(f"start state must be one of {', '.join(START_STATES)}, got {start_state!r}")
         where = {"context": context} if namespace is None else {"context": context, "namespace": namespace}
         camera = settings["camera_subscriber"]
-        self.buffer = FrameBuffer(camera["frame_height"], camera["frame_width"])
+        self.buffer = observation_buffer(camera["frame_height"], camera["frame_width"], ObservationKnobs.of(camera))
         self.slot = ActionSlot()
         self.reasoning = ReasoningNode(self.buffer, self.slot, settings, **where)
         self.camera = CameraSubscriber(self.buffer, camera, on_frame=self.reasoning.debug_image.add_frame, **where)
