@@ -21,7 +21,7 @@ from rcl_interfaces.msg import Log  # noqa: E402
 from rclpy.executors import SingleThreadedExecutor  # noqa: E402
 from rclpy.node import Node  # noqa: E402
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data  # noqa: E402
-from sensor_msgs.msg import CompressedImage, Image  # noqa: E402
+from sensor_msgs.msg import CompressedImage, Image, JointState  # noqa: E402
 
 import vla_edge_ros.nodes.camera_subscriber as camera_subscriber  # noqa: E402
 from ros_graph import WAIT_S, leased_domain, private_graph  # noqa: E402
@@ -358,9 +358,7 @@ WRIST = "/test_camera/wrist/image_raw"
 STATES = "/test_camera/joint_states"
 
 
-def _joint_state(position, names=("shoulder", "elbow"), stamp_ns: int = 0) -> "JointState":
-    from sensor_msgs.msg import JointState
-
+def _joint_state(position, names=("shoulder", "elbow"), stamp_ns: int = 0) -> JointState:
     msg = JointState(name=list(names), position=[float(v) for v in position])
     msg.header.stamp.sec, msg.header.stamp.nanosec = divmod(stamp_ns, 1_000_000_000)
     return msg
@@ -370,8 +368,6 @@ def _joint_state(position, names=("shoulder", "elbow"), stamp_ns: int = 0) -> "J
 def observing(graph):
     """A camera subscriber on two cameras and a 2-joint state (slop 10 ms, state age 50 ms), its buffer, and
     reliable publishers of both cameras and the state."""
-    from sensor_msgs.msg import JointState
-
     from vla_edge_ros.config import ObservationKnobs
     from vla_edge_ros.runtime.observation import observation_buffer
 

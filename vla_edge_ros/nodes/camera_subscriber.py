@@ -53,8 +53,8 @@ from ..config import ObservationKnobs
 from ..runtime.event_window import EventWindow
 from ..runtime.frame_buffer import FrameBuffer
 from ..runtime.image_codec import REASONS, ImageDecodeError, frame_from_message
-from ..runtime.observation import ObservationAssembler, observation_buffer
-from ..runtime import robot_state
+from ..runtime.observation import ObservationAssembler, observation_shape
+from ..runtime.robot_state import REASONS as STATE_REASONS
 from ..runtime.robot_state import StateInput, state_reader
 from .diagnostics import ERROR, OK, WARN, DiagnosticsTimer, status
 from .parameters import NodeParameters
@@ -68,7 +68,7 @@ INTERNAL_ERROR = "internal_error"
 DROP_REASONS: tuple[str, ...] = (*sorted(REASONS), INTERNAL_ERROR)
 """Every drop counter, declared up front so diagnostics always show the same keys."""
 
-STATE_DROP_REASONS: tuple[str, ...] = (*robot_state.REASONS, INTERNAL_ERROR)
+STATE_DROP_REASONS: tuple[str, ...] = (*STATE_REASONS, INTERNAL_ERROR)
 """Why a state message was dropped (with a state topic): ``robot_state.REASONS``, or a bug of ours."""
 
 STATE_MESSAGES = {"joint_state": JointState, "odometry": Odometry}
@@ -117,16 +117,16 @@ class CameraSubscriber(Node):
         self.params = NodeParameters(self, "camera_subscriber", settings)
         self.size = (self.params["frame_height"], self.params["frame_width"])
         knobs = ObservationKnobs.of(self.params.snapshot())
-        expected = observation_buffer(*self.size, knobs)
         if buffer.shape[:2] != self.size:
             self.destroy_node()
             raise ValueError(f"frame buffer is {buffer.shape[0]}x{buffer.shape[1]} but camera_subscriber is "
                              f"configured for {self.size[0]}x{self.size[1]} (frame_height x frame_width)")
-        if (buffer.extra_cameras, buffer.state_dim) != (expected.extra_cameras, expected.state_dim):
+        extra, state_dim = observation_shape(knobs)
+        if (buffer.extra_cameras, buffer.state_dim) != (extra, state_dim):
             self.destroy_node()
             raise ValueError(f"frame buffer holds {buffer.extra_cameras} extra cameras and a {buffer.state_dim}-value "
-                             f"state, but camera_subscriber is configured for {expected.extra_cameras} and "
-                             f"{expected.state_dim} (extra_image_topics, state_topic): build it with observation_buffer")
+                             f"state, but camera_subscriber is configured for {extra} and {state_dim} "
+                             "(extra_image_topics, state_topic): build it with observation_buffer")
         self.received = 0  # every camera message, valid or not
         self.written = 0  # observations written to the buffer
         self._dropped = dict.fromkeys(DROP_REASONS, 0)

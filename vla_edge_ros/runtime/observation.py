@@ -47,12 +47,17 @@ SYNC_DEPTH = 4
 """Frames each camera keeps waiting for the others (about 130 ms of a 30 Hz camera)."""
 
 
-def observation_buffer(height: int, width: int, knobs: ObservationKnobs) -> FrameBuffer:
-    """The frame buffer of the observations ``knobs`` configure: its extra cameras, and the state's length."""
+def observation_shape(knobs: ObservationKnobs) -> tuple[int, int]:
+    """(extra cameras, state values) of the observations ``knobs`` configure (0 values: no state topic)."""
     state_dim = 0
     if knobs.state_topic:
         state_dim = state_reader(knobs.state_type, knobs.state_joint_names, knobs.state_joint_velocities).dim
-    return FrameBuffer(height, width, len(knobs.extra_image_topics), state_dim)
+    return len(knobs.extra_image_topics), state_dim
+
+
+def observation_buffer(height: int, width: int, knobs: ObservationKnobs) -> FrameBuffer:
+    """The frame buffer of the observations ``knobs`` configure."""
+    return FrameBuffer(height, width, *observation_shape(knobs))
 
 
 @dataclass(frozen=True)
