@@ -358,7 +358,7 @@ WRIST = "/test_camera/wrist/image_raw"
 STATES = "/test_camera/joint_states"
 
 
-def _joint_state(position, names=("shoulder", "elbow"), stamp_ns: int = 0) -> JointState:
+def _joint_state(position, names=("shoulder", "elbow"), stamp_ns: int = 1_000_000_000) -> JointState:
     msg = JointState(name=list(names), position=[float(v) for v in position])
     msg.header.stamp.sec, msg.header.stamp.nanosec = divmod(stamp_ns, 1_000_000_000)
     return msg
@@ -445,7 +445,7 @@ def test_a_bad_state_over_dds_is_dropped_counted_reported_and_never_paired(obser
     _connect_state(executor, states, bad, node)
     for _ in range(3):
         _deliver_state(executor, states, bad, node)
-    _observe(executor, node, front, wrist, stamp_ns=0)
+    _observe(executor, node, front, wrist, stamp_ns=1_000_000_000)
     assert node.state_dropped[reason] == node.states.received >= 4 and node.written == 0
     assert buffer.read_latest() is None and node.assembler.no_state >= 1
     report = node.report()
@@ -457,8 +457,8 @@ def test_a_bad_state_over_dds_is_dropped_counted_reported_and_never_paired(obser
 
 def test_a_stale_state_and_a_silent_camera_are_named_on_diagnostics(observing):
     executor, node, buffer, front, wrist, states = observing
-    _connect_state(executor, states, _joint_state([0.0, 0.0], stamp_ns=0), node)
-    _observe(executor, node, front, wrist, stamp_ns=200_000_000)  # 200 ms after the state
+    _connect_state(executor, states, _joint_state([0.0, 0.0], stamp_ns=1_000_000_000), node)
+    _observe(executor, node, front, wrist, stamp_ns=1_200_000_000)  # 200 ms after the state
     assert node.written == 0 and node.assembler.no_state >= 1
     now = node.cameras[1].last_frame_ns
     stale = node.report(now + 6_000_000_000)
@@ -466,7 +466,7 @@ def test_a_stale_state_and_a_silent_camera_are_named_on_diagnostics(observing):
     fresh = node.report(now)  # every part has just arrived, no observation yet: the reason is the state's
     assert "no robot state: the newest is 200.0 ms older than the frames (state_max_age_ms 50)" in fresh.message
     for _ in range(SYNC_DEPTH + 2):  # the wrist camera goes silent: the front's frames find no partner
-        _deliver(executor, front, _image(_scene(), stamp_ns=300_000_000), node)  # front: connected above
+        _deliver(executor, front, _image(_scene(), stamp_ns=1_300_000_000), node)  # front: connected above
     silent = node.report(node.cameras[1].last_frame_ns + 6_000_000_000)
     assert silent.level == DiagnosticStatus.ERROR and f"no valid frame on {WRIST} for" in silent.message
     assert int(_values(silent)["unsynced_frames"]) >= 2 and node.written == 0
@@ -488,11 +488,12 @@ def test_odometry_is_the_state_of_a_mobile_robot(graph):
     odometry = driver.create_publisher(Odometry, "/test_camera/odom", RELIABLE)
     camera = driver.create_publisher(Image, TOPIC, RELIABLE)
     msg = Odometry()
+    msg.header.stamp.sec = 1  # an unstamped state is refused: its age cannot be judged
     msg.pose.pose.position.x, msg.pose.pose.position.y = 1.5, -0.5
     msg.pose.pose.orientation.z, msg.pose.pose.orientation.w = math.sin(0.3), math.cos(0.3)  # yaw 0.6
     msg.twist.twist.linear.x, msg.twist.twist.angular.z = 0.2, -0.1
     _connect_state(executor, odometry, msg, node)
-    _connect(executor, camera, _image(_scene()), node)
+    _connect(executor, camera, _image(_scene(), stamp_ns=1_000_000_000), node)
     np.testing.assert_allclose(buffer.read_latest().state, [1.5, -0.5, 0.6, 0.2, 0.0, -0.1], rtol=1e-6, atol=1e-7)
     msg.pose.pose.orientation.w = msg.pose.pose.orientation.z = 0.0  # no rotation at all: refused, never yaw 0
     _deliver_state(executor, odometry, msg, node)

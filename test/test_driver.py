@@ -212,19 +212,21 @@ def _joints(position, names=STATE_JOINTS):
     return SimpleNamespace(name=list(names), position=list(position), velocity=[])
 
 
-def _run(driver, frames: int, state_at=lambda i: (_joints([0.1, 0.2, 0.3]), i * 33 * NS_PER_MS),
-         cameras=(0, 1), tick_hz: float = 100.0):
-    """Frames every 33 ms from ``cameras`` (stamp = arrival), the state ``state_at(i)`` (message, stamp) just before
-    each, the reasoner whenever free, and every publisher tick: (cycles, commands)."""
+def _run(driver, frames: int, state_at=lambda i: _joints([0.1, 0.2, 0.3]), cameras=(0, 1), start_ns: int = 10**9,
+         tick_hz: float = 100.0):
+    """Frames every 33 ms from ``start_ns`` from ``cameras`` (stamp = arrival, the wrist's 1 ms after the front's),
+    the state message ``state_at(i)`` (None: none) stamped with the frame's time just before each, the reasoner
+    whenever free, and every publisher tick from ``start_ns``: (cycles, commands)."""
     camera = SyntheticCamera(height=48, width=64, seed=6)
-    clock, cycles, commands, tick = driver.clock, [], [], 0
+    clock, cycles, commands = driver.clock, [], []
     period = round(1e9 / tick_hz)
+    tick = -(-start_ns // period)
     for i in range(frames):
-        now = i * 33 * NS_PER_MS
+        now = start_ns + i * 33 * NS_PER_MS
         clock.wait_until(now)
         sent = state_at(i)
         if sent is not None:
-            driver.state(*sent, now)
+            driver.state(sent, now, now)
         for index in cameras:
             driver.camera(camera.frame(), now + index * NS_PER_MS, now + index * NS_PER_MS, camera=index)
         if clock() <= now + 2 * NS_PER_MS:
@@ -232,7 +234,7 @@ def _run(driver, frames: int, state_at=lambda i: (_joints([0.1, 0.2, 0.3]), i * 
             cycle = driver.reason()
             if cycle is not None:
                 cycles.append(cycle)
-        while tick * period < (i + 1) * 33 * NS_PER_MS:
+        while tick * period < now + 33 * NS_PER_MS:
             commands.append(driver.command(tick * period))
             tick += 1
     return cycles, commands
@@ -265,8 +267,7 @@ def test_a_stale_state_means_no_observation_and_the_robot_stops(two_cameras_and_
     runs on them and the publisher stops the robot once the last action is 100 ms old, never acting on a made-up
     state."""
     driver = _driver(_observing(two_cameras_and_state))
-    cycles, commands = _run(driver, frames=20,
-                            state_at=lambda i: (_joints([0.1, 0.2, 0.3]), i * 33 * NS_PER_MS) if i <= 3 else None)
+    cycles, commands = _run(driver, frames=20, state_at=lambda i: _joints([0.1, 0.2, 0.3]) if i <= 3 else None)
     assert len(cycles) == 5  # frames 0-3, and frame 4, 33 ms after the last state (within 50 ms)
     assert driver.assembler.no_state == 15 and "older than the frames (state_max_age_ms 50)" in \
         driver.assembler.last_refusal
@@ -286,7 +287,7 @@ def test_a_bad_state_is_dropped_counted_and_never_reaches_the_model(two_cameras_
     from then on there is no observation, so no action: the robot stops."""
     driver = _driver(_observing(two_cameras_and_state))
     good = _joints([0.1, 0.2, 0.3])
-    cycles, commands = _run(driver, frames=12, state_at=lambda i: (good if i < 2 else bad, i * 33 * NS_PER_MS))
+    cycles, commands = _run(driver, frames=12, state_at=lambda i: good if i < 2 else bad)
     assert driver.states.dropped[reason] == 10 and driver.states.received == 12
     assert all(np.array_equal(cycle.frame.state, np.float32([0.1, 0.2, 0.3])) for cycle in cycles)
     assert len(cycles) == 3 and driver.assembler.no_state == 9  # frame 2 still pairs with frame 1's state
@@ -299,7 +300,7 @@ def test_a_silent_camera_means_no_observation_and_the_robot_stops(two_cameras_an
     no observation is made with a camera missing, and the robot stops once the last action is stale."""
     driver = _driver(_observing(two_cameras_and_state))
     first, commands_before = _run(driver, frames=4)
-    later, commands = _run(driver, frames=12, cameras=(0,))
+    later, commands = _run(driver, frames=12, cameras=(0,), start_ns=10**9 + 4 * 33 * NS_PER_MS)
     assert len(first) == 4 and later == []
     assert driver.assembler.unsynced[0] > 0 and "nothing waiting from camera 1" in driver.assembler.last_refusal
     _nothing_unsafe(commands_before + commands)

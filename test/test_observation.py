@@ -100,6 +100,15 @@ def test_a_refused_state_is_counted_and_never_replaces_the_last_good_one() -> No
     assert "'a' is not in the message" in states.last_refusal
 
 
+def test_an_unstamped_state_is_refused_since_its_age_cannot_be_judged() -> None:
+    """Two unstamped sources (state and camera both at 0) would always look fresh together, however old the state."""
+    kept = []
+    states = StateInput(JointStateReader(["a"], velocities=False), lambda values, stamp: kept.append(stamp))
+    error = states.receive(joints(["a"], [0.5]), 0, 11)
+    assert error.reason == "unstamped" and "header stamp is zero" in str(error) and kept == []
+    assert states.dropped["unstamped"] == 1 and states.last_state_ns is None
+
+
 # --- cameras synced, the state paired ---
 
 def assembler(cameras: int = 2, state_dim: int = 0, slop_ms: float = 10.0, max_age_ms: float = 50.0):
@@ -159,6 +168,15 @@ def test_the_newest_set_within_the_slop_is_taken() -> None:
     assemble.frame(0, image(103), 103 * MS, 1)
     assemble.frame(1, image(7), 100 * MS, 2)
     assert buffer.read_latest().image[0, 0, 0] == 103 and assemble.unsynced == [1, 0]
+
+
+def test_of_frames_with_equal_stamps_the_latest_arrival_is_taken() -> None:
+    """Cameras that stamp nothing (all 0) still pair their newest frames, not the oldest waiting ones."""
+    assemble, buffer = assembler()
+    for value in (1, 2, 3):
+        assemble.frame(1, image(value), 0, value)
+    assert assemble.frame(0, image(9), 0, 4) is not None
+    assert buffer.read_latest().extra_images[0][0, 0, 0] == 3 and assemble.unsynced == [0, 2]
 
 
 def test_a_set_needs_every_member_within_the_slop_of_each_other() -> None:

@@ -11,10 +11,10 @@ times it is given, so replay decides exactly as live.
 Syncing, in the spirit of message_filters' ApproximateTimeSynchronizer (our code): each camera keeps its
 last ``SYNC_DEPTH`` frames waiting. A set forms when its last member arrives, so each new frame looks for
 partners: the latest window of ``sync_slop_ms`` that holds it and a waiting frame of every other camera
-(the newest one of each camera in that window). When one is found the set is taken, and every waiting
-frame no newer than the set's member of its camera goes too: it could only make an older observation than
-the one just made. Frames that leave without joining a set (pushed out of a full queue, or passed by a
-newer set) are counted as ``unsynced``. A silent camera therefore means no observation at all, never one
+(the newest one of each camera in that window; of equal stamps, the one that arrived last). When one is
+found the set is taken, and every waiting frame no newer than the set's member of its camera goes too: it
+could only make an older observation than the one just made. Frames that leave without joining a set
+(pushed out of a full queue, or passed by a newer set) are counted as ``unsynced``. A silent camera therefore means no observation at all, never one
 with a camera missing, and a bounded queue behind the others. One camera alone needs no sync: each frame
 is a set.
 
@@ -130,7 +130,7 @@ class ObservationAssembler:
                 inside = [f for f in frames if start <= f.stamp_ns <= start + slop]
                 if not inside:
                     break
-                members.append(max(inside, key=lambda f: f.stamp_ns))
+                members.append(max(reversed(inside), key=lambda f: f.stamp_ns))  # equal stamps: the latest arrival
             else:
                 return members
         self.last_refusal = (f"camera frames out of sync: no set within sync_slop_ms "

@@ -27,9 +27,10 @@ import numpy as np
 ODOMETRY_STATE = ("x", "y", "yaw", "vx", "vy", "wz")
 """What an odometry state holds, in order."""
 
-REASONS = ("missing_joint", "duplicate_joint", "wrong_length", "not_finite", "bad_orientation")
+REASONS = ("missing_joint", "duplicate_joint", "wrong_length", "not_finite", "bad_orientation", "unstamped")
 """Why a state message was refused: a configured joint it does not name, a joint it names twice, position or
-velocity arrays that do not match its names, a value that is NaN or Inf, an orientation that is no rotation."""
+velocity arrays that do not match its names, a value that is NaN or Inf, an orientation that is no rotation, a
+header stamp of zero (its age could not be judged: two unstamped sources would always look fresh together)."""
 
 
 class StateInputError(ValueError):
@@ -128,6 +129,9 @@ class StateInput:
         """Read one message (header stamp ``stamp_ns``); the error that refused it, or None when it was good."""
         self.received += 1
         try:
+            if stamp_ns == 0:
+                raise StateInputError("unstamped", "the message's header stamp is zero, so its age cannot be judged: "
+                                      "the driver must stamp its states")
             values = self.reader.vector(msg)
         except StateInputError as exc:
             self.dropped[exc.reason] += 1
