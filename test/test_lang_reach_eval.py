@@ -124,3 +124,13 @@ def test_a_model_without_a_tokenizer_or_a_bad_file_is_one_line_and_exit_2(tiny_m
         done = subprocess.run(base + extra, capture_output=True, text=True, timeout=300, cwd=tmp_path)
         assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_config_with_more_cameras_or_a_state_is_refused_by_evaluate(model, tmp_path):
+    """The simulated robot has one camera and publishes no state: every cycle would make no observation."""
+    settings = parse_settings({
+        "camera_subscriber": {"ros__parameters": {"frame_height": 96, "frame_width": 96,
+                                                  "extra_image_topics": ["wrist/image_raw"]}},
+        "reasoning": {"ros__parameters": {"model_dir": str(model), "backend": "numpy"}}}, "robot.yaml")
+    with pytest.raises(ValueError, match="evaluate feeds one camera and no robot state"):
+        evaluate(settings, SPEC, ["fifo"], [4], episodes=1, seed=0, costs=COSTS, out=tmp_path, templates=TEMPLATES)

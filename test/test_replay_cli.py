@@ -45,7 +45,7 @@ def test_replaying_several_cameras_or_a_state_is_refused_before_any_work(tmp_pat
     config = replay_config_file(tmp_path, tiny_model)
     config.write_text(config.read_text() + observation)
     assert main(["replay", str(moving_bag), "--config", str(config), "--out", str(tmp_path / "out")]) == 2
-    assert "replaying several cameras or a state is not supported yet" in capsys.readouterr().err
+    assert "replay feeds one camera and no robot state" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 

@@ -38,13 +38,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import ObservationKnobs
+from ..config import ObservationKnobs, Settings
 from .clock import NS_PER_MS
 from .frame_buffer import FrameBuffer
 from .robot_state import state_reader
 
 SYNC_DEPTH = 4
 """Frames each camera keeps waiting for the others (about 130 ms of a 30 Hz camera)."""
+
+
+def require_one_camera(settings: Settings, what: str) -> None:
+    """ValueError when the configuration's observation has more than one camera or a robot state: ``what``
+    (replay, evaluate) feeds one camera and no state, so each of its cycles would make no observation."""
+    knobs = ObservationKnobs.of(settings["camera_subscriber"])
+    if knobs.extra_image_topics or knobs.state_topic:
+        raise ValueError(f"{settings.source}: camera_subscriber: {what} feeds one camera and no robot state, and "
+                         f"this configuration's observation has {knobs.cameras} camera(s)"
+                         f"{' and a state' if knobs.state_topic else ''} (extra_image_topics, state_topic): not "
+                         "supported there yet")
 
 
 def observation_shape(knobs: ObservationKnobs) -> tuple[int, int]:

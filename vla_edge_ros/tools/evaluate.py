@@ -60,6 +60,7 @@ from ..runtime.block_costs import CostModel
 from ..runtime.clock import VirtualClock
 from ..runtime.driver import Driver
 from ..runtime.loader import checkpoint_tokenizer, load_engine, load_model, prompt_ids
+from ..runtime.observation import require_one_camera
 from ..runtime.reasoner import block_kinds
 from ..worlds.sim.render import COLOUR_NAMES
 from ..worlds.sim.world import VELOCITY_COMMANDS, CueReachEnv, TaskSpec, velocity_command
@@ -491,6 +492,7 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
     in a second pass, at the write rate the aura row measured in the first. ``templates``: lang-reach's
     instruction templates (``lang_reach.read_templates``), which it needs and the other tasks refuse."""
     spec.validate()
+    require_one_camera(settings, "evaluate")  # the simulated robot has one camera and publishes no state
     if (spec.name == "lang-reach") != bool(templates):
         raise ValueError("lang-reach needs instruction templates (--instructions FILE)" if not templates else
                          f"{spec.name} takes no instructions (--instructions is for lang-reach)")

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from ...bags.reader import Bag, BagError
-from ...config import ObservationKnobs, Settings
+from ...config import Settings
 from ...runtime.block_costs import CostModel
 from ...runtime.loader import load_model
+from ...runtime.observation import require_one_camera
 from ...runtime.reasoner import block_kinds
 from ..parallel import Job, RunSummary, Unit, run_units
 from .bag_summary import topic_summary
@@ -105,12 +106,7 @@ def replay_bags(bags: Sequence[BagInput], outs: Sequence[Path], settings: Settin
     by bag, failures by bag, how the run went), in the order of ``bags``. A bag whose runs failed, or none of
     whose frames decoded, is a failure; the others are reported. ``debug_dirs``: each bag's directory for the
     debug images of its cycles (``debug_frames.py``; one MP4 per policy with ``debug_video``)."""
-    knobs = ObservationKnobs.of(settings["camera_subscriber"])
-    if knobs.extra_image_topics or knobs.state_topic:  # before any unit: every one would make no observation
-        raise ValueError(f"{settings.source}: camera_subscriber: replay feeds one camera topic of a bag and no robot "
-                         f"state, and this configuration's observation has {knobs.cameras} camera(s)"
-                         f"{' and a state' if knobs.state_topic else ''} (extra_image_topics, state_topic): replaying "
-                         "several cameras or a state is not supported yet")
+    require_one_camera(settings, "replay")  # before any unit: every one would make no observation
     costs.require(block_kinds(load_model(settings).config))  # before any unit: a missing cost fails them all
     context = ReplayContext(settings, costs, realtime)
     targets = [None if debug_dirs is None else DebugTarget(debug_dirs[i], debug_video, bag.bag_info["rate_hz"])
