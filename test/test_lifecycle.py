@@ -58,9 +58,9 @@ class Operator:
         self.node.create_subscription(Twist, "/vla/command", self.commands.append, 100)
         self.node.create_subscription(DiagnosticArray, "/diagnostics", lambda m: self.diagnostics.extend(m.status), 10)
         self.log: list[str] = []
-        self.node.create_subscription(Log, "/rosout", lambda m: self.log.append(f"{m.name}: {m.msg}"),
-                                      QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE,
-                                                 durability=DurabilityPolicy.TRANSIENT_LOCAL))
+        self.rosout = self.node.create_subscription(Log, "/rosout", lambda m: self.log.append(f"{m.name}: {m.msg}"),
+                                                    QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE,
+                                                               durability=DurabilityPolicy.TRANSIENT_LOCAL))
         self._clients = {}
 
     def _call(self, service_type, name: str, request):
@@ -108,6 +108,10 @@ def operator(tiny_model):
         pipeline = Pipeline(_settings(tiny_model), context=context, synthetic_camera=True, start_state="unconfigured")
         operator = Operator(pipeline)
         try:
+            # /rosout keeps a node's lines for 10 s (its lifespan): on a loaded machine discovery can take longer,
+            # so the log is read only once the reasoning node's /rosout publisher has matched
+            assert operator.spin_until(lambda: "reasoning" in {info.node_name for info in
+                                                               operator.node.get_publishers_info_by_topic("/rosout")})
             yield operator
         finally:
             pipeline.executor.remove_node(operator.node)
