@@ -11,6 +11,7 @@ import fcntl
 import itertools
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -68,3 +69,14 @@ def call(executor: SingleThreadedExecutor, client, request, timeout_s: float = W
     if not future.done():
         raise TimeoutError(f"no answer from {client.srv_name}")
     return future.result()
+
+
+def run_until(pipeline, done, timeout_s: float = WAIT_S, step_s: float = 0.05) -> bool:
+    """Spin ``pipeline`` (nodes/bringup.Pipeline) until ``done()``; False if it still does not hold after
+    ``timeout_s``: tests wait for outcomes, never for a time."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        pipeline.run(duration_s=step_s)
+    return True

@@ -4,7 +4,6 @@ size and encoding, in the namespace, and never stopped by a bad frame or a bad v
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -17,7 +16,7 @@ from rclpy.parameter import Parameter  # noqa: E402
 from rclpy.qos import qos_profile_sensor_data  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 
-from ros_graph import WAIT_S, private_graph  # noqa: E402
+from ros_graph import private_graph, run_until  # noqa: E402
 from vla_edge_ros.config import parse_settings  # noqa: E402
 from vla_edge_ros.nodes.bringup import Pipeline  # noqa: E402
 from vla_edge_ros.nodes.debug_image import QOS  # noqa: E402
@@ -35,14 +34,6 @@ def _settings(tiny_model):
         "camera_subscriber": {"ros__parameters": {"frame_height": 48, "frame_width": 64}}}, "test.yaml")
 
 
-def _run_until(pipeline: Pipeline, done: Callable[[], bool], timeout_s: float = WAIT_S) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        if time.monotonic() > deadline:
-            return False
-        pipeline.run(duration_s=0.05)
-    return True
-
 
 def test_off_by_default_no_publisher_and_no_copies(tiny_model):
     with private_graph() as (context, _):
@@ -52,7 +43,7 @@ def test_off_by_default_no_publisher_and_no_copies(tiny_model):
         listener.create_subscription(Image, "/vla/debug_image", pictures.append, QOS)
         pipeline.executor.add_node(listener)
         try:
-            assert _run_until(pipeline, lambda: pipeline.reasoning.actions >= 10)
+            assert run_until(pipeline, lambda: pipeline.reasoning.actions >= 10)
             assert listener.count_publishers("/vla/debug_image") == 0 and pictures == []
             debug = pipeline.reasoning.debug_image
             assert debug.feed.latest() is None and debug.copies.main(pipeline.camera.written - 1) is None
@@ -83,7 +74,7 @@ def test_switched_on_live_it_publishes_the_picture_at_its_rate_and_bad_input_nev
             request = SetParameters.Request(parameters=[Parameter(f"debug_image.{name}", value=value).to_parameter_msg()
                                                         for name, value in values.items()])
             answer = client.call_async(request)
-            assert _run_until(pipeline, answer.done)  # the pipeline's executor serves the node's parameters
+            assert run_until(pipeline, answer.done)  # the pipeline's executor serves the node's parameters
             return [(r.successful, r.reason) for r in answer.result().results]
 
         pictures: list[tuple[float, Image]] = []
@@ -92,9 +83,9 @@ def test_switched_on_live_it_publishes_the_picture_at_its_rate_and_bad_input_nev
         camera = listener.create_publisher(Image, "/robot1/camera/image_raw", qos_profile_sensor_data)
         pipeline.executor.add_node(listener)
         try:
-            assert _run_until(pipeline, lambda: pipeline.reasoning.actions >= 3)
+            assert run_until(pipeline, lambda: pipeline.reasoning.actions >= 3)
             assert set_(enabled=True, rate_hz=2.0, width=320) == [(True, "")] * 3
-            assert _run_until(pipeline, lambda: len(pictures) >= 2)
+            assert run_until(pipeline, lambda: len(pictures) >= 2)
             assert listener.count_publishers("/robot1/vla/debug_image") == 1
             first = pictures[-1][1]
             layout = layout_for((48, 64), 320, "twist")
@@ -119,17 +110,17 @@ def test_switched_on_live_it_publishes_the_picture_at_its_rate_and_bad_input_nev
 
             refused = set_(width=100, rate_hz=0.0)  # below the schema's minimums: refused with the reason
             assert [ok for ok, _ in refused] == [False, False] and "debug_image.width" in refused[0][1]
-            assert _run_until(pipeline, lambda: len(pictures) > before + len(arrived))  # still drawing
+            assert run_until(pipeline, lambda: len(pictures) > before + len(arrived))  # still drawing
 
             listener.destroy_subscription(watching)  # nobody watches: nothing is drawn, though cycles go on
             debug = pipeline.reasoning.debug_image
-            assert _run_until(pipeline, lambda: debug._publisher.get_subscription_count() == 0)
+            assert run_until(pipeline, lambda: debug._publisher.get_subscription_count() == 0)
             drawn, actions = debug.published, pipeline.reasoning.actions
             pipeline.run(duration_s=1.5)
             assert debug.published == drawn and pipeline.reasoning.actions > actions
 
             assert set_(enabled=False) == [(True, "")]
-            assert _run_until(pipeline, lambda: listener.count_publishers("/robot1/vla/debug_image") == 0)
+            assert run_until(pipeline, lambda: listener.count_publishers("/robot1/vla/debug_image") == 0)
             assert debug.feed.latest() is None and pipeline.reasoning.figures()["debug_image"] == "off"
         finally:
             pipeline.executor.remove_node(listener)

@@ -4,19 +4,17 @@ every instruction that cannot become a prompt is refused with its reason."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 
-from vla_edge_ros.config import ConfigError, load_settings, parse_settings
+from vla_edge_ros.config import ConfigError, parse_settings
 from vla_edge_ros.model.init_model import preset, write_random_model
 from vla_edge_ros.model.instruction import MAX_CHARS_PER_TOKEN, InstructionError, InstructionTokenizer
-from vla_edge_ros.model.tokenizer_files import CHAT_TEMPLATE, TEMPLATE_FILE, write_tokenizer
+from vla_edge_ros.model.tokenizer_files import TEMPLATE_FILE, write_tokenizer
 from vla_edge_ros.runtime.loader import load_engine
 
 CORPUS = [f"please drive to the {colour} target" for colour in ("red", "green", "blue", "yellow")] + [

@@ -3,7 +3,6 @@ harmless, a flood that cannot starve the reasoning loop, the memory kept or rese
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from rclpy.node import Node  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
 
-from ros_graph import WAIT_S, private_graph  # noqa: E402
+from ros_graph import private_graph, run_until  # noqa: E402
 from vla_edge_ros.config import parse_settings  # noqa: E402
 from vla_edge_ros.model.init_model import preset, write_random_model  # noqa: E402
 from vla_edge_ros.model.instruction import InstructionTokenizer  # noqa: E402
@@ -44,14 +43,6 @@ def _ids(model_dir: Path, text: str) -> list[int]:
     return InstructionTokenizer.load(model_dir, preset("tiny").vocab_size).prompt_ids(text, 64).tolist()
 
 
-def _run_until(pipeline: Pipeline, done, timeout_s: float = WAIT_S) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        if time.monotonic() > deadline:
-            return False
-        pipeline.run(duration_s=0.05)
-    return True
-
 
 @pytest.fixture
 def running(model_dir, request):
@@ -63,7 +54,7 @@ def running(model_dir, request):
         publisher = user.create_publisher(String, "/vla/instruction", 10)
         pipeline.executor.add_node(user)
         try:
-            assert _run_until(pipeline, lambda: pipeline.reasoning.actions >= 3
+            assert run_until(pipeline, lambda: pipeline.reasoning.actions >= 3
                               and publisher.get_subscription_count() > 0)
             yield pipeline, publisher
         finally:
@@ -78,11 +69,11 @@ def test_an_instruction_on_the_topic_retasks_the_robot_from_the_next_cycle(runni
     assert reasoning.engine.prompt_ids.tolist() == _ids(model_dir, "go to the red one")
     cycles = reasoning.cycles
     publisher.publish(String(data="go to the blue one"))
-    assert _run_until(pipeline, lambda: reasoning.instructions.desk.applied_count == 1)
+    assert run_until(pipeline, lambda: reasoning.instructions.desk.applied_count == 1)
     assert reasoning.cycles - cycles <= 2  # taken at the first turn of the loop after it arrived
     assert reasoning.engine.prompt_ids.tolist() == _ids(model_dir, "go to the blue one")
     actions = reasoning.actions
-    assert _run_until(pipeline, lambda: reasoning.actions > actions + 2)  # and it acts under the new one
+    assert run_until(pipeline, lambda: reasoning.actions > actions + 2)  # and it acts under the new one
     figures = reasoning.figures()
     assert figures["instruction"] == "go to the blue one" and figures["instructions_applied"] == 1
     assert reasoning.gate.snapshot().kinds["prompt"].warmup == 1  # the prompt ran as a block of its own
@@ -94,9 +85,9 @@ def test_refused_instructions_are_counted_and_the_robot_keeps_its_own(running, m
     reasoning = pipeline.reasoning
     for bad in ("", "   ", "zebra " * 400, "go\x07 now"):
         publisher.publish(String(data=bad))
-    assert _run_until(pipeline, lambda: reasoning.instructions.desk.refused == 4)
+    assert run_until(pipeline, lambda: reasoning.instructions.desk.refused == 4)
     actions = reasoning.actions
-    assert _run_until(pipeline, lambda: reasoning.actions > actions + 2)
+    assert run_until(pipeline, lambda: reasoning.actions > actions + 2)
     assert reasoning.engine.prompt_ids.tolist() == _ids(model_dir, "go to the red one")
     figures = reasoning.figures()
     assert figures["instructions_refused"] == 4 and "control character" in figures["instruction_last_refusal"]
@@ -109,7 +100,7 @@ def test_the_parameter_retasks_too(running, model_dir):
     pipeline, _ = running
     reasoning = pipeline.reasoning
     assert reasoning.set_parameters([Parameter("instruction", value="reach the cued target")])[0].successful
-    assert _run_until(pipeline, lambda: reasoning.instructions.desk.applied_count == 1)
+    assert run_until(pipeline, lambda: reasoning.instructions.desk.applied_count == 1)
     assert reasoning.engine.prompt_ids.tolist() == _ids(model_dir, "reach the cued target")
 
 
@@ -121,7 +112,7 @@ def test_a_flood_of_instructions_cannot_starve_the_reasoning_loop(running):
         publisher.publish(String(data=texts[i % 2]))
         if i % 20 == 0:
             pipeline.run(duration_s=0.02)
-    assert _run_until(pipeline, lambda: reasoning.actions > actions + 5)
+    assert run_until(pipeline, lambda: reasoning.actions > actions + 5)
     desk = reasoning.instructions.desk
     assert 1 <= desk.applied_count <= reasoning.cycles  # at most one prompt change per frame cycle
     assert desk.superseded > desk.applied_count  # a burst became one change (DDS kept the newest 10 per burst)
@@ -131,10 +122,10 @@ def test_a_flood_of_instructions_cannot_starve_the_reasoning_loop(running):
 def test_keep_carries_the_memory_into_the_new_instruction(running, model_dir):
     pipeline, publisher = running
     reasoning = pipeline.reasoning
-    assert _run_until(pipeline, lambda: reasoning.engine.policy.frames_kept() >= 3)
+    assert run_until(pipeline, lambda: reasoning.engine.policy.frames_kept() >= 3)
     seen = reasoning.engine.memory_stats().frames_seen
     publisher.publish(String(data="go to the blue one"))
-    assert _run_until(pipeline, lambda: reasoning.instructions.desk.applied_count == 1)
+    assert run_until(pipeline, lambda: reasoning.instructions.desk.applied_count == 1)
     assert reasoning.episodes == 1 and reasoning.engine.memory_stats().frames_seen >= seen  # the episode goes on
     assert reasoning.engine.prompt_ids.tolist() == _ids(model_dir, "go to the blue one")
 
@@ -153,11 +144,11 @@ def test_a_repeated_instruction_is_loaded_from_the_kv_store(model_dir, store_dir
         pipeline.executor.add_node(user)
         try:
             reasoning = pipeline.reasoning
-            assert _run_until(pipeline, lambda: reasoning.actions >= 2 and publisher.get_subscription_count() > 0)
+            assert run_until(pipeline, lambda: reasoning.actions >= 2 and publisher.get_subscription_count() > 0)
             for count, text in enumerate(("go to the blue one", "go to the red one", "go to the blue one"), 1):
                 hits = reasoning.store.hits
                 publisher.publish(String(data=text))
-                assert _run_until(pipeline, lambda: reasoning.instructions.desk.applied_count == count)
+                assert run_until(pipeline, lambda: reasoning.instructions.desk.applied_count == count)
                 assert reasoning.store.hits == hits + (count > 1)  # both came before by then
         finally:
             pipeline.executor.remove_node(user)

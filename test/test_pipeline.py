@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -14,7 +13,7 @@ from rclpy.node import Node  # noqa: E402
 from rclpy.qos import qos_profile_sensor_data  # noqa: E402
 from std_msgs.msg import Float32MultiArray  # noqa: E402
 
-from ros_graph import WAIT_S, leased_domain, private_graph  # noqa: E402
+from ros_graph import WAIT_S, leased_domain, private_graph, run_until  # noqa: E402
 from vla_edge_ros.config import parse_settings  # noqa: E402
 from vla_edge_ros.nodes.bringup import Pipeline  # noqa: E402
 from vla_edge_ros.nodes.diagnostics import ERROR  # noqa: E402
@@ -37,7 +36,7 @@ def test_camera_to_commands_and_safe_stop_when_the_camera_stops(tiny_model):
     }, "test.yaml")
     with listening_pipeline(settings) as (pipeline, commands):
         moving = lambda: any(len(c) == 7 and any(v != 0.0 for v in c) for c in commands)  # noqa: E731
-        assert _run_until(pipeline, lambda: pipeline.reasoning.actions > 10 and moving())
+        assert run_until(pipeline, lambda: pipeline.reasoning.actions > 10 and moving())
         assert pipeline.camera.written > 10
 
         camera = pipeline.nodes.pop()  # the synthetic camera: the stream stops
@@ -45,7 +44,7 @@ def test_camera_to_commands_and_safe_stop_when_the_camera_stops(tiny_model):
         camera.destroy_node()
         commands.clear()
         stop = [0.0] * 7
-        assert _run_until(pipeline, lambda: commands.count(stop) >= 3)  # a safe stop, commanded again and again
+        assert run_until(pipeline, lambda: commands.count(stop) >= 3)  # a safe stop, commanded again and again
         first_stop = commands.index(stop)
         assert all(c == stop for c in commands[first_stop:])  # and nothing but stops once it began
         assert pipeline.publisher.report().level == ERROR
@@ -69,15 +68,6 @@ def listening_pipeline(settings) -> Iterator[tuple[Pipeline, list[list[float]]]]
             listener.destroy_node()
             pipeline.shutdown()
 
-
-def _run_until(pipeline: Pipeline, done, timeout_s: float = WAIT_S) -> bool:
-    """Spin the pipeline until ``done()``; False if it still does not hold after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        if time.monotonic() > deadline:
-            return False
-        pipeline.run(duration_s=0.1)
-    return True
 
 
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
@@ -133,7 +123,7 @@ def test_a_model_whose_output_is_not_finite_never_commands_the_robot(tiny_model,
         "action_publisher": {"ros__parameters": {"control_rate_hz": 50.0, "command_type": "float32_multi_array"}},
     }, "test.yaml")
     with listening_pipeline(settings) as (pipeline, commands):
-        assert _run_until(pipeline, lambda: pipeline.reasoning.invalid_outputs >= 5 and len(commands) >= 10)
+        assert run_until(pipeline, lambda: pipeline.reasoning.invalid_outputs >= 5 and len(commands) >= 10)
         assert commands and all(v == 0.0 for c in commands for v in c)  # stops only (empty: no action yet)
         assert pipeline.reasoning.actions == 0
         report = pipeline.reasoning.report()
@@ -197,17 +187,17 @@ def test_a_bad_state_or_a_silent_camera_never_reaches_the_command_topic(tmp_path
             commands.clear()
 
         try:
-            assert _run_until(pipeline, lambda: pipeline.reasoning.actions > 3 and acting())
+            assert run_until(pipeline, lambda: pipeline.reasoning.actions > 3 and acting())
             joints[1] = math.nan  # the state goes bad: refused at the node, so no observation is made
             next_phase()
-            assert _run_until(pipeline, lambda: stops_only() and camera.state_dropped["not_finite"] > 5)
+            assert run_until(pipeline, lambda: stops_only() and camera.state_dropped["not_finite"] > 5)
             assert "dropping state messages (totals: not_finite:" in camera.report().message
             joints[1] = -0.3
             next_phase()
-            assert _run_until(pipeline, acting)  # good states again: acting again
+            assert run_until(pipeline, acting)  # good states again: acting again
             wrist_on[0] = False  # the wrist camera goes silent: no observation without it
             next_phase()
-            assert _run_until(pipeline, lambda: stops_only() and camera.assembler.unsynced[0] > 5)
+            assert run_until(pipeline, lambda: stops_only() and camera.assembler.unsynced[0] > 5)
             next_phase()
         finally:
             pipeline.executor.remove_node(robot)
