@@ -187,12 +187,11 @@ def test_clip_limits_are_finite_ordered_and_of_a_sane_length(values, message):
 if rclpy is not None:
     from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
     from geometry_msgs.msg import Twist
-    from rcl_interfaces.msg import Log, ParameterType, ParameterValue
+    from rcl_interfaces.msg import ParameterType, ParameterValue
     from rcl_interfaces.msg import Parameter as ParameterMsg
     from rcl_interfaces.srv import SetParameters
     from rclpy.node import Node
     from rclpy.parameter import Parameter
-    from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
     from std_msgs.msg import Float32MultiArray
     from trajectory_msgs.msg import JointTrajectory
 
@@ -381,15 +380,18 @@ def test_diagnostics_report_error_during_a_safe_stop_and_ok_once_fresh(graph):
 
 
 @needs_ros
-def test_a_configuration_error_is_a_safe_stop_an_error_status_and_one_log_line(graph):
+def test_a_configuration_error_is_a_safe_stop_an_error_status_and_one_log_line(graph, capfd):
+    """The log line is read where the node writes it (stderr), not over /rosout: /rosout keeps a line for 10 s,
+    and on a loaded machine a listener may match the new node's /rosout later than that (seen in the suite)."""
     commands = graph.listen(Float32MultiArray, "/vla/command")
     diagnostics = graph.listen(DiagnosticArray, "/diagnostics")
-    rosout = graph.listen(Log, "/rosout", QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE,
-                                                     durability=DurabilityPolicy.TRANSIENT_LOCAL))
     node = graph.start(_now_slot([0.5, 2.0, -3.0]), action_min=[-1.0, -1.0], control_rate_hz=50.0,
                        action_timeout_ms=60000.0)
+    written: list[str] = []
+
     def lines() -> list[str]:
-        return [m.msg for _, m in rosout if m.name == "action_publisher" and "configuration error" in m.msg]
+        written.extend(capfd.readouterr().err.splitlines())
+        return [line for line in written if "[action_publisher]" in line and "configuration error" in line]
 
     assert graph.spin_until(lambda: diagnostics and commands and lines())  # ticks ran, none of them raised
     assert {tuple(m.data) for _, m in commands} == {(0.0, 0.0, 0.0)}
