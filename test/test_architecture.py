@@ -16,7 +16,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "vla_edge_ros"
 LAYERS = (
     ("config", "dependencies", "numerics", "worlds"),  # the schema, the dependency table; NumPy math; worlds
-    ("kernels",),  # Numba-CUDA kernels and their NumPy twins
+    ("kernels", "cpu_kernels"),  # Numba-CUDA kernels, Numba-compiled CPU kernels; their NumPy twins
     ("model",),  # checkpoint, config, arena, backends, vision, action head, memory plan
     ("memory",),  # KV memory policies, seeing a MemoryContext
     ("engine",),  # the VLA engine: model + one policy over one arena
