@@ -1,9 +1,11 @@
 """How many threads the compiled kernels use, and one launch at a time.
 
 Numba's thread count is per calling thread, so the count set here is applied in whichever thread runs a
-kernel. Numba's default threading layer (workqueue, the only one without TBB or OpenMP installed) aborts
-the process when two threads launch parallel kernels at once, so launches take a lock; the kernels release
-the GIL, so other Python threads (a ROS executor's) keep running meanwhile.
+kernel. Numba takes the threading layer it finds (OpenMP on the development machine); its fallback,
+workqueue, aborts the process when two threads launch parallel kernels at once, so launches take a lock.
+The kernels release the GIL, so other Python threads (a ROS executor's) keep running meanwhile. OpenMP's
+and OpenBLAS's workers both spin a while after their work: on two cores, a 2-thread kernel called between
+2-thread BLAS calls ran 5-7x slower (median) than next to 1-thread ones: two here go with ``blas_threads`` 1.
 """
 
 from __future__ import annotations
