@@ -14,6 +14,7 @@ from numba import njit, prange
 from ._intrinsics import bf16_to_float32, high_nibble, low_nibble
 
 _FLAGS = dict(fastmath={"reassoc", "contract"}, cache=True, nogil=True)  # sums reorder; no "nnan": NaN shows
+_ROWS_A_CHUNK = 64  # rows sharing one scratch buffer
 
 
 @njit(**_FLAGS)
@@ -56,15 +57,13 @@ def _dot_int4_groups(x, row, row_scales, groups, half):
 
 @njit(**_FLAGS)
 def _dot_int4(x, row, row_scales, group):
-    """Byte j of a group holds input j in its low nibble and input j + group / 2 in its high one."""
+    """Groups of 64 or 128: byte j of a group holds input j in its low nibble, input j + group / 2 in its high."""
     width = x.shape[0]
     groups = width // group
     if group == 64:
         acc = _dot_int4_groups(x, row, row_scales, groups, 32)
-    elif group == 128:
-        acc = _dot_int4_groups(x, row, row_scales, groups, 64)
     else:
-        acc = _dot_int4_groups(x, row, row_scales, groups, 16)
+        acc = _dot_int4_groups(x, row, row_scales, groups, 64)
     start = groups * group
     if start < width:  # a last group shorter than ``group``: its zero padding is never read
         half = group // 2
@@ -83,6 +82,16 @@ def _add_bias(bias, out):
     if bias.shape[0]:
         for t in range(out.shape[0]):
             out[t] += bias
+
+
+@njit(**_FLAGS)
+def _dot_int4_spread(x_low, x_high, row, spread_scales):
+    """A row against x in byte order, each byte's scale beside it: one long loop, whatever the group."""
+    acc = np.float32(0.0)
+    for b in range(row.shape[0]):
+        byte = row[b]
+        acc += (x_low[b] * low_nibble(byte) + x_high[b] * high_nibble(byte)) * spread_scales[b]
+    return acc
 
 
 @njit(**_FLAGS, parallel=True)
@@ -114,4 +123,31 @@ def matvec_int4(x, packed, scales, group, bias, out):
     for n in prange(packed.shape[0]):
         for t in range(x.shape[0]):
             out[t, n] = _dot_int4(x[t], packed[n], scales[n], group)
+    _add_bias(bias, out)
+
+
+@njit(**_FLAGS, parallel=True)
+def matvec_int4_group32(x, packed, scales, bias, out):
+    """int4 in groups of 32: a 16-byte group loop is one vector, and LLVM then vectorizes across groups with
+    byte inserts (1.7 G weights/s in L2); x in byte order (zeros past its end) and each row's scales spread
+    to one a byte keep a single long loop (9.7 G weights/s; 64 and 128 are faster the other way)."""
+    tokens, width = x.shape
+    row_bytes = packed.shape[1]
+    x_low = np.zeros((tokens, row_bytes), dtype=np.float32)
+    x_high = np.zeros((tokens, row_bytes), dtype=np.float32)
+    for t in range(tokens):
+        for b in range(row_bytes):
+            first = 32 * (b // 16) + b % 16
+            if first < width:
+                x_low[t, b] = x[t, first]
+            if first + 16 < width:
+                x_high[t, b] = x[t, first + 16]
+    chunks = -(-packed.shape[0] // _ROWS_A_CHUNK)
+    for c in prange(chunks):
+        spread = np.empty(row_bytes, dtype=np.float32)
+        for n in range(c * _ROWS_A_CHUNK, min(packed.shape[0], (c + 1) * _ROWS_A_CHUNK)):
+            for g in range(scales.shape[1]):
+                spread[16 * g:16 * g + 16] = scales[n, g]
+            for t in range(tokens):
+                out[t, n] = _dot_int4_spread(x_low[t], x_high[t], packed[n], spread)
     _add_bias(bias, out)

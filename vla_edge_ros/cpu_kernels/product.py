@@ -54,6 +54,8 @@ def _decode(x: np.ndarray, matrix: PackedMatrix, bias: np.ndarray, out: np.ndarr
             matvec.matvec_bfloat16(x, matrix.data, bias, out)
         elif matrix.format == "int8":
             matvec.matvec_int8(x, matrix.data, matrix.scales, bias, out)
+        elif matrix.format == "int4" and matrix.group == 32:
+            matvec.matvec_int4_group32(x, matrix.data, matrix.scales, bias, out)
         elif matrix.format == "int4":
             matvec.matvec_int4(x, matrix.data, matrix.scales, matrix.group, bias, out)
         else:
