@@ -10,6 +10,8 @@
 # 3. bench/bench_gpu.py: the full 1.5B shape, prefill 64 + decode 8, against torch eager and the HBM floor
 # 4. bench/bench_gpu_vision.py: the Qwen2-VL / Qwen2.5-VL vision towers on one 224x224 frame against
 #    transformers on the same GPU (fp32 and bf16)
+# 5. bench/bench_gpu_linear.py: the decode GEMV over 1.5B-shape layers with fp32, bf16, int8 and int4 weights,
+#    GB/s against the card's peak bandwidth (each product first checked against the NumPy twin)
 # Needs python3 with numba-cuda, torch (CUDA), transformers, numpy, pyyaml, opencv; installs nothing online.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,7 +27,7 @@ step() { echo; echo "== $*"; "$@" || { echo "FAILED: $*"; status=1; }; }
 # -m "not soak": the slow tier too (sweeps the simulator makes slow take seconds on the GPU)
 step python3 -m pytest -q -p no:cacheprovider -c "$repo/pytest.ini" -m "not soak" "$repo/test/test_kernels.py" \
   "$repo/test/test_kernels_memory.py" "$repo/test/test_parity.py" "$repo/test/test_memory_policies.py" \
-  -k "kernels or cuda"
+  "$repo/test/test_cuda_weights.py" -k "kernels or cuda"
 # Qwen2-VL / Qwen2.5-VL: the CUDA vision tower and M-RoPE decoder against numpy and transformers, every tier,
 # with the 2B-width slice (ViT head_dim 80) that only a real GPU runs
 step python3 -m pytest -q -p no:cacheprovider -c "$repo/pytest.ini" -m "not soak" "$repo/test/test_cuda_vl.py"
@@ -39,4 +41,5 @@ step python3 -m vla_edge_ros parity --model "$work/q2" --backend cuda --token-id
 step python3 "$repo/bench/bench_gpu.py"
 # the vision tower on one 224x224 frame, 8 of the real 32 blocks (time per block scales linearly)
 step python3 "$repo/bench/bench_gpu_vision.py" --depth 8
+step python3 "$repo/bench/bench_gpu_linear.py"
 exit $status

@@ -23,10 +23,11 @@ import vla_edge_ros.kernels as K  # noqa: E402
 from vla_edge_ros.kernels import reference as ref  # noqa: E402
 from vla_edge_ros.kernels.dtypes import WeightKind  # noqa: E402
 from vla_edge_ros.numerics import ops  # noqa: E402
+from vla_edge_ros.numerics import weight_formats as wf  # noqa: E402
 from vla_edge_ros.numerics.bf16 import bf16_bits, bf16_bits_to_float32  # noqa: E402
 
 F32 = np.float32
-KINDS = list(WeightKind)
+KINDS = list(K.ELEMENT_KINDS)
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 
 
@@ -192,6 +193,74 @@ def test_linear_rejects_mismatched_shapes() -> None:
         K.linear(
             _dev(np.zeros((2, 8), F32)), w, _dev(np.zeros(5, F32)), cuda.device_array((2, 4), F32)
         )
+
+
+# --- linear over packed int8 / int4 weights ----------------------------------------------------
+
+
+def _packed(rng: np.random.Generator, shape: tuple[int, int], fmt: str, group: int = 64) -> wf.PackedMatrix:
+    """Random weights packed in `fmt`, columns scaled by a ramp so that every group's scale differs; int8
+    data is then overwritten with every byte value (-128 too, which pack never makes) to pin the sign."""
+    w = rng.standard_normal(shape).astype(F32) * np.linspace(0.1, 2.0, shape[1], dtype=F32)
+    matrix = wf.pack(w, fmt, group)
+    if fmt == "int8":
+        matrix.data[...] = rng.integers(-128, 128, shape, dtype=np.int8)
+    return matrix
+
+
+# in: a multiple of 8 (int8 eight a word), of 4 only, of neither; never a multiple of the int4 group.
+# out: never a multiple of the GEMV's 4 rows a block.
+@pytest.mark.parametrize(
+    "fmt, group, n_out, depth",
+    [("int8", 0, 9, 48), ("int8", 0, 7, 44), ("int8", 0, 5, 45),
+     ("int4", 32, 9, 80), ("int4", 64, 7, 150), ("int4", 128, 5, 200), ("bfloat16", 0, 5, 44)],
+    ids=["int8x8", "int8x4", "int8x1", "int4-g32", "int4-g64", "int4-g128", "bf16-packed"],
+)
+@pytest.mark.parametrize("tokens, with_bias", [(1, True), (1, False), (3, True)], ids=["gemv", "gemv-nobias", "gemm"])
+def test_linear_over_packed_weights_matches_reference_linear(
+        fmt: str, group: int, n_out: int, depth: int, tokens: int, with_bias: bool) -> None:
+    rng = _rng(31)
+    matrix = _packed(rng, (n_out, depth), fmt, group or wf.DEFAULT_INT4_GROUP)
+    x = _randn(rng, tokens, depth)
+    bias = _randn(rng, n_out) if with_bias else None
+    out = cuda.device_array((tokens, n_out), F32)
+    K.linear(_dev(x), K.to_device_packed(matrix), None if bias is None else _dev(bias), out)
+    np.testing.assert_allclose(out.copy_to_host(), wf.reference_linear(x, matrix, bias), **TOL)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_linear_on_a_row_slice_of_a_packed_weight(fmt: str) -> None:
+    rng = _rng(32)
+    matrix = _packed(rng, (11, 72), fmt, 32)
+    x = _randn(rng, 1, 72)
+    out = cuda.device_array((1, 4), F32)
+    K.linear(_dev(x), K.to_device_packed(matrix)[7:], None, out)
+    np.testing.assert_allclose(out.copy_to_host(), wf.reference_linear(x, wf.take_rows(matrix, slice(7, None))),
+                               **TOL)
+
+
+@pytest.mark.parametrize("fmt, group", [("int8", 0), ("int4", 32), ("int4", 128)])
+def test_embedding_gather_dequantizes_packed_rows_exactly(fmt: str, group: int) -> None:
+    matrix = _packed(_rng(33), (6, 45), fmt, group or wf.DEFAULT_INT4_GROUP)
+    ids = np.array([5, 0, 3, 5], np.int32)
+    out = cuda.device_array((4, 45), F32)
+    K.embedding_gather(K.to_device_packed(matrix), _dev(ids), out)
+    np.testing.assert_array_equal(out.copy_to_host(), wf.dequantize(matrix)[ids])
+
+
+def test_device_weight_is_checked_against_its_shape() -> None:
+    matrix = wf.pack(_randn(_rng(34), 4, 40), "int4", 32)
+    weight = K.to_device_packed(matrix)
+    assert weight.kind is WeightKind.INT4 and weight.shape == (4, 40) and weight.nbytes == matrix.nbytes
+    x, out = _dev(np.zeros((1, 40), F32)), cuda.device_array((1, 4), F32)
+    with pytest.raises(ValueError, match="scales"):
+        K.linear(x, K.DeviceWeight(WeightKind.INT4, (4, 40), weight.data, _dev(np.zeros((4, 1), F32)), 32), None, out)
+    with pytest.raises(ValueError, match="group"):
+        K.linear(x, K.DeviceWeight(WeightKind.INT4, (4, 40), weight.data, weight.scales, 48), None, out)
+    with pytest.raises(ValueError, match="scales"):
+        K.linear(x, K.DeviceWeight(WeightKind.INT8, (4, 40), _dev(np.zeros((4, 40), np.int8))), None, out)
+    with pytest.raises(TypeError):
+        K.linear(x, _dev(np.zeros((4, 40), np.int8)), None, out)  # int8 values without their scales
 
 
 # --- rope ------------------------------------------------------------------------------------

@@ -115,7 +115,7 @@ def _exercise_launchers() -> None:
     import vla_edge_ros.kernels as K
 
     f32 = np.float32
-    for kind in K.WeightKind:
+    for kind in K.ELEMENT_KINDS:
         table = _zeros((50, 64), kind.storage_dtype)
         K.embedding_gather(table, _zeros(3, np.int32), _zeros((3, 64), f32))
         for tokens, n_out in ((1, 40), (3, 40), (20, 40), (40, 40), (64, 4096)):
@@ -132,6 +132,7 @@ def _exercise_launchers() -> None:
             None,
             _zeros((1, 40), f32),
         )
+    _exercise_quantized_linear(K)
     for hidden in (64, 1536):  # the norms' smallest and largest blocks (32 and 128 threads per row)
         wide = _zeros((3, hidden))
         K.rmsnorm(wide, _zeros(hidden, f32), 1e-6, wide)
@@ -173,6 +174,31 @@ def _exercise_launchers() -> None:
         w, b = _zeros((d_v, 64), f32), _zeros(d_v, f32)
         K.fast_weight_step(w, b, _zeros(64, f32), _zeros(d_v, f32), 0.5, 1.0, False, _zeros(2, f32))
         K.fast_weight_read(w, b, _zeros(64, f32), _zeros(d_v, f32))
+
+
+def _exercise_quantized_linear(K: types.ModuleType) -> None:
+    """int8 (8, 4 and 1 weights a word) and int4 (each group size) through the GEMV, every GEMM tile and the gather."""
+    f32 = np.float32
+
+    def quantized(kind: object, rows: int, depth: int, group: int = 0) -> object:
+        if group:
+            groups = -(-depth // group)
+            return K.DeviceWeight(kind, (rows, depth), _zeros((rows, groups * group // 2), np.uint8),
+                                  _zeros((rows, groups), f32), group)
+        return K.DeviceWeight(kind, (rows, depth), _zeros((rows, depth), np.int8), _zeros(rows, f32))
+
+    for kind, group in ((K.WeightKind.INT8, 0), (K.WeightKind.INT4, 64)):
+        K.embedding_gather(quantized(kind, 50, 64, group), _zeros(3, np.int32), _zeros((3, 64), f32))
+        for tokens, n_out in ((1, 40), (3, 40), (20, 40), (40, 40), (64, 4096)):
+            K.linear(_zeros((tokens, 64), f32), quantized(kind, n_out, 64, group), _zeros(n_out, f32),
+                     _zeros((tokens, n_out), f32))
+        K.linear(_zeros((1, 64), f32), quantized(kind, 80, 64, group)[40:], None, _zeros((1, 40), f32))
+    for depth in (68, 66):  # int8 four a word (uint32), and unpacked
+        K.linear(_zeros((1, depth), f32), quantized(K.WeightKind.INT8, 40, depth), None, _zeros((1, 40), f32))
+    for group in (32, 128):
+        for tokens in (1, 3):
+            K.linear(_zeros((tokens, 100), f32), quantized(K.WeightKind.INT4, 40, 100, group), None,
+                     _zeros((tokens, 40), f32))
 
 
 def main(argv: list[str]) -> int:

@@ -1,6 +1,6 @@
 """Numba-CUDA kernels for the Qwen2 decoder forward pass and the Qwen2-VL / Qwen2.5-VL vision tower:
-fp32 activations and accumulation, weights in fp32, fp16 or bf16 (as uint16 bits), KV cache in fp32
-pages.
+fp32 activations and accumulation, weights in fp32, fp16, bf16 (as uint16 bits), int8 or int4 (dequantized
+in registers), KV cache in fp32 pages.
 
 Installed as ``vla_edge_ros.kernels`` and imported by absolute names: a checkout's root on sys.path
 also exposes this folder as a top-level ``kernels``, which transformers probes for (HF's kernel hub
@@ -11,7 +11,10 @@ geometry and launches on an optional stream; reference.py holds a NumPy twin of 
 """
 
 from vla_edge_ros.kernels.dtypes import (
+    ELEMENT_KINDS,
+    DeviceWeight,
     WeightKind,
+    to_device_packed,
     to_device_vector,
     to_device_weight,
     to_float32,
@@ -32,10 +35,12 @@ KERNEL_VERSION = "qwen2-f32kv-paged-3"
 """Changes whenever kernel numerics or the KV layout change; part of persisted-KV fingerprints."""
 
 __all__ = [
+    "ELEMENT_KINDS",
     "KERNEL_VERSION",
     "MAX_HEAD_DIM",
     "NO_TOKEN",
     "AttentionScratch",
+    "DeviceWeight",
     "WeightKind",
     "add_inplace",
     "argmax_rows",
@@ -56,6 +61,7 @@ __all__ = [
     "rope_cache_shift",
     "segment_attention",
     "swiglu",
+    "to_device_packed",
     "to_device_vector",
     "to_device_weight",
     "to_float32",

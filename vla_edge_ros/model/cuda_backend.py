@@ -1,13 +1,15 @@
 """The GPU backend: the same decoder as ``numpy_backend``, as a sequence of Numba-CUDA kernels.
 
-Weights stay on the device in the checkpoint's precision (fp16, or bf16 kept as its uint16 bits) and
-are widened inside the kernels; activations, accumulation and the KV arena are fp32. Keys and values
-live in one pool of pages on the device (``model/pages.py``); the attention kernel reads each KV
-head's entries through its block table, uploaded with the lengths and entry slots every forward. No
-cuBLAS, no torch. Activation buffers are allocated once for the largest forward seen and reused, so a decode
-step allocates nothing. Under ``NUMBA_ENABLE_CUDASIM=1`` the same code runs on the CPU (slowly),
+Weight matrices are held in ``checkpoint.weights``: ``auto`` keeps the checkpoint's precision (fp16, or bf16
+kept as its uint16 bits), the others pack them (``cuda_weights``: bf16, int8, int4, the numpy backend's
+values); the kernels widen or dequantize them as they read. Activations, accumulation and the KV arena are
+fp32. Keys and values live in one pool of pages on the device (``model/pages.py``); the attention kernel
+reads each KV head's entries through its block table, uploaded with the lengths and entry slots every
+forward. No cuBLAS, no torch. Activation buffers are allocated once for the largest forward seen and reused,
+so a decode step allocates nothing. Under ``NUMBA_ENABLE_CUDASIM=1`` the same code runs on the CPU (slowly),
 which is how the tests prove it without a GPU. A VL checkpoint's M-RoPE (``rope_positions``) rotates with
-``rope_axes``; its cached keys move with the same 1-D ``rope_cache_shift`` as text (``Backend.rotate_keys``).
+``rope_axes``; its cached keys move with the same 1-D ``rope_cache_shift`` as text
+(``Backend.rotate_keys``).
 """
 
 from __future__ import annotations
@@ -41,9 +43,10 @@ class _Layer:
     down_weight: object
 
 
-def _matrix(checkpoint: Checkpoint, *names: str):
-    """Upload weight matrices in storage precision, fused along the output dim when several."""
-    return device_matrix(*(checkpoint.tensors[name] for name in names))
+def _matrix(checkpoint: Checkpoint, *names: str) -> kernels.DeviceWeight:
+    """Upload weight matrices in ``checkpoint.weights``, fused along the output dim when several."""
+    return device_matrix(*(checkpoint.tensors[name] for name in names), fmt=checkpoint.weights,
+                         group=checkpoint.weights_group)
 
 
 def _vector(checkpoint: Checkpoint, name: str):

@@ -13,7 +13,8 @@ window order) and uploads it with the patches; every step then runs on the devic
    rows), Linear, exact ``gelu``, Linear; with windows, ``embedding_gather`` puts the tokens back into
    image order.
 
-Weights stay in their storage precision on the device (``cuda_weights``); activations are fp32. Buffers
+Matrices are held in ``checkpoint.weights`` (``cuda_weights``; the Conv3d patch kernel, not a 2-D matrix
+in the checkpoint, keeps its storage precision as the numpy tower keeps it fp32); activations are fp32. Buffers
 are kept for the largest batch seen, so frames of a fixed size allocate nothing after the first.
 """
 
@@ -77,14 +78,15 @@ class CudaVisionTower:
             raise ValueError(
                 f"the cuda vision tower supports head_dim <= {kernels.MAX_HEAD_DIM}, this one has {c.head_dim}")
         t = checkpoint.tensors
+        self._fmt = {"fmt": checkpoint.weights, "group": checkpoint.weights_group}
         self.layer_norm = c.family == "qwen2_vl"
         self.patch_embed = device_matrix(t["visual.patch_embed.proj.weight"], shape=(c.embed_dim, c.patch_dim))
         self.blocks = [self._block(t, f"visual.blocks.{index}.") for index in range(c.depth)]
         self.merger_norm = device_vector(t["visual.merger.ln_q.weight"])
         self.merger_norm_bias = device_vector(t["visual.merger.ln_q.bias"]) if self.layer_norm else None
-        self.merger_fc1, self.merger_fc1_bias = device_matrix(t["visual.merger.mlp.0.weight"]), \
+        self.merger_fc1, self.merger_fc1_bias = device_matrix(t["visual.merger.mlp.0.weight"], **self._fmt), \
             device_vector(t["visual.merger.mlp.0.bias"])
-        self.merger_fc2, self.merger_fc2_bias = device_matrix(t["visual.merger.mlp.2.weight"]), \
+        self.merger_fc2, self.merger_fc2_bias = device_matrix(t["visual.merger.mlp.2.weight"], **self._fmt), \
             device_vector(t["visual.merger.mlp.2.bias"])
         quarter = c.head_dim // 4  # each of row and column turns D/4 pairs with the same D/4 frequencies
         axial = ops.rope_inv_freq(c.head_dim // 2, c.rope_theta)
@@ -96,12 +98,13 @@ class CudaVisionTower:
     def _block(self, t: dict, p: str) -> _Block:
         c = self.config
         e = c.embed_dim
-        qkv_weight, qkv_bias = device_matrix(t[p + "attn.qkv.weight"]), device_vector(t[p + "attn.qkv.bias"])
+        qkv_weight = device_matrix(t[p + "attn.qkv.weight"], **self._fmt)
+        qkv_bias = device_vector(t[p + "attn.qkv.bias"])
         if self.layer_norm:
-            up, up_bias = device_matrix(t[p + "mlp.fc1.weight"]), device_vector(t[p + "mlp.fc1.bias"])
+            up, up_bias = device_matrix(t[p + "mlp.fc1.weight"], **self._fmt), device_vector(t[p + "mlp.fc1.bias"])
             down = "mlp.fc2."
         else:
-            up = device_matrix(t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"])
+            up = device_matrix(t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"], **self._fmt)
             up_bias = device_vector(t[p + "mlp.gate_proj.bias"], t[p + "mlp.up_proj.bias"])
             down = "mlp.down_proj."
         norm_bias = (lambda name: device_vector(t[p + name + ".bias"])) if self.layer_norm else (lambda name: None)
@@ -109,10 +112,11 @@ class CudaVisionTower:
         return _Block(
             norm1=device_vector(t[p + "norm1.weight"]), norm1_bias=norm_bias("norm1"),
             qkv=tuple(qkv_weight[s] for s in thirds), qkv_bias=tuple(qkv_bias[s] for s in thirds),
-            proj=device_matrix(t[p + "attn.proj.weight"]), proj_bias=device_vector(t[p + "attn.proj.bias"]),
+            proj=device_matrix(t[p + "attn.proj.weight"], **self._fmt),
+            proj_bias=device_vector(t[p + "attn.proj.bias"]),
             norm2=device_vector(t[p + "norm2.weight"]), norm2_bias=norm_bias("norm2"),
             up=up, up_bias=up_bias,
-            down=device_matrix(t[p + down + "weight"]), down_bias=device_vector(t[p + down + "bias"]),
+            down=device_matrix(t[p + down + "weight"], **self._fmt), down_bias=device_vector(t[p + down + "bias"]),
         )
 
     @classmethod
