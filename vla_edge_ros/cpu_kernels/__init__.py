@@ -24,13 +24,13 @@ Decode and prefill are different problems, so ``linear`` splits on the token cou
 
 One Qwen2.5-1.5B decoder layer ([2048, 1536] qkv, [1536, 1536] o, [17920, 1536] gate/up, [1536, 8960] down;
 four distinct copies, so nothing stays cached), one token, ``bench/bench_cpu_linear.py`` on the 2-core
-Zen 4 (ms a token, best of 11; floor: a compiled streaming read of the same buffers; ranges over five runs
+Zen 4 (ms a token, best of 11; floor: a compiled streaming read of the same buffers; ranges over six runs
 on a shared machine, load average 2.5-6):
 
     format    MB     1 thread: ms   x floor     2 threads: ms   x floor
     float32  187.2   7.0-8.1        1.20-1.33   4.6-6.6         1.04-1.19
-    bfloat16  93.6   4.7-5.5        1.40-1.66   3.6-4.0         1.16-1.32
-    int8      46.9   3.4-4.7        2.0-2.9     2.5-2.9         1.4-1.9
+    bfloat16  93.6   4.7-5.5        1.40-1.66   3.2-4.0         1.16-1.32
+    int8      46.9   3.4-4.7        2.0-2.9     2.1-2.9         1.4-1.9
     int4      26.3   3.6-4.0        3.4-4.6     2.0-2.3         2.2-3.0
     NumPy fp32 (sgemv), 1 thread: 9.5-10.6 ms, 1.5-1.7 x floor
     int4 in groups of 128: 3.2 ms, 3.4 x; of 32: 7.6 ms, 6.5 x (1 thread; ``matvec_int4_group32``)
