@@ -16,18 +16,23 @@ def _settings(model_dir, **params):
     return parse_settings({"reasoning": {"ros__parameters": {**base, **params}}}, "test.yaml")
 
 
-def test_plan_matches_what_the_numpy_engine_allocates(tiny_model):
-    plan, checkpoint = plan_for(_settings(tiny_model, kv_capacity_tokens=256))
+@pytest.mark.parametrize("weights", ["auto", "float32", "bfloat16", "int8", "int4"])
+def test_plan_matches_what_the_numpy_engine_allocates(tiny_model, weights):
+    plan, checkpoint = plan_for(_settings(tiny_model, kv_capacity_tokens=256, weights=weights, weights_group=32))
     engine = VlaEngine(checkpoint, backend="numpy", kv_capacity_tokens=256)
     backend_weights, backend_kv = engine.backend.state_bytes()
     assert plan.kv_arena_bytes == backend_kv
     c = checkpoint.config
     assert plan.kv_bytes_per_token == 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4
-    # the plan counts every stored tensor widened to fp32; the decoder share of it is what the backend holds
-    # (the frame encoder and the aura memory's projections live beside it)
+    # the plan counts matrices in their format and every other tensor widened to fp32; the decoder share of it
+    # is what the backend holds (the frame encoder and the aura memory's projections live beside it)
     beside = sum(t.array.size for n, t in checkpoint.tensors.items() if n.startswith(("vision.", "aura."))) * 4
     assert plan.weight_bytes - beside == backend_weights
     assert plan.total_bytes == plan.weight_bytes + plan.kv_arena_bytes + plan.workspace_bytes
+    narrower = {"int8": 3.5, "int4": 4.5}.get(weights)  # matrices are most of the bytes (int4: token tables int8)
+    if narrower:
+        fp32, _ = plan_for(_settings(tiny_model, kv_capacity_tokens=256, weights="float32"))
+        assert fp32.weight_bytes > narrower * plan.weight_bytes
 
 
 def test_qwen_shape_kv_bytes_per_token():

@@ -12,7 +12,8 @@ from hf_models import VARIANTS, write_hf_model  # noqa: E402
 from vla_edge_ros.model.arena import KVArena  # noqa: E402
 from vla_edge_ros.model.backends import make_backend  # noqa: E402
 from vla_edge_ros.model.checkpoint import load_checkpoint  # noqa: E402
-from vla_edge_ros.tools.parity import Agreement, load_reference, reference_forward, run_parity  # noqa: E402
+from vla_edge_ros.tools.parity import (Agreement, load_reference, pass_bar, reference_forward,  # noqa: E402
+                                       run_parity)
 
 TOKENS = [3, 17, 25, 9, 32, 19, 7, 12, 36, 5, 31]  # all below the smallest vocabulary (40)
 # The cuda backend runs on Numba's CUDA simulator here (on a real GPU with NUMBA_ENABLE_CUDASIM=0).
@@ -64,6 +65,24 @@ def test_logits_and_every_layer_match_huggingface(hf_models, variant, backend):
         assert layer.cosine >= bar, (index, layer)
     assert report.incremental.cosine >= bar
     assert report.incremental.max_abs_error < 1e-3
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("weights", ["bfloat16", "int8", "int4"])
+def test_narrow_weights_keep_their_bar_against_huggingface_fp32(hf_models, variant, weights):
+    """Every held-out shape (odd head counts, one KV head, tied and untied) at every narrower width, against
+    transformers' fp32 forward of the same files: logits and every layer at least 0.9999 (bf16) and 0.999
+    (int8); a bf16 checkpoint held as bf16 loses nothing, so it keeps the fp32 bar. int4's bar is 0.99, which
+    these random weights do not reach (0.96-0.99, as the 1.5B shape's 0.91: docs/engine.md); the test holds
+    it to what it reaches, so that a broken layout, far lower, still fails."""
+    report = run_parity(hf_models(variant), TOKENS, "numpy", weights=weights, weights_group=32)
+    assert report.weights == weights
+    assert report.rounded == (not (weights == "bfloat16" and variant == "bf16_storage"))
+    assert pass_bar(report) == (MIN_COSINE["numpy"] if not report.rounded else
+                                {"bfloat16": 0.9999, "int8": 0.999, "int4": 0.99}[weights])
+    reached = 0.95 if weights == "int4" else pass_bar(report)
+    assert report.worst_cosine() >= reached, report.agreements()
+    assert report.incremental.cosine >= MIN_COSINE["numpy"]  # our cache is exact whatever the weights
 
 
 def _hf_logits_with_mask(model_dir, ids: list[int], visible: np.ndarray) -> np.ndarray:

@@ -150,7 +150,6 @@ def test_frame_geometry_follows_the_pixel_cap(vl_model):
 
 def test_a_frame_is_one_image_segment(vl_model):
     engine = _engine(vl_model, 96)
-    embed = engine.backend.embed
     prefill = engine.add_frame(SyntheticCamera(height=48, width=64, seed=1).frame())
     slots = prefill.slots
     assert slots.size == engine.tokens_per_frame == 18
@@ -158,7 +157,7 @@ def test_a_frame_is_one_image_segment(vl_model):
     np.testing.assert_array_equal(ids, rope_index(_layout(1, 4), np.array([(1, 8, 8)]), image_token_id=IMAGE,
                                                   spatial_merge_size=2))
     keys, _ = engine.backend.read_kv(slots[[0, -1]])
-    fresh = _fresh_layer0_keys(engine, np.stack([embed[START], embed[END]]), ids[:, [5, 22]])
+    fresh = _fresh_layer0_keys(engine, engine.backend.embeddings(np.array([START, END])), ids[:, [5, 22]])
     np.testing.assert_allclose(keys[0], fresh, rtol=1e-5, atol=1e-5)  # the markers' own embeddings
     assert prefill.next_rope_position == 5 + 1 + 4 + 1  # start, 4 ids of the 4 x 4 image, end: then text
     state = engine.memory_state()
@@ -235,11 +234,11 @@ def _fresh_layer0_keys(engine: VlaEngine, inputs: np.ndarray, rope: np.ndarray) 
 
 def _recording_inputs(engine: VlaEngine) -> dict[int, np.ndarray]:
     """slot -> the input vector of the token it now holds: the prompt's, then recorded at every forward."""
-    inputs = {int(s): row for s, row in zip(engine.prompt_slots, engine.backend.embed[engine.prompt_ids])}
+    inputs = {int(s): row for s, row in zip(engine.prompt_slots, engine.backend.embeddings(engine.prompt_ids))}
     forward = engine.backend.forward
 
     def recorded(positions, slots, *, token_ids=None, embeddings=None, **kwargs):
-        x = engine.backend.embed[token_ids] if token_ids is not None else embeddings
+        x = engine.backend.embeddings(token_ids) if token_ids is not None else embeddings
         inputs.update({int(s): row.copy() for s, row in zip(slots, x)})
         return forward(positions, slots, token_ids=token_ids, embeddings=embeddings, **kwargs)
 

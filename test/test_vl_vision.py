@@ -320,8 +320,7 @@ def test_qwen2_5_windows_change_the_output_and_match_transformers(vl_dirs):
     reference = _hf_tower(load_hf_vl_model(vl_dirs["qwen2_5_vl_tiny"]), patches, grid)
     assert _cosine(out, reference) >= 0.99999
     full = replace(tower.config, fullatt_block_indexes=tuple(range(tower.config.depth)))
-    weights = {n: checkpoint.float32(n) for n in checkpoint.tensors if n.startswith("visual.")}
-    unwindowed = VisionTower(full, weights).encode(patches, np.array(grid))
+    unwindowed = VisionTower(full, checkpoint).encode(patches, np.array(grid))
     assert _cosine(unwindowed, reference) < 0.999
 
 

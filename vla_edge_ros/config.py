@@ -63,7 +63,7 @@ class Param:
     description: str
     minimum: float | None = None
     maximum: float | None = None
-    choices: tuple[str, ...] = ()
+    choices: tuple[str | int, ...] = ()
     read_only: bool = True
     item: type | None = None  # element type of a list parameter: int, float or str
     items: tuple[int, int] = (1, 1024)  # a list parameter's allowed length, inclusive
@@ -178,6 +178,16 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
         Param("allow_nonfinite_weights", False, "Debugging only: load a checkpoint whose weights hold NaN or "
               "Inf, which is otherwise refused at load. Cycles whose hidden state or logits are not finite "
               "still produce no action; they are counted as invalid."),
+        Param("weights", "auto", "What the decoder's and a VL vision tower's weight matrices are held in: auto "
+              "keeps the checkpoint's dtype (bf16 stays bf16; fp16 is widened to fp32 on numpy); float32; "
+              "bfloat16; int8 (symmetric per output channel); int4 (symmetric per group of weights_group "
+              "inputs; the embedding and lm_head in int8). Quantized as the checkpoint loads; norms and biases stay fp32 and every product "
+              "accumulates in fp32. Decoding reads every weight once a token, so fewer bytes run faster: "
+              "docs/engine.md has the figures and the accuracy of each.",
+              choices=("auto", "float32", "bfloat16", "int8", "int4")),  # numerics/weight_formats.py's FORMATS
+        Param("weights_group", 64, "int4 only: inputs that share one scale (as Q4_0 / GPTQ / AWQ group them); "
+              "smaller groups are more accurate and take more bytes for scales.", minimum=32, maximum=128,
+              choices=(32, 64, 128)),  # numerics/weight_formats.py's INT4_GROUPS
         Param("backend", "auto", "Compute backend: auto picks cuda when a GPU is present, else numpy.",
               choices=("auto", "numpy", "cuda")),
         Param("blas_threads", 1, "Threads of the BLAS library under the numpy backend. 1 keeps cycle times "

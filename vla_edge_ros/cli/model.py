@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import load_settings
+from ..config import choices_of, load_settings
 from ..model.init_model import PRESETS, STORAGE_DTYPES, preset, write_random_model
 from ..model.known_models import KNOWN_MODELS
+from ..numerics.weight_formats import DEFAULT_INT4_GROUP, INT4_GROUPS
 from .args import image_size, token_ids
 
-MIN_COSINE = {"numpy": 0.99999, "cuda": 0.999}
 
 
 def cmd_init_model(args: argparse.Namespace) -> int:
@@ -54,20 +54,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_parity(args: argparse.Namespace) -> int:
-    from ..tools.parity import run_parity
+    from ..tools.parity import pass_bar, run_parity
 
     report = run_parity(args.model, args.token_ids, args.backend, image_size=args.image_size, seed=args.seed,
-                        allow_nonfinite=args.allow_nonfinite_weights)
+                        allow_nonfinite=args.allow_nonfinite_weights, weights=args.weights,
+                        weights_group=args.weights_group)
     if args.save_logits:
         np.save(args.save_logits, report.last_logits)
-    threshold = args.min_cosine if args.min_cosine is not None else MIN_COSINE[report.backend]
+    threshold = args.min_cosine if args.min_cosine is not None else pass_bar(report)
     passed = report.worst_cosine() >= threshold
     if args.json:
         print(json.dumps({**report.to_dict(), "min_cosine": threshold, "passed": passed}, indent=2))
     else:
         grids = ", ".join("x".join(map(str, grid)) for grid in report.image_grid_thw)
         images = f", {len(report.image_grid_thw)} images (t x h x w patches: {grids})" if grids else ""
-        print(f"parity of {report.model} on {report.backend} against transformers (fp32, CPU), "
+        print(f"parity of {report.model} on {report.backend} ({report.weights} weights) against transformers "
+              f"(fp32, CPU), "
               f"{len(report.token_ids)} tokens{images}")
         for label, agreement in report.agreements().items():
             print(f"  {label:<22} " + (agreement.nonfinite() or
@@ -129,14 +131,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("parity", help="compare our forward pass with HuggingFace transformers")
     p.add_argument("--model", required=True, type=Path)
-    p.add_argument("--backend", choices=sorted(MIN_COSINE), default="numpy")
+    p.add_argument("--backend", choices=("cuda", "numpy"), default="numpy")
+    p.add_argument("--weights", choices=choices_of("reasoning", "weights"), default="auto",
+                   help="hold our matrices in this format (reasoning.weights; default auto: as stored)")
+    p.add_argument("--weights-group", type=int, choices=INT4_GROUPS, default=DEFAULT_INT4_GROUP,
+                   help=f"int4: inputs per scale (default {DEFAULT_INT4_GROUP})")
     p.add_argument("--token-ids", required=True, type=token_ids,
                    help="prompt ids, comma-separated; 'img' places a random image (VL checkpoints)")
     p.add_argument("--image-size", type=image_size, default=(56, 56), metavar="HxW",
                    help="size of each random image before the image processor (default 56x56)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random images")
     p.add_argument("--save-logits", type=Path, help="write our last-position logits (float32 [vocab]) as .npy")
-    p.add_argument("--min-cosine", type=float, help="pass bar (default 0.99999 numpy, 0.999 cuda)")
+    p.add_argument("--min-cosine", type=float, help="pass bar (default 0.99999 numpy, 0.999 cuda; with weights "
+                   "that round the stored ones, at most 0.9999 bfloat16, 0.999 int8, 0.99 int4)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--allow-nonfinite-weights", action="store_true",
                    help="debugging: load weights holding NaN or Inf (refused otherwise) to see where outputs go bad")

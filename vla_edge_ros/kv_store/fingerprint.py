@@ -33,7 +33,8 @@ def weights_digest(checkpoint: Checkpoint) -> bytes:
 
 
 def model_fingerprint(checkpoint: Checkpoint, weights: bytes | None = None) -> bytes:
-    """32 bytes binding a block to config, weights, KV layout, frame encoder and engine format version."""
+    """32 bytes binding a block to config, weights, KV layout, frame encoder and engine format version, and to
+    the format the weights are held in when it changes their values (``reasoning.weights``)."""
     config = checkpoint.config
     description = {
         "engine_format_version": ENGINE_FORMAT_VERSION,
@@ -42,4 +43,8 @@ def model_fingerprint(checkpoint: Checkpoint, weights: bytes | None = None) -> b
                       "kv_heads": config.num_key_value_heads, "head_dim": config.head_dim},
         "weights_sha256": (weights or weights_digest(checkpoint)).hex(),
     }
+    matrices = ("model.layers.0.self_attn.q_proj.weight", "model.embed_tokens.weight")
+    if any(checkpoint.rounds(name) for name in matrices):  # int8 / int4 / bf16 of wider files compute other KV
+        description["weights_held"] = {"formats": [checkpoint.format_of(name) for name in matrices],
+                                       "group": checkpoint.weights_group if checkpoint.weights == "int4" else 0}
     return hashlib.sha256(json.dumps(description, sort_keys=True).encode()).digest()

@@ -13,7 +13,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import language_model_shapes, vl_shapes
+from ..numerics.weight_formats import matrix_bytes
+from .checkpoint import held_format, is_matrix, language_model_shapes, vl_shapes
 from .config import ModelConfig, parse_model_config
 from .vl.preprocess import ImageProcessing
 
@@ -61,3 +62,14 @@ def weight_values(config: ModelConfig) -> tuple[int, int]:
     """(decoder values, vision tower values) of a checkpoint of ``config``: what its tensors hold."""
     count = lambda shapes: sum(math.prod(shape) for shape in shapes.values())  # noqa: E731
     return count(language_model_shapes(config)), count(vl_shapes(config))
+
+
+def held_bytes(config: ModelConfig, weights: str, group: int) -> tuple[int, int]:
+    """(all weights, the vision tower's) bytes of a checkpoint of ``config`` held as ``reasoning.weights`` says on
+    the cuda backend: matrices in their format (``held_format``; auto: the bf16 they ship in), the rest in bf16."""
+    def total(shapes: dict[str, tuple[int, ...]]) -> int:
+        return sum(matrix_bytes(shape[0], shape[1], held_format(weights, (name,), ["BF16"]), group)
+                   if is_matrix(name, shape) else math.prod(shape) * KNOWN_DTYPE_BYTES for name, shape in shapes.items())
+
+    tower = total(vl_shapes(config))
+    return total(language_model_shapes(config)) + tower, tower

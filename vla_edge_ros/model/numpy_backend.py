@@ -1,7 +1,9 @@
 """The reference backend: the whole decoder in NumPy fp32, runnable anywhere.
 
-Weights are widened to fp32 once at load; q/k/v and gate/up are fused into one matrix each so a
-layer costs four BLAS calls. Keys and values live in a pool of pages (``model/pages.py``); attention
+Weight matrices are held in the checkpoint's ``weights`` format (``numerics/weight_formats.py``): fp32, the
+reference, goes to BLAS; bf16, int8 and int4 go through the compiled kernels of ``cpu_kernels``, which read
+the narrow weights and accumulate in fp32. q/k/v and gate/up are fused into one matrix each so a layer costs
+four products. Keys and values live in a pool of pages (``model/pages.py``); attention
 reads each KV head's entries through its block table: the dense layout as one view of the pool (a
 head's pages are one run of rows, so nothing is copied), the per-head layout gathered row by row
 (only what each head holds).
@@ -17,8 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..cpu_kernels import linear
 from ..numerics import ops
 from ..numerics.finite import require_finite
+from ..numerics.weight_formats import PackedMatrix, dequantize, take_rows
 from .arena import KVArena
 from .backend import Backend, ForwardResult
 from .checkpoint import Checkpoint
@@ -26,20 +30,15 @@ from .checkpoint import Checkpoint
 
 @dataclass
 class _Layer:
-    """One decoder layer's weights, stored [in, out] so prefill matmuls run at full BLAS speed."""
+    """One decoder layer's weights: matrices [out, in] as HF stores them, norms and biases fp32."""
 
     input_norm: np.ndarray
-    qkv_t: np.ndarray  # [H, q_dim + 2 kv_dim]
+    qkv: PackedMatrix  # [q_dim + 2 kv_dim, H]
     qkv_bias: np.ndarray
-    o_t: np.ndarray  # [q_dim, H]
+    o: PackedMatrix  # [H, q_dim]
     post_norm: np.ndarray
-    gate_up_t: np.ndarray  # [H, 2 I]
-    down_t: np.ndarray  # [I, H]
-
-
-def _transposed(*weights: np.ndarray) -> np.ndarray:
-    """[out, in] HF weights, concatenated along out, as one contiguous [in, out] matrix."""
-    return np.ascontiguousarray(np.concatenate(weights).T)
+    gate_up: PackedMatrix  # [2 I, H]
+    down: PackedMatrix  # [H, I]
 
 
 class NumpyBackend(Backend):
@@ -48,9 +47,9 @@ class NumpyBackend(Backend):
     def __init__(self, checkpoint: Checkpoint, arena: KVArena) -> None:
         super().__init__(checkpoint, arena)
         c = self.config
-        f32 = checkpoint.float32
-        self.embed = f32("model.embed_tokens.weight")
-        self.lm_head = self.embed if c.tie_word_embeddings else f32("lm_head.weight")
+        f32, matrix = checkpoint.float32, checkpoint.matrix
+        self.embed = matrix("model.embed_tokens.weight")
+        self.lm_head = self.embed if c.tie_word_embeddings else matrix("lm_head.weight")
         self.final_norm = f32("model.norm.weight")
         self.layers = []
         for i in range(c.num_hidden_layers):
@@ -58,12 +57,12 @@ class NumpyBackend(Backend):
             attn = p + "self_attn."
             self.layers.append(_Layer(
                 input_norm=f32(p + "input_layernorm.weight"),
-                qkv_t=_transposed(*(f32(attn + f"{n}_proj.weight") for n in "qkv")),
+                qkv=matrix(*(attn + f"{n}_proj.weight" for n in "qkv")),
                 qkv_bias=np.concatenate([f32(attn + f"{n}_proj.bias") for n in "qkv"]),
-                o_t=_transposed(f32(attn + "o_proj.weight")),
+                o=matrix(attn + "o_proj.weight"),
                 post_norm=f32(p + "post_attention_layernorm.weight"),
-                gate_up_t=_transposed(f32(p + "mlp.gate_proj.weight"), f32(p + "mlp.up_proj.weight")),
-                down_t=_transposed(f32(p + "mlp.down_proj.weight")),
+                gate_up=matrix(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+                down=matrix(p + "mlp.down_proj.weight"),
             ))
         self.k_rows = np.zeros((arena.pages.num_pages * arena.page_tokens, c.head_dim), dtype=np.float32)
         self.v_rows = np.zeros_like(self.k_rows)
@@ -77,7 +76,7 @@ class NumpyBackend(Backend):
         c = self.config
         positions = np.asarray(positions, dtype=np.int32)
         slots = np.asarray(slots, dtype=np.int32)
-        x = self.embed[token_ids] if token_ids is not None else embeddings.copy()
+        x = self.embeddings(token_ids) if token_ids is not None else embeddings.copy()
         rope_ids = self._rope_ids(rope_positions, positions.size)
         cos, sin = self.rotation(positions, rope_ids)
         self.arena.commit(slots, positions, rope_ids)
@@ -88,13 +87,17 @@ class NumpyBackend(Backend):
             self.k_rows[new_rows[index]] = k.transpose(1, 0, 2)
             self.v_rows[new_rows[index]] = v.transpose(1, 0, 2)
             keys, values, _, bias = self.attention_inputs(index, positions)
-            x += ops.gqa_attention(q, keys, values, bias, self.scale) @ layer.o_t
+            x += linear(ops.gqa_attention(q, keys, values, bias, self.scale), layer.o)
             h = ops.rms_norm(x, layer.post_norm, c.rms_norm_eps)
-            gate_up = h @ layer.gate_up_t
-            x += (ops.silu(gate_up[:, :c.intermediate_size]) * gate_up[:, c.intermediate_size:]) @ layer.down_t
+            gate_up = linear(h, layer.gate_up)
+            x += linear(ops.silu(gate_up[:, :c.intermediate_size]) * gate_up[:, c.intermediate_size:], layer.down)
             if layer_hidden is not None:
                 layer_hidden.append(x.copy())
         return ForwardResult(ops.rms_norm(x, self.final_norm, c.rms_norm_eps), layer_hidden)
+
+    def embeddings(self, token_ids: np.ndarray) -> np.ndarray:
+        """The input vectors [T, H] of tokens ``token_ids``: their rows of the embedding table, in fp32."""
+        return dequantize(take_rows(self.embed, np.asarray(token_ids)))
 
     def rotation(self, positions: np.ndarray, rope_ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """RoPE cos and sin of new tokens: by their M-RoPE ids (as ``_rope_ids`` returns them) if any, else by
@@ -109,7 +112,7 @@ class NumpyBackend(Backend):
         input ``x`` [T, H]."""
         c, weights = self.config, self.layers[layer]
         tokens, q_end, k_end = x.shape[0], c.q_dim, c.q_dim + c.kv_dim
-        qkv = ops.rms_norm(x, weights.input_norm, c.rms_norm_eps) @ weights.qkv_t + weights.qkv_bias
+        qkv = linear(ops.rms_norm(x, weights.input_norm, c.rms_norm_eps), weights.qkv, weights.qkv_bias)
         q = ops.apply_rope(qkv[:, :q_end].reshape(tokens, c.num_attention_heads, c.head_dim), cos, sin)
         k = ops.apply_rope(qkv[:, q_end:k_end].reshape(tokens, c.num_key_value_heads, c.head_dim), cos, sin)
         return q, k, qkv[:, k_end:].reshape(tokens, c.num_key_value_heads, c.head_dim)
@@ -142,10 +145,11 @@ class NumpyBackend(Backend):
         return self.k_rows[inside], self.v_rows[inside], np.where(rows >= 0, table.entry_slot.reshape(-1)[inside], -1)
 
     def logits(self, hidden: np.ndarray, rows: slice = slice(None)) -> np.ndarray:
-        return hidden @ self.lm_head[rows].T
+        return linear(np.ascontiguousarray(hidden, dtype=np.float32), take_rows(self.lm_head, rows))
 
     def greedy(self, hidden: np.ndarray, rows: slice = slice(None)) -> int:
-        return int(np.argmax(require_finite(self.lm_head[rows] @ hidden, "the action logits")))
+        logits = self.logits(hidden[None, :], rows)[0]
+        return int(np.argmax(require_finite(logits, "the action logits")))
 
     def rotate_keys(self, slots: np.ndarray, shifts: np.ndarray) -> None:
         rows = self.arena.pages.rows(slots)  # [layers, kv_heads, n]
@@ -165,6 +169,6 @@ class NumpyBackend(Backend):
         self.v_rows[destinations] = self.v_rows[sources]
 
     def state_bytes(self) -> tuple[int, int]:
-        arrays = [self.embed, self.final_norm] + ([] if self.lm_head is self.embed else [self.lm_head])
-        arrays += [a for layer in self.layers for a in vars(layer).values()]
-        return sum(a.nbytes for a in arrays), self.k_rows.nbytes + self.v_rows.nbytes
+        held = [self.embed, self.final_norm] + ([] if self.lm_head is self.embed else [self.lm_head])
+        held += [a for layer in self.layers for a in vars(layer).values()]
+        return sum(a.nbytes for a in held), self.k_rows.nbytes + self.v_rows.nbytes

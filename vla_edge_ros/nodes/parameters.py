@@ -52,7 +52,7 @@ def describe(param: Param, read_at_configure: bool = False) -> ParameterDescript
     )
     constraints = [READ_AT_CONFIGURE] if read_at_configure else []
     if param.choices:
-        constraints.append(f"one of {', '.join(param.choices)}")
+        constraints.append(f"one of {', '.join(map(str, param.choices))}")
     if is_list:
         low, high = param.items
         constraints.append(f"{low} value{'s' if low > 1 else ''}" if low == high else f"{low} to {high} values")

@@ -55,6 +55,18 @@ class PackedMatrix:
         return 0 if not self.group else -(-self.shape[1] // self.group)
 
 
+def matrix_bytes(rows: int, cols: int, fmt: str, group: int = DEFAULT_INT4_GROUP) -> int:
+    """The bytes a [rows, cols] matrix takes in format ``fmt``: ``PackedMatrix.nbytes`` before it is packed,
+    so a memory plan counts what a backend will hold."""
+    if fmt == "int4":
+        groups = -(-cols // group)
+        return rows * groups * (group // 2) + rows * groups * 4
+    per_weight = {"float32": 4, "bfloat16": 2, "int8": 1}
+    if fmt not in per_weight:
+        raise ValueError(f"weight format must be one of {FORMATS}, got {fmt!r}")
+    return rows * cols * per_weight[fmt] + (rows * 4 if fmt == "int8" else 0)
+
+
 def pack(weights: np.ndarray, fmt: str, group: int = DEFAULT_INT4_GROUP) -> PackedMatrix:
     """``weights`` [out, in] (fp32) in format ``fmt``; ``group`` is int4's group size."""
     w = np.ascontiguousarray(weights, dtype=np.float32)
@@ -128,6 +140,14 @@ def reference_linear(x: np.ndarray, matrix: PackedMatrix, bias: np.ndarray | Non
     """x [T, in] @ w.T (+ bias) in fp32 through ``dequantize``: the NumPy twin of the compiled kernels."""
     out = np.asarray(x, dtype=np.float32) @ dequantize(matrix).T
     return out if bias is None else out + bias
+
+
+def take_rows(matrix: PackedMatrix, rows: slice | np.ndarray) -> PackedMatrix:
+    """Rows ``rows`` of ``matrix`` (a slice is a view: nothing is copied), in its format: a vocabulary range of
+    lm_head, or the embedding rows of some tokens (``dequantize(take_rows(...))``)."""
+    data = matrix.data[rows]
+    scales = None if matrix.scales is None else matrix.scales[rows]
+    return PackedMatrix(matrix.format, (int(data.shape[0]), matrix.shape[1]), data, scales, matrix.group)
 
 
 def concat_rows(*matrices: PackedMatrix) -> PackedMatrix:

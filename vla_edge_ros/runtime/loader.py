@@ -22,7 +22,7 @@ from ..model.budget import MemoryPlan, plan_config, plan_memory, require_fit
 from ..model.checkpoint import Checkpoint, load_checkpoint
 from ..model.config import ModelConfig
 from ..model.instruction import InstructionError, InstructionTokenizer
-from ..model.known_models import KNOWN_DTYPE_BYTES, known_model, weight_values
+from ..model.known_models import held_bytes, known_model
 from ..model.vl.frames import frame_geometry, with_frame_geometry
 from .action_output import check_fits_action
 from .robot_state import state_reader
@@ -43,7 +43,8 @@ def load_model(settings: Settings) -> Checkpoint:
     """The configured checkpoint (tensor headers; weights memory-mapped) as the runtime sees it: for a VL
     checkpoint, with the frame geometry ``reasoning.vision_max_pixels`` gives it (``model/vl/frames.py``)."""
     node = settings["reasoning"]
-    checkpoint = load_checkpoint(Path(node["model_dir"]), allow_nonfinite=node["allow_nonfinite_weights"])
+    checkpoint = load_checkpoint(Path(node["model_dir"]), allow_nonfinite=node["allow_nonfinite_weights"],
+                                 weights=node["weights"], weights_group=node["weights_group"])
     return with_frame_geometry(checkpoint, node["vision_max_pixels"])
 
 
@@ -98,14 +99,15 @@ def plan_for(settings: Settings, checkpoint: Checkpoint | None = None) -> tuple[
 
 def plan_known(settings: Settings, name: str) -> tuple[MemoryPlan, ModelConfig]:
     """The memory plan of known checkpoint ``name`` (``model/known_models.py``) under this configuration, as
-    the cuda backend would hold it (weights in their bf16); the config at the configured frame geometry."""
+    the cuda backend would hold it (``reasoning.weights``: auto keeps their bf16); the config at the configured
+    frame geometry."""
     node = settings["reasoning"]
     config, processing = known_model(name)
     config = replace(config, vision=frame_geometry(processing, node["vision_max_pixels"]))
-    decoder, tower = weight_values(config)
+    weights, tower = held_bytes(config, node["weights"], node["weights_group"])
     prompt = node["instruction_max_tokens"] if node["instruction"] else len(node["prompt_token_ids"])
     largest = max(config.observation_tokens, prompt)  # no tokenizer without the checkpoint: its bound
-    plan = plan_config(config, "cuda", (decoder + tower) * KNOWN_DTYPE_BYTES, tower * KNOWN_DTYPE_BYTES,
+    plan = plan_config(config, "cuda", weights, tower,
                        node["kv_capacity_tokens"], node["budget_bytes"], largest, node["kv_page_tokens"],
                        node["kv_pool_pages"])
     return plan, config

@@ -26,6 +26,19 @@ from ..model.vl.config import VlConfig
 from ..model.vl.preprocess import PREPROCESSOR_CONFIG, ImageProcessing, preprocess
 from ..model.vl.prompt import embed_vl_prompt, expand_prompt
 from ..model.vl.tower import make_vision_tower
+from ..numerics.weight_formats import DEFAULT_INT4_GROUP
+
+
+MIN_COSINE = {"numpy": 0.99999, "cuda": 0.999}
+"""The worst cosine a backend must reach with weights held as stored: it differs from HF's only in rounding."""
+ROUNDED_MIN_COSINE = {"bfloat16": 0.9999, "int8": 0.999, "int4": 0.99}
+"""The bar when ``weights`` rounds the stored values: what each narrower format is allowed to lose."""
+
+
+def pass_bar(report: "ParityReport") -> float:
+    """The worst cosine ``report`` must reach: its backend's bar, lowered to its format's when that rounds."""
+    bar = MIN_COSINE[report.backend]
+    return min(bar, ROUNDED_MIN_COSINE[report.weights]) if report.rounded else bar
 
 
 @dataclass
@@ -60,6 +73,8 @@ class Agreement:
 class ParityReport:
     model: str
     backend: str
+    weights: str  # the format our decoder's matrices were held in (``reasoning.weights``, resolved)
+    rounded: bool  # whether that format changed the stored weights' values (int8, int4, fp32 files as bf16)
     token_ids: list[int]
     logits: Agreement
     layers: list[Agreement]
@@ -125,13 +140,15 @@ def reference_forward(model, token_ids: list[int], position_ids: list[int] | Non
 
 
 def run_parity(model_dir: str | Path, token_ids: Sequence[int | None], backend: str = "numpy", *,
-               image_size: tuple[int, int] = (56, 56), seed: int = 0, allow_nonfinite: bool = False) -> ParityReport:
+               image_size: tuple[int, int] = (56, 56), seed: int = 0, allow_nonfinite: bool = False,
+               weights: str = "auto", weights_group: int = DEFAULT_INT4_GROUP) -> ParityReport:
     """Compare logits and every layer's hidden state with HF, and incremental against full decoding.
 
     ``None`` entries of ``token_ids`` are images (a VL checkpoint only): each becomes vision start,
     its pad tokens and vision end, with a random ``image_size`` (height, width) RGB image from ``seed``.
     Weights holding NaN or Inf are refused (CheckpointError) unless ``allow_nonfinite``; then the report
-    names the first layer whose output is not finite.
+    names the first layer whose output is not finite. ``weights`` holds our matrices in a narrower format
+    (``reasoning.weights``), to measure what it costs against transformers' fp32 forward of the same files.
     """
     if not token_ids:
         raise ValueError("parity needs at least one token id")
@@ -140,7 +157,8 @@ def run_parity(model_dir: str | Path, token_ids: Sequence[int | None], backend: 
         import transformers  # noqa: F401
     except ModuleNotFoundError:
         raise missing("parity", "the reference forward pass") from None
-    checkpoint = load_checkpoint(model_dir, require_vla=False, allow_nonfinite=allow_nonfinite)
+    checkpoint = load_checkpoint(model_dir, require_vla=False, allow_nonfinite=allow_nonfinite, weights=weights,
+                                 weights_group=weights_group)
     if checkpoint.config.vl is not None:
         return _vl_parity(checkpoint, token_ids, backend, image_size, seed)
     if any(token is None for token in token_ids):
@@ -172,6 +190,8 @@ def _report(checkpoint: Checkpoint, backend: str, ids: np.ndarray, feed: Feed, s
     return ParityReport(
         model=str(checkpoint.path),
         backend=full.name,
+        weights=checkpoint.weights if checkpoint.weights != "auto" else checkpoint.format_of("model.embed_tokens.weight"),
+        rounded=checkpoint.rounds("model.embed_tokens.weight"),
         token_ids=ids.tolist(),
         logits=Agreement.of(logits, ref_logits),
         layers=[Agreement.of(a, b) for a, b in zip(ours_hidden, ref_hidden)],

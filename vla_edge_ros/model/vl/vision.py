@@ -1,4 +1,4 @@
-"""The Qwen2-VL / Qwen2.5-VL vision tower in NumPy fp32: patches -> decoder-width image tokens.
+"""The Qwen2-VL / Qwen2.5-VL vision tower in NumPy (fp32 math): patches -> decoder-width image tokens.
 
 Input is what HF's ``Qwen2VLImageProcessor`` emits: ``pixel_values`` [N, C*T*P*P] (each row one patch,
 channels x frames x rows x cols) and ``image_grid_thw`` [(t, h, w), ...] in patches. The processor
@@ -30,7 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...cpu_kernels import linear
 from ...numerics import ops
+from ...numerics.weight_formats import PackedMatrix, pack
 from ..checkpoint import Checkpoint, CheckpointError
 from .config import VisionTowerConfig
 
@@ -153,60 +155,59 @@ def vision_layout(config: VisionTowerConfig, grid_thw: np.ndarray) -> VisionLayo
     return VisionLayout(grid, positions[rows], frames, windows, rows, order)
 
 
-def _t(weight: np.ndarray) -> np.ndarray:
-    """An [out, in] HF weight as a contiguous [in, out] matrix (rows @ it runs at full BLAS speed)."""
-    return np.ascontiguousarray(weight.T)
-
-
 @dataclass
 class _Block:
-    """One ViT block; ``*_bias`` of the norms is None for RMSNorm (qwen2_5_vl)."""
+    """One ViT block: matrices [out, in] in the checkpoint's weight format; ``*_bias`` of the norms is None for
+    RMSNorm (qwen2_5_vl)."""
 
     norm1: np.ndarray
     norm1_bias: np.ndarray | None
-    qkv_t: np.ndarray  # [E, 3E]
+    qkv: PackedMatrix  # [3E, E]
     qkv_bias: np.ndarray
-    proj_t: np.ndarray  # [E, E]
+    proj: PackedMatrix  # [E, E]
     proj_bias: np.ndarray
     norm2: np.ndarray
     norm2_bias: np.ndarray | None
-    up_t: np.ndarray  # qwen2_vl: fc1 [E, M]; qwen2_5_vl: gate and up side by side [E, 2M]
+    up: PackedMatrix  # qwen2_vl: fc1 [M, E]; qwen2_5_vl: gate and up stacked [2M, E]
     up_bias: np.ndarray
-    down_t: np.ndarray  # [M, E]
+    down: PackedMatrix  # [E, M]
     down_bias: np.ndarray
 
 
 class VisionTower:
-    """A checkpoint's ViT, widened to fp32 once; ``encode`` maps patches to decoder-width tokens."""
+    """A checkpoint's ViT: matrices held in its ``weights`` format, the rest fp32; ``encode`` maps patches to
+    decoder-width tokens."""
 
-    def __init__(self, config: VisionTowerConfig, weight: dict[str, np.ndarray]) -> None:
-        """``weight``: the ``visual.*`` tensors in fp32, named as ``checkpoint.vl_shapes`` names them."""
+    def __init__(self, config: VisionTowerConfig, checkpoint: Checkpoint) -> None:
+        """The tower ``config`` describes, over the ``visual.*`` tensors of ``checkpoint``."""
         self.config = c = config
         self.layer_norm = c.family == "qwen2_vl"
-        self.patch_t = _t(weight["visual.patch_embed.proj.weight"].reshape(c.embed_dim, c.patch_dim))
+        f32, matrix = checkpoint.float32, checkpoint.matrix
+
+        def optional(name: str) -> np.ndarray | None:
+            return f32(name) if name in checkpoint.tensors else None
+
+        self.patch = pack(f32("visual.patch_embed.proj.weight").reshape(c.embed_dim, c.patch_dim), "float32")
         self.blocks = []
         for index in range(c.depth):
             p = f"visual.blocks.{index}."
             if self.layer_norm:
-                up_t, up_bias = _t(weight[p + "mlp.fc1.weight"]), weight[p + "mlp.fc1.bias"]
-                down = "mlp.fc2."
+                up, up_bias, down = matrix(p + "mlp.fc1.weight"), f32(p + "mlp.fc1.bias"), "mlp.fc2."
             else:
-                up_t = _t(np.concatenate((weight[p + "mlp.gate_proj.weight"], weight[p + "mlp.up_proj.weight"])))
-                up_bias = np.concatenate((weight[p + "mlp.gate_proj.bias"], weight[p + "mlp.up_proj.bias"]))
+                up = matrix(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
+                up_bias = np.concatenate((f32(p + "mlp.gate_proj.bias"), f32(p + "mlp.up_proj.bias")))
                 down = "mlp.down_proj."
             self.blocks.append(_Block(
-                norm1=weight[p + "norm1.weight"], norm1_bias=weight.get(p + "norm1.bias"),
-                qkv_t=_t(weight[p + "attn.qkv.weight"]), qkv_bias=weight[p + "attn.qkv.bias"],
-                proj_t=_t(weight[p + "attn.proj.weight"]), proj_bias=weight[p + "attn.proj.bias"],
-                norm2=weight[p + "norm2.weight"], norm2_bias=weight.get(p + "norm2.bias"),
-                up_t=up_t, up_bias=up_bias, down_t=_t(weight[p + down + "weight"]), down_bias=weight[p + down + "bias"],
+                norm1=f32(p + "norm1.weight"), norm1_bias=optional(p + "norm1.bias"),
+                qkv=matrix(p + "attn.qkv.weight"), qkv_bias=f32(p + "attn.qkv.bias"),
+                proj=matrix(p + "attn.proj.weight"), proj_bias=f32(p + "attn.proj.bias"),
+                norm2=f32(p + "norm2.weight"), norm2_bias=optional(p + "norm2.bias"),
+                up=up, up_bias=up_bias, down=matrix(p + down + "weight"), down_bias=f32(p + down + "bias"),
             ))
-        self.merger_norm = weight["visual.merger.ln_q.weight"]
-        self.merger_norm_bias = weight.get("visual.merger.ln_q.bias")
-        self.merger_fc1_t = _t(weight["visual.merger.mlp.0.weight"])
-        self.merger_fc1_bias = weight["visual.merger.mlp.0.bias"]
-        self.merger_fc2_t = _t(weight["visual.merger.mlp.2.weight"])
-        self.merger_fc2_bias = weight["visual.merger.mlp.2.bias"]
+        self.merger_norm = f32("visual.merger.ln_q.weight")
+        self.merger_norm_bias = optional("visual.merger.ln_q.bias")
+        self.merger_fc1, self.merger_fc1_bias = matrix("visual.merger.mlp.0.weight"), f32("visual.merger.mlp.0.bias")
+        self.merger_fc2, self.merger_fc2_bias = matrix("visual.merger.mlp.2.weight"), f32("visual.merger.mlp.2.bias")
         self.inv_freq = ops.rope_inv_freq(c.head_dim // 2, c.rope_theta)
         self.scale = 1.0 / np.sqrt(c.head_dim)
 
@@ -215,7 +216,7 @@ class VisionTower:
         vl = checkpoint.config.vl
         if vl is None:
             raise CheckpointError(f"{checkpoint.path}: not a Qwen2-VL / Qwen2.5-VL checkpoint (no vision tower)")
-        return cls(vl.vision, {name: checkpoint.float32(name) for name in checkpoint.tensors if name.startswith("visual.")})
+        return cls(vl.vision, checkpoint)
 
     def _norm(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
         if self.layer_norm:
@@ -223,13 +224,13 @@ class VisionTower:
         return ops.rms_norm(x, weight, self.config.eps)
 
     def _mlp(self, x: np.ndarray, block: _Block) -> np.ndarray:
-        up = x @ block.up_t + block.up_bias
+        up = linear(x, block.up, block.up_bias)
         if self.layer_norm:
             hidden = ops.quick_gelu(up)
         else:
             gate, up = np.split(up, 2, axis=-1)
             hidden = ops.silu(gate) * up
-        return hidden @ block.down_t + block.down_bias
+        return linear(hidden, block.down, block.down_bias)
 
     def rotary(self, layout: VisionLayout) -> tuple[np.ndarray, np.ndarray]:
         """cos, sin [N, head_dim / 2] of the sequence's 2-D rotary angles."""
@@ -237,16 +238,16 @@ class VisionTower:
 
     def embed(self, patches: np.ndarray, layout: VisionLayout) -> np.ndarray:
         """[N, embed_dim]: the patch embedding (Conv3d with stride = kernel, as one GEMM) in sequence order."""
-        return layout.sequence(patches, self.config) @ self.patch_t
+        return linear(np.ascontiguousarray(layout.sequence(patches, self.config), dtype=np.float32), self.patch)
 
     def block(self, index: int, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, bounds: np.ndarray) -> np.ndarray:
         """Block ``index`` applied to x [N, embed_dim] (updated in place and returned)."""
         c, block = self.config, self.blocks[index]
         h = self._norm(x, block.norm1, block.norm1_bias)
-        qkv = (h @ block.qkv_t + block.qkv_bias).reshape(x.shape[0], 3, c.num_heads, c.head_dim)
+        qkv = linear(h, block.qkv, block.qkv_bias).reshape(x.shape[0], 3, c.num_heads, c.head_dim)
         q = ops.apply_rope(qkv[:, 0], cos, sin)
         k = ops.apply_rope(qkv[:, 1], cos, sin)
-        x += ops.segment_attention(q, k, qkv[:, 2], bounds, self.scale) @ block.proj_t + block.proj_bias
+        x += linear(ops.segment_attention(q, k, qkv[:, 2], bounds, self.scale), block.proj, block.proj_bias)
         x += self._mlp(self._norm(x, block.norm2, block.norm2_bias), block)
         return x
 
@@ -255,7 +256,7 @@ class VisionTower:
         Linear), in sequence order."""
         c = self.config
         merged = self._norm(x, self.merger_norm, self.merger_norm_bias).reshape(-1, c.merged_dim)
-        return ops.gelu(merged @ self.merger_fc1_t + self.merger_fc1_bias) @ self.merger_fc2_t + self.merger_fc2_bias
+        return linear(ops.gelu(linear(merged, self.merger_fc1, self.merger_fc1_bias)), self.merger_fc2, self.merger_fc2_bias)
 
     def encode(self, patches: np.ndarray, grid_thw: np.ndarray) -> np.ndarray:
         """[N / merge^2, decoder hidden] fp32 tokens of the images ``grid_thw`` whose patches are ``patches``
