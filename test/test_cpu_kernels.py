@@ -101,4 +101,13 @@ def test_wrong_shapes_are_refused():
     with pytest.raises(ValueError, match="bias must be"):
         linear(tokens_of(1, 100), matrix, np.zeros(4, np.float32))
     with pytest.raises(ValueError, match="threads must be"):
+        set_threads(-1)
+
+
+def test_zero_threads_means_every_core():
+    before = threads()
+    try:
         set_threads(0)
+        assert threads() == numba.config.NUMBA_NUM_THREADS
+    finally:
+        set_threads(before)

@@ -194,6 +194,11 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               "predictable when the camera, DDS and other processes share the cores (measured: oversubscribed "
               "BLAS threads spin and stretch a cycle ten-fold); 0 leaves the library default (every core).",
               minimum=0, maximum=256),
+        Param("kernel_threads", 1, "Threads of the numpy backend's compiled kernels (every decode product, and "
+              "the widening of narrow weights before a prefill's BLAS). 1 keeps cycles predictable on shared "
+              "cores, as blas_threads does; 0 uses every core. Two threads run a 1.5B-shape layer 1.3-1.7x "
+              "faster on an idle 2-core machine; keep blas_threads at 1 beside them (both pools spin).",
+              minimum=0, maximum=256),
         Param("kv_capacity_tokens", 512, "Slots in the KV arena (prompt + frames + action scratch).",
               minimum=8, maximum=1 << 20),
         Param("kv_page_tokens", 16, "Tokens per KV page: the unit of memory the arena's pool hands to one "

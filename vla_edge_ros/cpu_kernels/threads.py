@@ -21,11 +21,12 @@ _threads = numba.config.NUMBA_NUM_THREADS
 
 
 def set_threads(count: int) -> None:
-    """Use ``count`` threads (1 to the cores Numba saw at start) for every later kernel call."""
+    """Use ``count`` threads (1 to the cores Numba saw at start; 0: all of them) for every later kernel call."""
     global _threads
-    if not 1 <= count <= numba.config.NUMBA_NUM_THREADS:
-        raise ValueError(f"threads must be 1 to {numba.config.NUMBA_NUM_THREADS}, got {count}")
-    _threads = count
+    cores = numba.config.NUMBA_NUM_THREADS
+    if not 0 <= count <= cores:
+        raise ValueError(f"threads must be 0 (every core) to {cores}, got {count}")
+    _threads = count or cores
 
 
 def threads() -> int:

@@ -14,6 +14,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from ..config import MemoryKnobs, ObservationKnobs, OutputKnobs, Settings
+from ..cpu_kernels import set_threads
 from ..engine import VlaEngine
 from ..kv_store import BlockStore, load_key, load_or_prefill_prompt, model_fingerprint, restore_memory
 from ..memory import POLICIES, MemorySite, build_policy, check_knobs
@@ -205,6 +206,7 @@ def load_engine(settings: Settings, policies: Iterable[str] = POLICIES, checkpoi
     check_settings(settings, checkpoint, policies)
     if node["blas_threads"]:
         threadpool_limits(limits=node["blas_threads"], user_api="blas")  # process-wide, from here on
+    set_threads(node["kernel_threads"])  # process-wide too
     prompt = prompt_ids(settings, checkpoint)
     with _reasoning_errors(settings):
         engine = VlaEngine(checkpoint, backend=plan.backend, kv_capacity_tokens=node["kv_capacity_tokens"],
