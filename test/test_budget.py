@@ -88,3 +88,17 @@ def test_plan_counts_the_pages_of_a_pool_smaller_than_the_dense_size(tiny_model)
     fifo = _settings(tiny_model, kv_capacity_tokens=256, kv_page_tokens=8, kv_pool_pages=80)
     with pytest.raises(ValueError, match="only dms runs on a smaller pool"):
         load_engine(fifo)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cuda"])
+@pytest.mark.parametrize("weights", ["auto", "int8", "int4"])
+def test_the_plan_counts_the_decoder_bytes_each_backend_holds(tiny_model, backend, weights):
+    """Tensor by tensor, the plan's bytes are what the backend uploads or keeps (cuda under the simulator:
+    the uploads are real, only the kernels are simulated)."""
+    from vla_edge_ros.model.arena import KVArena
+    from vla_edge_ros.model.backends import make_backend
+    from vla_edge_ros.model.checkpoint import language_model_shapes
+
+    checkpoint = load_checkpoint(tiny_model, weights=weights, weights_group=32)
+    held = make_backend(backend, checkpoint, KVArena(64)).state_bytes()[0]
+    assert sum(checkpoint.held_bytes(name, backend) for name in language_model_shapes(checkpoint.config)) == held

@@ -73,10 +73,12 @@ def test_cuda_backend_over_packed_weights_matches_it_over_their_dequantized_valu
     """Prefill 3 tokens then decode 1 (the GEMM and the GEMV), the tied int table gathered and projected."""
     packed = load_checkpoint(one_layer, require_vla=False, weights=weights, weights_group=32)
     dequantized = replace(packed, weights="auto", tensors={
-        name: StoredTensor("F32", dequantize(pack(t.to_float32(), weights, 32))) if packed.is_matrix(name) else t
-        for name, t in packed.tensors.items()})
+        name: StoredTensor("F32", dequantize(pack(t.to_float32(), packed.format_of(name), 32)))
+        if packed.is_matrix(name) else t for name, t in packed.tensors.items()})
     backends = [CudaBackend(checkpoint, KVArena(8)) for checkpoint in (packed, dequantized)]
-    assert backends[0].lm_head.kind is kernels.WeightKind(weights) and backends[0].lm_head is backends[0].embed
+    assert backends[0].layers[0].down_weight.kind is kernels.WeightKind(weights)
+    assert backends[0].lm_head.kind is kernels.WeightKind.INT8  # int4 keeps the token tables in int8
+    assert backends[0].lm_head is backends[0].embed
     results = []
     for backend in backends:
         prefill = backend.forward(np.arange(3), np.arange(3), token_ids=np.array([5, 40, 17])).hidden

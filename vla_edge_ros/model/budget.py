@@ -81,12 +81,9 @@ class MemoryPlan:
 
 def plan_memory(checkpoint: Checkpoint, backend: str, kv_capacity_tokens: int, budget_bytes: int,
                 max_new_tokens: int, kv_page_tokens: int, kv_pool_pages: int = 0) -> MemoryPlan:
-    """Bytes each part will take on ``backend``: the numpy backend holds matrices in the checkpoint's ``weights``
-    format and the rest in fp32; 'cuda' keeps the storage dtype."""
+    """Bytes each part will take on ``backend`` (``Checkpoint.held_bytes``)."""
     def weight_bytes(names: list[str]) -> int:
-        if backend == "numpy":
-            return sum(checkpoint.held_bytes(name) for name in names)
-        return sum(checkpoint.tensors[name].array.nbytes for name in names)
+        return sum(checkpoint.held_bytes(name, backend) for name in names)
 
     tower = [name for name in checkpoint.tensors if name.startswith("visual.")] if checkpoint.config.vl else []
     return plan_config(checkpoint.config, backend, weight_bytes(list(checkpoint.tensors)), weight_bytes(tower),

@@ -175,12 +175,17 @@ class Checkpoint:
             return pack_bf16_bits(np.concatenate([t.array for t in stored]))
         return pack(np.concatenate([t.to_float32() for t in stored]), fmt, self.weights_group)
 
-    def held_bytes(self, name: str) -> int:
-        """The bytes tensor ``name`` takes on the numpy backend: a matrix in its format, anything else fp32."""
-        shape = self.tensors[name].shape
-        if self.is_matrix(name):
+    def held_bytes(self, name: str, backend: str = "numpy") -> int:
+        """The bytes tensor ``name`` takes on ``backend``. numpy: a matrix in its format, anything else fp32.
+        cuda: a matrix in its format, but as stored under ``auto`` (fp16 stays fp16); vectors (norms, biases)
+        fp32; anything else (a Conv3d kernel; tensors the host keeps) as stored."""
+        stored = self.tensors[name]
+        shape = stored.shape
+        if self.is_matrix(name) and (backend == "numpy" or self.weights != "auto"):
             return matrix_bytes(shape[0], shape[1], self.format_of(name), self.weights_group)
-        return int(np.prod(shape, dtype=np.int64)) * 4
+        if backend == "numpy" or len(shape) == 1:
+            return int(np.prod(shape, dtype=np.int64)) * 4
+        return stored.array.nbytes
 
     @property
     def storage_dtype(self) -> str:

@@ -1,8 +1,8 @@
 """The GPU backend: the same decoder as ``numpy_backend``, as a sequence of Numba-CUDA kernels.
 
-Weight matrices are held in ``checkpoint.weights``: ``auto`` keeps the checkpoint's precision (fp16, or bf16
-kept as its uint16 bits), the others pack them (``cuda_weights``: bf16, int8, int4, the numpy backend's
-values); the kernels widen or dequantize them as they read. Activations, accumulation and the KV arena are
+Weight matrices are held in ``checkpoint.weights`` (int4 keeps the token tables in int8): ``auto`` keeps the
+checkpoint's precision (fp16, or bf16 kept as its uint16 bits), the others pack them (``cuda_weights``: bf16,
+int8, int4, the numpy backend's values); the kernels widen or dequantize them as they read. Activations, accumulation and the KV arena are
 fp32. Keys and values live in one pool of pages on the device (``model/pages.py``); the attention kernel
 reads each KV head's entries through its block table, uploaded with the lengths and entry slots every
 forward. No cuBLAS, no torch. Activation buffers are allocated once for the largest forward seen and reused,
@@ -44,9 +44,10 @@ class _Layer:
 
 
 def _matrix(checkpoint: Checkpoint, *names: str) -> kernels.DeviceWeight:
-    """Upload weight matrices in ``checkpoint.weights``, fused along the output dim when several."""
-    return device_matrix(*(checkpoint.tensors[name] for name in names), fmt=checkpoint.weights,
-                         group=checkpoint.weights_group)
+    """Upload weight matrices in their format (``Checkpoint.format_of``; ``auto`` keeps the stored precision, fp16
+    too), fused along the output dim when several."""
+    fmt = "auto" if checkpoint.weights == "auto" else checkpoint.format_of(*names)
+    return device_matrix(*(checkpoint.tensors[name] for name in names), fmt=fmt, group=checkpoint.weights_group)
 
 
 def _vector(checkpoint: Checkpoint, name: str):
