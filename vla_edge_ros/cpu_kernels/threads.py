@@ -17,7 +17,7 @@ from typing import Iterator
 import numba
 
 _LAUNCH = threading.Lock()
-_threads = numba.config.NUMBA_NUM_THREADS
+_threads = 1  # until set_threads says otherwise: spinning workers on shared cores cost more than they give
 
 
 def set_threads(count: int) -> None:
