@@ -67,3 +67,24 @@ def test_damaged_files_are_refused_with_a_reason(tmp_path, damage):
         _write(path, {"w": {"dtype": "F32"}}, b"")
     with pytest.raises(SafetensorsError, match="bad.safetensors"):
         read_safetensors(path)
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096
+
+
+def test_a_released_tensor_gives_its_pages_back_and_loses_nothing(tmp_path):
+    """A load reads every tensor once (the finite check, packing): release() drops those file pages from the
+    process's resident memory, and a later read faults the same values in again."""
+    values = np.arange(16 << 20, dtype=np.float32)  # 64 MiB
+    path = tmp_path / "big.safetensors"
+    write_safetensors(path, {"a": StoredTensor("F32", np.ones(3, np.float32)), "big": StoredTensor("F32", values)})
+    big = read_safetensors(path)["big"]
+    assert float(big.array.sum(dtype=np.float64)) == float(values.sum(dtype=np.float64))  # every page read
+    before = _resident_bytes()
+    big.release()
+    assert before - _resident_bytes() > 48 << 20
+    np.testing.assert_array_equal(big.array, values)
+    StoredTensor("F32", values).release()  # not mapped: nothing to give back
+    np.testing.assert_array_equal(values[:3], [0.0, 1.0, 2.0])

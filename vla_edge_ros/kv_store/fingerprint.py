@@ -29,6 +29,7 @@ def weights_digest(checkpoint: Checkpoint) -> bytes:
         tensor = checkpoint.tensors[name]
         digest.update(f"{name}\0{tensor.dtype}\0{list(tensor.shape)}\0".encode())
         digest.update(memoryview(np.ascontiguousarray(tensor.array)).cast("B"))
+        tensor.release()  # read once: its file pages need not stay resident
     return digest.digest()
 
 

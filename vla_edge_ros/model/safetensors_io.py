@@ -9,6 +9,7 @@ as their raw uint16 bits (memory-mapped, no copy) and widened to fp32 only when 
 from __future__ import annotations
 
 import json
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,23 @@ class StoredTensor:
     def nonfinite_count(self) -> int:
         """How many values are NaN or Inf, read from the stored bits (``numerics/finite.py``)."""
         return count_nonfinite_bits(self.array, self.dtype)
+
+    def release(self) -> None:
+        """Give back the memory a read of this tensor left resident: the pages of the mapped file that lie wholly
+        inside its bytes. The file is mapped read-only, so nothing is lost: a later read faults them in again from
+        the page cache. Without this, every tensor a load reads once (the finite check, packing into a narrower
+        format) stays in the process's resident memory beside what it was packed into."""
+        root = self.array
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        if not isinstance(root, np.memmap) or not isinstance(root.base, mmap.mmap) or not self.array.nbytes:
+            return
+        mapping_start = root.ctypes.data - root.offset % mmap.ALLOCATIONGRANULARITY
+        begin = self.array.ctypes.data - mapping_start
+        first = -(-begin // mmap.PAGESIZE) * mmap.PAGESIZE
+        last = (begin + self.array.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if last > first:
+            root.base.madvise(mmap.MADV_DONTNEED, first, last - first)
 
 
 def read_safetensors(path: str | Path) -> dict[str, StoredTensor]:
