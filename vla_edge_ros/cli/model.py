@@ -33,13 +33,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.known_model:
         plan, config = plan_known(settings, args.known_model)
         where, stored = f"{args.known_model}: public config.json, no weights", "bf16"
+        held = settings["reasoning"]["weights"].replace("auto", "bfloat16 (as stored)")
     else:
         plan, checkpoint = plan_for(settings)
         check_settings(settings, checkpoint)  # what `run` would refuse, refused here with the same line
-        config, where, stored = checkpoint.config, str(checkpoint.path), checkpoint.storage_dtype
+        config, where, stored, held = checkpoint.config, str(checkpoint.path), checkpoint.storage_dtype, \
+            checkpoint.held_as
     family = config.vl.family if config.vl else "qwen2"
     print(f"model      {where} ({family}, {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
-          f"{stored} on disk)")
+          f"{stored} on disk, held as {held})")
     v = config.vision
     if config.vl:
         print(f"frames     {v.image_size}x{v.image_size} (reasoning.vision_max_pixels "

@@ -159,6 +159,12 @@ class Checkpoint:
     def is_matrix(self, name: str) -> bool:
         return is_matrix(name, self.tensors[name].shape)
 
+    @property
+    def held_as(self) -> str:
+        """The format of the decoder's layer matrices, in words for a log line: ``int8``, ``bfloat16 (as stored)``."""
+        fmt = self.format_of("model.layers.0.mlp.down_proj.weight")
+        return fmt if self.weights != "auto" else f"{fmt} (as stored)"
+
     def format_of(self, *names: str) -> str:
         """The format matrices ``names`` are held in (``held_format``)."""
         return held_format(self.weights, names, [self.tensors[name].dtype for name in names])
