@@ -1,17 +1,33 @@
-"""bf16 bits and int4 nibbles to fp32 inside compiled code, in forms LLVM vectorizes 16 lanes wide.
+"""bf16 bits and int4 nibbles to fp32, and int8 rows against int16 activations, inside compiled code.
 
 - A bf16 weight widens to fp32 exactly as its 16 bits moved to the top of a 32-bit word. Numba has no
   scalar bit cast, and going through a small uint32 buffer viewed as float32 keeps LLVM from vectorizing
   the dot product (1.4 ns a weight against 0.09 with this cast, one Zen 4 core, row in L1).
 - An int4 nibble in Numba's integer arithmetic is an int64, and LLVM then converts 8 lanes at a time
   (``vcvtqq2ps``); widening the byte to int32 here keeps 16 lanes a conversion (twice the speed, in L2).
+- int8 rows against int16 activations sum in int32, which Numba's arithmetic (int64 for any integer)
+  hides from LLVM: ``madd_int16_int8`` keeps a scalar sum int32, and LLVM then vectorizes it as
+  ``vpmaddwd`` 16 lanes wide; ``dot_int16_int8_avx512`` writes the loop itself, 32 lanes a step,
+  which LLVM fuses into one ``vpdpwssd`` (AVX-512 VNNI) per 32 weights: 1.7 ms a layer against 2.5 for
+  the vectorized scalar loop and 3.1 for fp32 products (one core, one Qwen2.5-1.5B layer, load 2).
 """
 
 from __future__ import annotations
 
+import llvmlite.binding as llvm
 from numba import types
+from numba.core import cgutils, config
 from numba.core.cgutils import ir  # llvmlite's IR module, as Numba's extension API uses it
 from numba.extending import intrinsic
+
+AVX512BW = "+avx512bw" in (config.CPU_FEATURES or llvm.get_host_cpu_features().flatten()).split(",")
+"""Whether Numba compiles for a CPU with AVX-512BW (its own rule: ``NUMBA_CPU_FEATURES``, else the host's),
+so ``dot_int16_int8_avx512`` may be used."""
+INT8_STEP = 128
+"""Inputs ``dot_int16_int8_avx512`` takes a loop step: 4 independent sums of 32 (one ``vpdpwssd`` each)."""
+INT8_CHUNK = 32768
+"""The most inputs a call of ``dot_int16_int8_avx512`` takes: each of its 64 int32 lanes then sums 512
+products of at most 32767 * 128, 2 147 418 112 < 2 ** 31, so no lane can overflow."""
 
 
 @intrinsic
@@ -48,3 +64,76 @@ low_nibble = _nibble_to_float32(high=False)
 """The low nibble of a byte, less 8, as fp32: int4's first input of a pair."""
 high_nibble = _nibble_to_float32(high=True)
 """The high nibble of a byte, less 8, as fp32: int4's second input of a pair."""
+
+
+@intrinsic
+def madd_int16_int8(typingctx, acc, x, w):  # noqa: ARG001
+    """``acc + x * w`` in int32 (acc int32, x int16, w int8), for a sum LLVM vectorizes as ``vpmaddwd``."""
+    if (acc, x, w) != (types.int32, types.int16, types.int8):
+        return None
+
+    def codegen(context, builder, signature, args):  # noqa: ARG001
+        int32 = ir.IntType(32)
+        return builder.add(args[0], builder.mul(builder.sext(args[1], int32), builder.sext(args[2], int32)))
+
+    return types.int32(types.int32, types.int16, types.int8), codegen
+
+
+@intrinsic
+def dot_int16_int8_avx512(typingctx, xq, row, start, stop):  # noqa: ARG001
+    """sum(xq[k] * row[k] for k in [start, stop)) exactly, as int64; xq int16 and row int8, both C-contiguous.
+
+    ``stop - start`` must be a multiple of ``INT8_STEP``, at most ``INT8_CHUNK``, and the inputs in bounds
+    (nothing is checked). Needs ``AVX512BW``: ``llvm.x86.avx512.pmaddw.d.512`` multiplies 32 int16 pairs
+    and adds neighbours into 16 int32 lanes; adding that to a sum becomes ``vpdpwssd`` with VNNI."""
+    if not (AVX512BW and xq == types.Array(types.int16, 1, "C") and row == types.Array(types.int8, 1, "C")):
+        return None
+
+    def codegen(context, builder, signature, args):  # noqa: ARG001
+        int8, int16, int32, int64 = (ir.IntType(bits) for bits in (8, 16, 32, 64))
+        sums_type, half = ir.VectorType(int32, 16), ir.VectorType(int16, 32)
+        madd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(sums_type, [half, half]),
+                                              "llvm.x86.avx512.pmaddw.d.512")
+        x_data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        row_data = context.make_array(signature.args[1])(context, builder, args[1]).data
+        start, stop = args[2], args[3]
+        zero = ir.Constant(sums_type, None)
+        entry = builder.basic_block
+        loop, done = builder.append_basic_block("dot.loop"), builder.append_basic_block("dot.done")
+        builder.cbranch(builder.icmp_signed("<", start, stop), loop, done)
+
+        builder.position_at_end(loop)
+        k = builder.phi(int64)
+        sums = [builder.phi(sums_type) for _ in range(INT8_STEP // 32)]
+        k.add_incoming(start, entry)
+        stepped = []
+        for j, total in enumerate(sums):
+            total.add_incoming(zero, entry)
+            at = builder.add(k, int64(32 * j))
+            x = builder.load(builder.bitcast(builder.gep(x_data, [at]), half.as_pointer()), align=2)
+            w = builder.load(builder.bitcast(builder.gep(row_data, [at]), ir.VectorType(int8, 32).as_pointer()),
+                             align=1)
+            stepped.append(builder.add(total, builder.call(madd, [x, builder.sext(w, half)])))
+        following = builder.add(k, int64(INT8_STEP))
+        k.add_incoming(following, loop)
+        for total, after in zip(sums, stepped):
+            total.add_incoming(after, loop)
+        builder.cbranch(builder.icmp_signed("<", following, stop), loop, done)
+
+        builder.position_at_end(done)
+        finals = []
+        for after in stepped:
+            final = builder.phi(sums_type)
+            final.add_incoming(zero, entry)
+            final.add_incoming(after, loop)
+            finals.append(final)
+        wide = ir.VectorType(int64, 16)
+        lanes = builder.sext(finals[0], wide)
+        for final in finals[1:]:
+            lanes = builder.add(lanes, builder.sext(final, wide))
+        total = int64(0)
+        for lane in range(16):
+            total = builder.add(total, builder.extract_element(lanes, int32(lane)))
+        return total
+
+    return types.int64(xq, row, types.intp, types.intp), codegen

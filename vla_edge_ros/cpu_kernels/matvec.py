@@ -3,6 +3,11 @@
 Decoding is bound by reading the weights, so each kernel reads every weight byte once, turns it into fp32
 in a register and multiply-adds it into fp32 sums; a row serves all T tokens while it sits in L1. Rows are
 split over threads by ``prange``. ``bias`` is an empty array when there is none, so each kernel compiles once.
+int8 is the exception: each token is rounded to int16 once a call and each row summed exactly in integers,
+int16 times int8 (``vpdpwssd``: 2 instructions per 32 weights against 3 per 16 for widening to fp32 and
+a fused multiply-add); the rounding moves a product by at most 2 ** -16 of the token's largest |x| times
+the row's absolute sum (rms 3e-5 of the outputs on normal tokens, 4e-4 with spikes of 3000 among 8960
+inputs; int8's own weight rounding: 8e-3 to 9e-3).
 (Software prefetch of the next row's lines was tried and measured 10-35% slower; the hardware streams.)
 """
 
@@ -11,10 +16,15 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._intrinsics import bf16_to_float32, high_nibble, low_nibble
+from ._intrinsics import (INT8_CHUNK, INT8_STEP, bf16_to_float32, dot_int16_int8_avx512, high_nibble, low_nibble,
+                          madd_int16_int8)
 
 _FLAGS = dict(fastmath={"reassoc", "contract"}, cache=True, nogil=True)  # sums reorder; no "nnan": NaN shows
 _ROWS_A_CHUNK = 64  # rows sharing one scratch buffer
+_INT16_LEVELS = np.float32(32767.0)  # a token's largest |x| becomes this
+_INT16_TINY = np.float32(1e-30)  # below this largest |x|, 32767 / it may overflow: such a token stays fp32
+_INT8_BLOCK = 512  # products an int32 sum takes in ``_dot_int16_int8``: 512 * 32767 * 128 < 2 ** 31
+_FINITE_BITS = np.uint32(0x7F800000)  # |x|'s bits at or past this: inf or NaN
 
 
 @njit(**_FLAGS)
@@ -39,6 +49,55 @@ def _dot_int8(x, row):
     for k in range(x.shape[0]):
         acc += x[k] * np.float32(row[k])
     return acc
+
+
+@njit(**_FLAGS)
+def _dot_int16_int8(xq, row):
+    """sum(xq * row) exactly: int32 sums of ``_INT8_BLOCK`` products (LLVM: ``vpmaddwd``), added in int64."""
+    total = np.int64(0)
+    for start in range(0, row.shape[0], _INT8_BLOCK):
+        x_block = xq[start:start + _INT8_BLOCK]  # slices: indices LLVM knows are >= 0, so no gathers
+        row_block = row[start:start + _INT8_BLOCK]
+        part = np.int32(0)
+        for k in range(row_block.shape[0]):
+            part = madd_int16_int8(part, x_block[k], row_block[k])
+        total += part
+    return total
+
+
+@njit(**_FLAGS)
+def _dot_int16_int8_wide(xq, row):
+    """``_dot_int16_int8`` through ``dot_int16_int8_avx512`` (AVX-512BW) but for the last inputs short of a step."""
+    width = row.shape[0]
+    main = width - width % INT8_STEP
+    total = np.int64(0)
+    for start in range(0, main, INT8_CHUNK):
+        total += dot_int16_int8_avx512(xq, row, start, min(start + INT8_CHUNK, main))
+    return total + _dot_int16_int8(xq[main:], row[main:])
+
+
+@njit(**_FLAGS)
+def _quantize_tokens(x):
+    """Each token as int16 [T, K] and its step [T] (x ~ step * xq): the step is its largest |x| / 32767, so
+    rounding moves an input by at most step / 2, 2 ** -16 of that largest |x|. A token whose largest |x| is
+    not finite, zero or tiny gets step 0: the kernels take it through fp32 products (NaN and inf show)."""
+    tokens, width = x.shape
+    xq = np.empty((tokens, width), dtype=np.int16)
+    steps = np.zeros(tokens, dtype=np.float32)
+    bits = x.view(np.uint32)
+    top = np.zeros(1, dtype=np.uint32)  # a token's largest |x|, as bits and (the view) as fp32
+    largest = top.view(np.float32)
+    for t in range(tokens):
+        top[0] = 0
+        for k in range(width):  # |x|'s bits order as |x| does, NaN above inf: an integer max, vectorized
+            top[0] = max(top[0], bits[t, k] & np.uint32(0x7FFFFFFF))
+        if top[0] >= _FINITE_BITS or not largest[0] >= _INT16_TINY:
+            continue
+        inverse = _INT16_LEVELS / largest[0]  # |x| * 32767 / largest, in either order, rounds to <= 32767
+        for k in range(width):
+            xq[t, k] = np.int16(np.rint(x[t, k] * inverse))
+        steps[t] = largest[0] / _INT16_LEVELS
+    return xq, steps
 
 
 @njit(**_FLAGS, inline="always")
@@ -112,9 +171,28 @@ def matvec_bfloat16(x, w, bias, out):
 
 @njit(**_FLAGS, parallel=True)
 def matvec_int8(x, q, scales, bias, out):
+    """Each token rounded to int16 once (``_quantize_tokens``), each row summed exactly in integers by
+    ``vpdpwssd`` and scaled once: needs ``AVX512BW`` (``matvec_int8_portable`` gives the same bits)."""
+    xq, steps = _quantize_tokens(x)
     for n in prange(q.shape[0]):
         for t in range(x.shape[0]):
-            out[t, n] = _dot_int8(x[t], q[n]) * scales[n]
+            if steps[t]:
+                out[t, n] = np.float32(_dot_int16_int8_wide(xq[t], q[n])) * (steps[t] * scales[n])
+            else:
+                out[t, n] = _dot_int8(x[t], q[n]) * scales[n]
+    _add_bias(bias, out)
+
+
+@njit(**_FLAGS, parallel=True)
+def matvec_int8_portable(x, q, scales, bias, out):
+    """``matvec_int8`` on any CPU: the same integer sums, as LLVM vectorizes them for the host."""
+    xq, steps = _quantize_tokens(x)
+    for n in prange(q.shape[0]):
+        for t in range(x.shape[0]):
+            if steps[t]:
+                out[t, n] = np.float32(_dot_int16_int8(xq[t], q[n])) * (steps[t] * scales[n])
+            else:
+                out[t, n] = _dot_int8(x[t], q[n]) * scales[n]
     _add_bias(bias, out)
 
 

@@ -9,12 +9,14 @@ import numpy as np
 from vla_edge_ros.numerics.weight_formats import PackedMatrix
 
 from . import dequantize, matvec
+from ._intrinsics import AVX512BW
 from .threads import launch
 
 DECODE_TOKENS = 8
 """Up to this many tokens a product goes through ``matvec`` (fp32 too); past it, ``_prefill`` (package docstring)."""
 _BLOCK_BYTES = 1 << 22  # fp32 rows widened a BLAS call: 1 MiB blocks were 4-15% slower at T = 70
 _NO_BIAS = np.zeros(0, dtype=np.float32)
+_MATVEC_INT8 = matvec.matvec_int8 if AVX512BW else matvec.matvec_int8_portable
 _scratch = threading.local()
 
 
@@ -53,7 +55,7 @@ def _decode(x: np.ndarray, matrix: PackedMatrix, bias: np.ndarray, out: np.ndarr
         elif matrix.format == "bfloat16":
             matvec.matvec_bfloat16(x, matrix.data, bias, out)
         elif matrix.format == "int8":
-            matvec.matvec_int8(x, matrix.data, matrix.scales, bias, out)
+            _MATVEC_INT8(x, matrix.data, matrix.scales, bias, out)
         elif matrix.format == "int4" and matrix.group == 32:
             matvec.matvec_int4_group32(x, matrix.data, matrix.scales, bias, out)
         elif matrix.format == "int4":
