@@ -3,15 +3,20 @@
 Two workloads, each measured for both engines from the same cache state (a pinned prompt plus a few
 earlier frames), in alternating blocks so that machine noise hits both alike:
 
-- frame cycle: prefill one frame's ``tokens_per_frame`` embeddings, then greedily decode the action's
-  ``dof`` bin tokens (logits over the 256 bin ids only, for both engines); the cache is rolled back after
-  each cycle. Frame encoding is excluded: it is the same NumPy code for both.
+- frame cycle: prefill one frame's ``tokens_per_frame`` embeddings, then the action: a ``bins`` head
+  greedily decodes the ``dof`` bin tokens (logits over the 256 bin ids only, for both engines), a
+  ``linear`` head (the shipped ``models/sim``) is tanh(W h + b) on the last hidden state; the cache is
+  rolled back after each cycle. Frame encoding is excluded: it is the same NumPy code for both.
 - single-token decode: one token through the decoder plus the full-vocabulary lm_head and argmax.
 
 Models: the ``tiny`` default and a 4-layer slice of the Qwen2.5-1.5B shape (random weights, bf16 on
-disk, fp32 compute in both engines). Prints medians and the ratio HF / ours (> 1 means we are faster).
+disk, fp32 compute in both engines), then each ``--model DIR`` (a trained checkpoint, e.g. models/sim).
+transformers runs its eager attention (the implementation a CPU deployment of these small models gets
+without an optimised kernel). One thread by default on both sides (BLAS, the compiled kernels, torch),
+as the runtime runs. Prints medians and the ratio HF / ours (> 1 means we are faster).
 
-    python bench/bench_model.py [--repeats 30] [--json bench/results/bench_model.json]
+    python bench/bench_model.py [--repeats 30] [--model models/sim] [--presets tiny] [--threads 1]
+                                [--json bench/results/bench_model.json]
 """
 
 from __future__ import annotations
@@ -25,8 +30,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from threadpoolctl import threadpool_limits
 from transformers import DynamicCache, Qwen2ForCausalLM
 
+from vla_edge_ros.cpu_kernels import set_threads
+from vla_edge_ros.model.action_head import ActionHead
 from vla_edge_ros.model.arena import KVArena
 from vla_edge_ros.model.checkpoint import load_checkpoint
 from vla_edge_ros.model.init_model import preset, write_random_model
@@ -37,6 +45,7 @@ from vla_edge_ros.worlds.synthetic import SyntheticCamera
 PROMPT_TOKENS = 32
 CONTEXT_FRAMES = 4
 ROUNDS = 3
+PRESET_MODELS = {"tiny": ("tiny", None), "1.5b-slice": ("qwen2.5-1.5b-shape", 4)}  # name: (preset, layers)
 
 
 class Ours:
@@ -44,7 +53,9 @@ class Ours:
 
     def __init__(self, checkpoint, prompt: np.ndarray, context: list[np.ndarray]) -> None:
         c = checkpoint.config
-        self.backend = NumpyBackend(checkpoint, KVArena(PROMPT_TOKENS + (CONTEXT_FRAMES + 1) * 16 + 2 * c.action.dof))
+        frame = c.vision.tokens_per_frame
+        capacity = PROMPT_TOKENS + (CONTEXT_FRAMES + 1) * frame + 2 * c.action.dof
+        self.backend = NumpyBackend(checkpoint, KVArena(capacity))
         self.bins = slice(c.vocab_size - 256, c.vocab_size)
         self.first_bin = c.vocab_size - 256
         self._append(token_ids=prompt)
@@ -62,6 +73,12 @@ class Ours:
     def _rollback(self) -> None:
         arena = self.backend.arena
         arena.release(arena.slots_in_order()[self.base_used:])
+
+    def linear_cycle(self, frame: np.ndarray, head: ActionHead) -> np.ndarray:
+        """A linear head's frame cycle: prefill the frame, the action off its last hidden state."""
+        action = head.from_hidden(self._append(embeddings=frame))
+        self._rollback()
+        return action
 
     def cycle(self, frame: np.ndarray, dof: int) -> list[int]:
         bins = [self.backend.greedy(self._append(embeddings=frame), self.bins)]
@@ -81,7 +98,8 @@ class Reference:
     """transformers' Qwen2 with a DynamicCache cropped back after each measurement."""
 
     def __init__(self, model_dir: Path, prompt: np.ndarray, context: list[np.ndarray]) -> None:
-        self.model = Qwen2ForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+        self.model = Qwen2ForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
+                                                      attn_implementation="eager").eval()
         vocab = self.model.config.vocab_size
         self.bin_weight = self.model.lm_head.weight[vocab - 256:].detach()
         self.first_bin = vocab - 256
@@ -94,6 +112,15 @@ class Reference:
 
     def _run(self, **inputs) -> torch.Tensor:
         return self.model.model(**inputs, cache=self.cache, use_cache=True).last_hidden_state[0, -1]
+
+    def linear_cycle(self, frame: np.ndarray, head: ActionHead) -> np.ndarray:
+        """A linear head's frame cycle: prefill, then tanh(W h + b) on the last hidden state, in torch."""
+        with torch.no_grad():
+            hidden = self._run(inputs_embeds=torch.from_numpy(frame[None]))
+            action = head.unnormalize(torch.tanh(torch.from_numpy(head.weight) @ hidden
+                                                 + torch.from_numpy(head.bias)).numpy())
+        self.cache.crop(self.base_len - self.cache.get_seq_length())
+        return action
 
     def cycle(self, frame: np.ndarray, dof: int) -> list[int]:
         with torch.no_grad():
@@ -126,9 +153,16 @@ def bench_model(name: str, model_dir: Path, repeats: int) -> dict:
     ours, reference = Ours(checkpoint, prompt, context), Reference(model_dir, prompt, context)
     frame = encoder.encode(camera.frame())
     dof = config.action.dof
-    agree = ours.cycle(frame, dof) == reference.cycle(frame, dof)  # also warms both up
+    if config.action.head == "linear":
+        head = ActionHead(config.action, config.vocab_size, checkpoint.float32("action_head.weight"),
+                          checkpoint.float32("action_head.bias"))
+        ours_cycle, hf_cycle = (lambda: ours.linear_cycle(frame, head)), (lambda: reference.linear_cycle(frame, head))
+        agree = bool(np.allclose(ours_cycle(), hf_cycle(), atol=1e-4))  # also warms both up
+    else:
+        ours_cycle, hf_cycle = (lambda: ours.cycle(frame, dof)), (lambda: reference.cycle(frame, dof))
+        agree = ours_cycle() == hf_cycle()  # also warms both up
     ours.decode(7), reference.decode(7)
-    runs = {"ours_cycle": lambda: ours.cycle(frame, dof), "hf_cycle": lambda: reference.cycle(frame, dof),
+    runs = {"ours_cycle": ours_cycle, "hf_cycle": hf_cycle,
             "ours_decode": lambda: ours.decode(7), "hf_decode": lambda: reference.decode(7)}
     timings: dict[str, list[float]] = {key: [] for key in runs}
     # Blocks, not call-by-call interleaving: torch's OpenMP workers spin after each call and would
@@ -144,7 +178,8 @@ def bench_model(name: str, model_dir: Path, repeats: int) -> dict:
     return {
         "model": name, "layers": config.num_hidden_layers, "hidden": config.hidden_size,
         "context_tokens": PROMPT_TOKENS + CONTEXT_FRAMES * config.vision.tokens_per_frame,
-        "tokens_per_frame": config.vision.tokens_per_frame, "dof": dof, "same_action_tokens": agree,
+        "tokens_per_frame": config.vision.tokens_per_frame, "head": config.action.head, "dof": dof,
+        "same_action": agree,
         **{f"{key}_ms": value for key, value in medians.items()},
         "cycle_ratio_hf_over_ours": medians["hf_cycle"] / medians["ours_cycle"],
         "decode_ratio_hf_over_ours": medians["hf_decode"] / medians["ours_decode"],
@@ -154,23 +189,36 @@ def bench_model(name: str, model_dir: Path, repeats: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--presets", nargs="*", choices=sorted(PRESET_MODELS), default=list(PRESET_MODELS),
+                        help="random-weight models to measure (default: all; none: only --model)")
+    parser.add_argument("--model", type=Path, action="append", default=[], metavar="DIR",
+                        help="also measure this checkpoint (repeatable), e.g. models/sim")
+    parser.add_argument("--threads", type=int, default=1, help="BLAS, compiled-kernel and torch threads")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; numpy {np.__version__}")
+    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
+    print(f"torch {torch.__version__}, numpy {np.__version__}; {args.threads} thread(s) each (BLAS, kernels, torch)")
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, config in (("tiny", preset("tiny")), ("qwen2.5-1.5b-shape, 4 layers", preset("qwen2.5-1.5b-shape", 4))):
-            model_dir = write_random_model(Path(tmp) / name.split(",")[0], config, seed=0)
+    with tempfile.TemporaryDirectory() as tmp, threadpool_limits(limits=args.threads, user_api="blas"):
+        models = [(name, write_random_model(Path(tmp) / name, preset(*PRESET_MODELS[name]), seed=0))
+                  for name in args.presets]
+        for name, model_dir in models + [(str(path), path) for path in args.model]:
             rows.append(bench_model(name, model_dir, args.repeats))
-            r = rows[-1]
-            print(f"\n{name}: {r['layers']} layers, hidden {r['hidden']}, context {r['context_tokens']} tokens, "
-                  f"frame {r['tokens_per_frame']} tokens + {r['dof']} action tokens; same action tokens: {r['same_action_tokens']}")
-            print(f"  {'':20} {'ours (numpy)':>14} {'HF (torch CPU)':>15} {'HF / ours':>10}")
-            print(f"  {'frame cycle':20} {r['ours_cycle_ms']:11.2f} ms {r['hf_cycle_ms']:12.2f} ms {r['cycle_ratio_hf_over_ours']:9.2f}x")
-            print(f"  {'single-token decode':20} {r['ours_decode_ms']:11.2f} ms {r['hf_decode_ms']:12.2f} ms {r['decode_ratio_hf_over_ours']:9.2f}x")
+            _print_row(rows[-1])
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+        args.json.write_text(json.dumps({"threads": args.threads, "results": rows}, indent=2) + "\n")
+
+
+def _print_row(r: dict) -> None:
+    action = f"{r['dof']} bin tokens" if r["head"] == "bins" else f"a linear head ({r['dof']} values)"
+    print(f"\n{r['model']}: {r['layers']} layers, hidden {r['hidden']}, context {r['context_tokens']} tokens, "
+          f"frame {r['tokens_per_frame']} tokens + {action}; same action: {r['same_action']}")
+    print(f"  {'':20} {'ours (numpy)':>14} {'HF (torch CPU)':>15} {'HF / ours':>10}")
+    for label, key in (("frame cycle", "cycle"), ("single-token decode", "decode")):
+        print(f"  {label:20} {r[f'ours_{key}_ms']:11.2f} ms {r[f'hf_{key}_ms']:12.2f} ms "
+              f"{r[f'{key}_ratio_hf_over_ours']:9.2f}x")
 
 
 if __name__ == "__main__":
