@@ -3,14 +3,21 @@
 Weight matrices are held in the checkpoint's ``weights`` format (``numerics/weight_formats.py``): fp32, the
 reference, goes to BLAS; bf16, int8 and int4 go through the compiled kernels of ``cpu_kernels``, which read
 the narrow weights and accumulate in fp32. q/k/v and gate/up are fused into one matrix each so a layer costs
-four products. Keys and values live in a pool of pages (``model/pages.py``); attention
-reads each KV head's entries through its block table: the dense layout as one view of the pool (a
-head's pages are one run of rows, so nothing is copied), the per-head layout gathered row by row
-(only what each head holds).
+four products. Keys and values live in a pool of pages (``model/pages.py``): the dense layout gives each KV
+head one run of rows, the per-head layout the rows of its block table (only what each head holds).
 
-The forward's steps (``rotation``, ``project``, ``attention_inputs``) are methods of their own, so that a
-measurement taken beside the forward repeats them exactly instead of riding along inside it (the memory
-benchmark's attention probe, ``tools/memory_bench/attention.py``).
+Between the four products a layer makes a handful of compiled calls: its attention (RoPE, storing the new
+keys and values, masked GQA attention) is one (``cpu_kernels.attention``), reading each head's pool rows
+in place; each RMSNorm (the residual add before it included) and the SiLU gate are one
+(``cpu_kernels.elementwise``). At a small model's size the same steps as some 40 NumPy calls cost more in
+dispatch than in arithmetic: the shipped models/sim's frame cycle (``bench/bench_model.py``, one core)
+went from 1.71-1.80 ms to 1.24-1.27, a decode step from 0.8 to 0.35 ms. Which rows each layer reads,
+and the position of each entry, are found once a forward (dense: one set for every layer).
+
+The NumPy steps stay as methods of their own (``rotation``, ``project``, ``attention_inputs``): they are the
+kernel's twin, and a measurement taken beside the forward repeats them instead of riding along inside it
+(the memory benchmark's attention probe, ``tools/memory_bench/attention.py``; ``project``'s queries and the
+stored keys are the kernel's bit for bit).
 """
 
 from __future__ import annotations
@@ -20,6 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..cpu_kernels import linear
+from ..cpu_kernels.attention import HIDDEN, attention_layer
+from ..cpu_kernels.elementwise import add_rms_norm, rms_norm, silu_gate
+from ..cpu_kernels.rope import rotate_rows
 from ..numerics import ops
 from ..numerics.finite import require_finite
 from ..numerics.weight_formats import PackedMatrix, dequantize, take_rows
@@ -81,19 +91,22 @@ class NumpyBackend(Backend):
         cos, sin = self.rotation(positions, rope_ids)
         self.arena.commit(slots, positions, rope_ids)
         new_rows = self.arena.pages.rows(slots)  # [layers, kv_heads, T]
+        reads = self._reads()
+        scale, eps = np.float32(self.scale), np.float32(c.rms_norm_eps)
+        attended = np.empty((positions.size, c.q_dim), dtype=np.float32)
+        normed = np.empty_like(x)
+        gated = np.empty((positions.size, c.intermediate_size), dtype=np.float32)
         layer_hidden = [x.copy()] if collect_layers else None
         for index, layer in enumerate(self.layers):
-            q, k, v = self.project(index, x, cos, sin)
-            self.k_rows[new_rows[index]] = k.transpose(1, 0, 2)
-            self.v_rows[new_rows[index]] = v.transpose(1, 0, 2)
-            keys, values, _, bias = self.attention_inputs(index, positions)
-            x += linear(ops.gqa_attention(q, keys, values, bias, self.scale), layer.o)
-            h = ops.rms_norm(x, layer.post_norm, c.rms_norm_eps)
-            gate_up = linear(h, layer.gate_up)
-            x += linear(ops.silu(gate_up[:, :c.intermediate_size]) * gate_up[:, c.intermediate_size:], layer.down)
+            attention_layer(self._qkv(index, x), cos, sin, c.num_attention_heads, self.k_rows, self.v_rows,
+                            new_rows[index], *reads[index], positions, scale, attended)
+            add_rms_norm(x, linear(attended, layer.o), layer.post_norm, eps, normed)
+            silu_gate(linear(normed, layer.gate_up), gated)
+            x += linear(gated, layer.down)
             if layer_hidden is not None:
                 layer_hidden.append(x.copy())
-        return ForwardResult(ops.rms_norm(x, self.final_norm, c.rms_norm_eps), layer_hidden)
+        rms_norm(x, self.final_norm, eps, normed)
+        return ForwardResult(normed, layer_hidden)
 
     def embeddings(self, token_ids: np.ndarray) -> np.ndarray:
         """The input vectors [T, H] of tokens ``token_ids``: their rows of the embedding table, in fp32."""
@@ -110,12 +123,38 @@ class NumpyBackend(Backend):
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Layer ``layer``'s rotated queries [T, q_heads, D] and keys and its values [T, kv_heads, D] of its
         input ``x`` [T, H]."""
-        c, weights = self.config, self.layers[layer]
+        c = self.config
         tokens, q_end, k_end = x.shape[0], c.q_dim, c.q_dim + c.kv_dim
-        qkv = linear(ops.rms_norm(x, weights.input_norm, c.rms_norm_eps), weights.qkv, weights.qkv_bias)
+        qkv = self._qkv(layer, x)
         q = ops.apply_rope(qkv[:, :q_end].reshape(tokens, c.num_attention_heads, c.head_dim), cos, sin)
         k = ops.apply_rope(qkv[:, q_end:k_end].reshape(tokens, c.num_key_value_heads, c.head_dim), cos, sin)
         return q, k, qkv[:, k_end:].reshape(tokens, c.num_key_value_heads, c.head_dim)
+
+    def _qkv(self, layer: int, x: np.ndarray) -> np.ndarray:
+        """Layer ``layer``'s fused projections [T, q_dim + 2 kv_dim] of its input x [T, H], before RoPE."""
+        weights, normed = self.layers[layer], np.empty_like(x)
+        rms_norm(x, weights.input_norm, np.float32(self.config.rms_norm_eps), normed)
+        return linear(normed, weights.qkv, weights.qkv_bias)
+
+    def _reads(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per layer, the pool rows [kv_heads, n] its heads read (-1: none) and each entry's position
+        (``HIDDEN``: none): ``attention_layer``'s view of ``attention_inputs``. In the dense layout every
+        head of every layer holds the same slots, so the positions are found once; the per-head layout's
+        differ by head and layer."""
+        table = self.arena.pages
+        layers, kv_heads = table.heads
+        if table.per_head:
+            return [self._entry_positions(table.layer_rows(layer)) for layer in range(layers)]
+        run, n = table.width * table.page_tokens, int(table.lengths.max())
+        heads = np.arange(layers * kv_heads, dtype=np.int64).reshape(layers, kv_heads, 1)
+        rows = heads * run + np.arange(n)  # [layers, kv_heads, n]: head h's entry e is row e of its run
+        _, positions = self._entry_positions(rows[0])
+        return [(rows[layer], positions) for layer in range(layers)]
+
+    def _entry_positions(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``rows`` [kv_heads, n] (-1: none) and the position of the token each holds (``HIDDEN``: none)."""
+        slots = np.where(rows >= 0, self.arena.pages.entry_slot.reshape(-1)[np.maximum(rows, 0)], -1)
+        return rows, np.where(slots >= 0, self.arena.positions[slots], HIDDEN).astype(np.int32)
 
     def attention_inputs(self, layer: int, positions: np.ndarray
                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -153,9 +192,9 @@ class NumpyBackend(Backend):
 
     def rotate_keys(self, slots: np.ndarray, shifts: np.ndarray) -> None:
         rows = self.arena.pages.rows(slots)  # [layers, kv_heads, n]
-        held = rows >= 0
-        cos, sin = ops.rope_cos_sin(np.broadcast_to(np.asarray(shifts, dtype=np.int32), rows.shape)[held], self.inv_freq)
-        self.k_rows[rows[held]] = ops.apply_rope(self.k_rows[rows[held]][:, None, :], cos, sin)[:, 0]
+        shifts = np.broadcast_to(np.asarray(shifts, dtype=np.int32), rows.shape[-1:])
+        cos, sin = ops.rope_cos_sin(shifts, self.inv_freq)  # a token's rotation, whichever heads hold it
+        rotate_rows(self.k_rows, rows.reshape(-1, rows.shape[-1]), cos, sin)
 
     def read_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self.k_rows[rows], self.v_rows[rows]
