@@ -68,6 +68,18 @@ def test_linear_equals_the_numpy_twin(fmt, group, count, with_bias, thread_count
 INT8_KERNELS = [matvec.matvec_int8_portable] + ([matvec.matvec_int8] if AVX512BW else [])
 
 
+@pytest.mark.parametrize("width", [101, 4096, 4097])
+@pytest.mark.parametrize("thread_count", THREADS)
+def test_bfloat16_rows_in_pairs_and_eights(width, thread_count):
+    """bf16 reads weight pairs (an odd width goes to the widening path) and, from 4096 inputs, eight rows
+    at a time: 19 rows are two eights and three single rows."""
+    set_threads(thread_count)
+    matrix = packed("bfloat16", 0, 19, width)
+    for count in (1, 3):
+        x = tokens_of(count, width)
+        assert_close(linear(x, matrix), reference_linear(x, matrix))
+
+
 def test_tokens_round_to_int16_within_half_a_step():
     """Each token's largest |x| becomes 32767, every input lands within half a step (and fp32 rounding)."""
     x = tokens_of(3, 1000) * np.float32(5)

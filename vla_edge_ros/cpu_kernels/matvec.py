@@ -16,11 +16,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._intrinsics import (INT8_CHUNK, INT8_STEP, bf16_to_float32, dot_int16_int8_avx512, high_nibble, low_nibble,
+from ._intrinsics import (INT8_CHUNK, INT8_STEP, bf16_high, bf16_low, dot_int16_int8_avx512, high_nibble, low_nibble,
                           madd_int16_int8)
 
 _FLAGS = dict(fastmath={"reassoc", "contract"}, cache=True, nogil=True)  # sums reorder; no "nnan": NaN shows
 _ROWS_A_CHUNK = 64  # rows sharing one scratch buffer
+_BF16_SHARED_WIDTH = 4096  # from here (x: 16 KiB of fp32, half of L1) bf16 rows go eight to an x pass
 _INT16_LEVELS = np.float32(32767.0)  # a token's largest |x| becomes this
 _INT16_TINY = np.float32(1e-30)  # below this largest |x|, 32767 / it may overflow: such a token stays fp32
 _INT8_BLOCK = 512  # products an int32 sum takes in ``_dot_int16_int8``: 512 * 32767 * 128 < 2 ** 31
@@ -36,11 +37,41 @@ def _dot_float32(x, row):
 
 
 @njit(**_FLAGS)
-def _dot_bfloat16(x, row):
+def _split_pairs(x):
+    """x [T, K] as its even and its odd inputs, [T, K // 2] each: the fp32 partners of bf16 words' halves."""
+    tokens, width = x.shape
+    x_even = np.empty((tokens, width // 2), dtype=np.float32)
+    x_odd = np.empty((tokens, width // 2), dtype=np.float32)
+    for t in range(tokens):
+        for j in range(width // 2):
+            x_even[t, j] = x[t, 2 * j]
+            x_odd[t, j] = x[t, 2 * j + 1]
+    return x_even, x_odd
+
+
+@njit(**_FLAGS)
+def _dot_bfloat16(x_even, x_odd, words):
     acc = np.float32(0.0)
-    for k in range(x.shape[0]):
-        acc += x[k] * bf16_to_float32(row[k])
+    for j in range(words.shape[0]):
+        acc += x_even[j] * bf16_low(words[j]) + x_odd[j] * bf16_high(words[j])
     return acc
+
+
+@njit(**_FLAGS)
+def _dot_bfloat16_8(x_even, x_odd, w0, w1, w2, w3, w4, w5, w6, w7):
+    """Eight rows' word sums in one pass, each x load serving all eight (``_BF16_SHARED_WIDTH``)."""
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
+    for j in range(w0.shape[0]):
+        even, odd = x_even[j], x_odd[j]
+        s0 += even * bf16_low(w0[j]) + odd * bf16_high(w0[j])
+        s1 += even * bf16_low(w1[j]) + odd * bf16_high(w1[j])
+        s2 += even * bf16_low(w2[j]) + odd * bf16_high(w2[j])
+        s3 += even * bf16_low(w3[j]) + odd * bf16_high(w3[j])
+        s4 += even * bf16_low(w4[j]) + odd * bf16_high(w4[j])
+        s5 += even * bf16_low(w5[j]) + odd * bf16_high(w5[j])
+        s6 += even * bf16_low(w6[j]) + odd * bf16_high(w6[j])
+        s7 += even * bf16_low(w7[j]) + odd * bf16_high(w7[j])
+    return s0, s1, s2, s3, s4, s5, s6, s7
 
 
 @njit(**_FLAGS)
@@ -163,9 +194,22 @@ def matvec_float32(x, w, bias, out):
 
 @njit(**_FLAGS, parallel=True)
 def matvec_bfloat16(x, w, bias, out):
-    for n in prange(w.shape[0]):
+    """An even width only: rows read as weight pairs (uint32 words) against x split in even and odd inputs
+    (``_split_pairs``); from ``_BF16_SHARED_WIDTH`` inputs, eight rows at a time, the rest one by one."""
+    x_even, x_odd = _split_pairs(x)
+    words = w.view(np.uint32)
+    rows = w.shape[0]
+    eights = rows // 8 if w.shape[1] >= _BF16_SHARED_WIDTH else 0
+    for e in prange(eights):
+        n = 8 * e
         for t in range(x.shape[0]):
-            out[t, n] = _dot_bfloat16(x[t], w[n])
+            sums = _dot_bfloat16_8(x_even[t], x_odd[t], words[n], words[n + 1], words[n + 2], words[n + 3],
+                                   words[n + 4], words[n + 5], words[n + 6], words[n + 7])
+            for i in range(8):
+                out[t, n + i] = sums[i]
+    for n in prange(8 * eights, rows):
+        for t in range(x.shape[0]):
+            out[t, n] = _dot_bfloat16(x_even[t], x_odd[t], words[n])
     _add_bias(bias, out)
 
 

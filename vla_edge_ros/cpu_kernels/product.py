@@ -39,7 +39,8 @@ def linear(x: np.ndarray, matrix: PackedMatrix, bias: np.ndarray | None = None,
         bias = np.ascontiguousarray(bias, dtype=np.float32)
         if bias.shape != (rows,):
             raise ValueError(f"bias must be [{rows}], got shape {list(bias.shape)}")
-    if tokens > DECODE_TOKENS:
+    odd_bfloat16 = matrix.format == "bfloat16" and width % 2  # its kernel reads weight pairs; no model has one
+    if tokens > DECODE_TOKENS or (tokens and odd_bfloat16):
         _prefill(x, matrix, out)
         if bias is not None:
             out += bias
