@@ -73,3 +73,14 @@ def test_a_query_that_may_read_nothing_gets_zeros():
                     np.float32(0.5), out)
     assert not out.any()
 
+
+
+def test_a_nan_key_shows_in_every_query_that_reads_it():
+    qkv, cos, sin, pool, new_rows, rows, entry_positions, positions = case(1, (20, 20))
+    entry_positions[0, :19] = HIDDEN  # head 0's queries read only the new token, whose key is NaN
+    qkv[:, (Q_HEADS * DIM):(Q_HEADS + 1) * DIM] = np.nan
+    out = np.empty((1, Q_HEADS * DIM), dtype=np.float32)
+    attention_layer(qkv, cos, sin, Q_HEADS, pool[0], pool[1], new_rows, rows, entry_positions, positions,
+                    np.float32(0.5), out)
+    group = Q_HEADS // KV_HEADS
+    assert np.isnan(out[:, :group * DIM]).all() and np.isfinite(out[:, group * DIM:]).all()  # KV head 1's is finite

@@ -57,11 +57,12 @@ def _attend_head(queries, positions, group, k_rows, v_rows, read_rows, entry_pos
             q = queries[j, d]
             for e in range(n):
                 score[e] += q * keys[d, e]
-        peak = np.float32(-np.inf)
+        peak, read = np.float32(-np.inf), 0
         for e in range(n):
-            if entry_positions[e] <= position and score[e] > peak:
-                peak = score[e]
-        if peak == -np.inf:  # reads nothing: zeros
+            if entry_positions[e] <= position:
+                read += 1
+                peak = max(peak, score[e])  # a NaN score is passed over here, and shows in the sums below
+        if not read:  # reads nothing: zeros
             out[j] = 0.0
             continue
         total = np.float32(0.0)
