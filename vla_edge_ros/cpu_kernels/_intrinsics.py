@@ -31,6 +31,10 @@ INT8_STEP = 128
 INT8_CHUNK = 32768
 """The most inputs a call of ``dot_int16_int8_avx512`` takes: each of its 64 int32 lanes then sums 512
 products of at most 32767 * 128, 2 147 418 112 < 2 ** 31, so no lane can overflow."""
+INT8_STEP_8 = 32
+"""Inputs ``dot8_int16_int8_avx512`` takes a loop step: one sum of 32 a row (eight rows: enough in flight)."""
+INT8_CHUNK_8 = 8192
+"""The most inputs a call of ``dot8_int16_int8_avx512`` takes: a row's 16 lanes then sum 512 products each."""
 
 
 @intrinsic
@@ -104,61 +108,83 @@ def madd_int16_int8(typingctx, acc, x, w):  # noqa: ARG001
     return types.int32(types.int32, types.int16, types.int8), codegen
 
 
-@intrinsic
-def dot_int16_int8_avx512(typingctx, xq, row, start, stop):  # noqa: ARG001
-    """sum(xq[k] * row[k] for k in [start, stop)) exactly, as int64; xq int16 and row int8, both C-contiguous.
+def _int8_rows_avx512(rows: int, sums_per_row: int):
+    """An intrinsic (xq, q, n, start, stop): sum(xq[k] * q[n + r, k] for k in [start, stop)) exactly, as int64,
+    for the ``rows`` rows from n (a tuple of them past one); xq int16 [K] and q int8 [N, K], C-contiguous.
 
-    ``stop - start`` must be a multiple of ``INT8_STEP``, at most ``INT8_CHUNK``, and the inputs in bounds
-    (nothing is checked). Needs ``AVX512BW``: ``llvm.x86.avx512.pmaddw.d.512`` multiplies 32 int16 pairs
-    and adds neighbours into 16 int32 lanes; adding that to a sum becomes ``vpdpwssd`` with VNNI."""
-    if not (AVX512BW and xq == types.Array(types.int16, 1, "C") and row == types.Array(types.int8, 1, "C")):
-        return None
+    Each step loads 32 inputs of x once for all rows and keeps ``sums_per_row`` independent sums a row;
+    ``stop - start`` must be a multiple of the step, at most the chunk, and all in bounds (nothing is
+    checked). Needs ``AVX512BW``: ``llvm.x86.avx512.pmaddw.d.512`` multiplies 32 int16 pairs and adds
+    neighbours into 16 int32 lanes; adding that to a sum becomes ``vpdpwssd`` with VNNI."""
+    step = 32 * sums_per_row
 
-    def codegen(context, builder, signature, args):  # noqa: ARG001
-        int8, int16, int32, int64 = (ir.IntType(bits) for bits in (8, 16, 32, 64))
-        sums_type, half = ir.VectorType(int32, 16), ir.VectorType(int16, 32)
-        madd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(sums_type, [half, half]),
-                                              "llvm.x86.avx512.pmaddw.d.512")
-        x_data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        row_data = context.make_array(signature.args[1])(context, builder, args[1]).data
-        start, stop = args[2], args[3]
-        zero = ir.Constant(sums_type, None)
-        entry = builder.basic_block
-        loop, done = builder.append_basic_block("dot.loop"), builder.append_basic_block("dot.done")
-        builder.cbranch(builder.icmp_signed("<", start, stop), loop, done)
+    @intrinsic
+    def dot(typingctx, xq, q, n, start, stop):  # noqa: ARG001
+        if not (AVX512BW and xq == types.Array(types.int16, 1, "C") and q == types.Array(types.int8, 2, "C")):
+            return None
 
-        builder.position_at_end(loop)
-        k = builder.phi(int64)
-        sums = [builder.phi(sums_type) for _ in range(INT8_STEP // 32)]
-        k.add_incoming(start, entry)
-        stepped = []
-        for j, total in enumerate(sums):
-            total.add_incoming(zero, entry)
-            at = builder.add(k, int64(32 * j))
-            x = builder.load(builder.bitcast(builder.gep(x_data, [at]), half.as_pointer()), align=2)
-            w = builder.load(builder.bitcast(builder.gep(row_data, [at]), ir.VectorType(int8, 32).as_pointer()),
-                             align=1)
-            stepped.append(builder.add(total, builder.call(madd, [x, builder.sext(w, half)])))
-        following = builder.add(k, int64(INT8_STEP))
-        k.add_incoming(following, loop)
-        for total, after in zip(sums, stepped):
-            total.add_incoming(after, loop)
-        builder.cbranch(builder.icmp_signed("<", following, stop), loop, done)
+        def codegen(context, builder, signature, args):  # noqa: ARG001
+            int8, int16, int32, int64 = (ir.IntType(bits) for bits in (8, 16, 32, 64))
+            sums_type, half = ir.VectorType(int32, 16), ir.VectorType(int16, 32)
+            madd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(sums_type, [half, half]),
+                                                  "llvm.x86.avx512.pmaddw.d.512")
+            x_data = context.make_array(signature.args[0])(context, builder, args[0]).data
+            matrix = context.make_array(signature.args[1])(context, builder, args[1])
+            width = builder.extract_value(matrix.shape, 1)
+            first, start, stop = args[2], args[3], args[4]
+            row_starts = [builder.mul(builder.add(first, int64(r)), width) for r in range(rows)]
+            zero = ir.Constant(sums_type, None)
+            entry = builder.basic_block
+            loop, done = builder.append_basic_block("dot.loop"), builder.append_basic_block("dot.done")
+            builder.cbranch(builder.icmp_signed("<", start, stop), loop, done)
 
-        builder.position_at_end(done)
-        finals = []
-        for after in stepped:
-            final = builder.phi(sums_type)
-            final.add_incoming(zero, entry)
-            final.add_incoming(after, loop)
-            finals.append(final)
-        wide = ir.VectorType(int64, 16)
-        lanes = builder.sext(finals[0], wide)
-        for final in finals[1:]:
-            lanes = builder.add(lanes, builder.sext(final, wide))
-        total = int64(0)
-        for lane in range(16):
-            total = builder.add(total, builder.extract_element(lanes, int32(lane)))
-        return total
+            builder.position_at_end(loop)
+            k = builder.phi(int64)
+            k.add_incoming(start, entry)
+            sums = [[builder.phi(sums_type) for _ in range(sums_per_row)] for _ in range(rows)]
+            stepped = [[None] * sums_per_row for _ in range(rows)]
+            for j in range(sums_per_row):
+                at = builder.add(k, int64(32 * j))
+                x = builder.load(builder.bitcast(builder.gep(x_data, [at]), half.as_pointer()), align=2)
+                for r in range(rows):
+                    weights = builder.gep(matrix.data, [builder.add(row_starts[r], at)])
+                    w = builder.load(builder.bitcast(weights, ir.VectorType(int8, 32).as_pointer()), align=1)
+                    sums[r][j].add_incoming(zero, entry)
+                    stepped[r][j] = builder.add(sums[r][j], builder.call(madd, [x, builder.sext(w, half)]))
+            following = builder.add(k, int64(step))
+            k.add_incoming(following, loop)
+            for r in range(rows):
+                for j in range(sums_per_row):
+                    sums[r][j].add_incoming(stepped[r][j], loop)
+            builder.cbranch(builder.icmp_signed("<", following, stop), loop, done)
 
-    return types.int64(xq, row, types.intp, types.intp), codegen
+            builder.position_at_end(done)
+            finals = []
+            for r in range(rows):
+                for j in range(sums_per_row):
+                    final = builder.phi(sums_type)
+                    final.add_incoming(zero, entry)
+                    final.add_incoming(stepped[r][j], loop)
+                    finals.append(final)
+            wide = ir.VectorType(int64, 16)
+            totals = []
+            for r in range(rows):
+                lanes = builder.sext(finals[r * sums_per_row], wide)
+                for final in finals[r * sums_per_row + 1:(r + 1) * sums_per_row]:
+                    lanes = builder.add(lanes, builder.sext(final, wide))
+                total = int64(0)
+                for lane in range(16):
+                    total = builder.add(total, builder.extract_element(lanes, int32(lane)))
+                totals.append(total)
+            return totals[0] if rows == 1 else context.make_tuple(builder, signature.return_type, totals)
+
+        result = types.int64 if rows == 1 else types.UniTuple(types.int64, rows)
+        return result(xq, q, types.intp, types.intp, types.intp), codegen
+
+    return dot
+
+
+dot_int16_int8_avx512 = _int8_rows_avx512(rows=1, sums_per_row=INT8_STEP // 32)
+"""One row, 4 sums of 32 inputs a step (``INT8_STEP``), at most ``INT8_CHUNK`` inputs a call."""
+dot8_int16_int8_avx512 = _int8_rows_avx512(rows=8, sums_per_row=INT8_STEP_8 // 32)
+"""Eight rows sharing each x load, one sum each a step of ``INT8_STEP_8``, at most ``INT8_CHUNK_8`` inputs a call."""

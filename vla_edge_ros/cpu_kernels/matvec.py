@@ -16,12 +16,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._intrinsics import (INT8_CHUNK, INT8_STEP, bf16_high, bf16_low, dot_int16_int8_avx512, high_nibble, low_nibble,
-                          madd_int16_int8)
+from ._intrinsics import (INT8_CHUNK, INT8_CHUNK_8, INT8_STEP, INT8_STEP_8, bf16_high, bf16_low, dot8_int16_int8_avx512,
+                          dot_int16_int8_avx512, high_nibble, low_nibble, madd_int16_int8)
 
 _FLAGS = dict(fastmath={"reassoc", "contract"}, cache=True, nogil=True)  # sums reorder; no "nnan": NaN shows
 _ROWS_A_CHUNK = 64  # rows sharing one scratch buffer
-_BF16_SHARED_WIDTH = 4096  # from here (x: 16 KiB of fp32, half of L1) bf16 rows go eight to an x pass
+_SHARED_WIDTH = 4096  # from here (bf16's x: 16 KiB of fp32, half of L1) bf16 and int8 rows go eight to an x pass
 _INT16_LEVELS = np.float32(32767.0)  # a token's largest |x| becomes this
 _INT16_TINY = np.float32(1e-30)  # below this largest |x|, 32767 / it may overflow: such a token stays fp32
 _INT8_BLOCK = 512  # products an int32 sum takes in ``_dot_int16_int8``: 512 * 32767 * 128 < 2 ** 31
@@ -59,7 +59,7 @@ def _dot_bfloat16(x_even, x_odd, words):
 
 @njit(**_FLAGS)
 def _dot_bfloat16_8(x_even, x_odd, w0, w1, w2, w3, w4, w5, w6, w7):
-    """Eight rows' word sums in one pass, each x load serving all eight (``_BF16_SHARED_WIDTH``)."""
+    """Eight rows' word sums in one pass, each x load serving all eight (``_SHARED_WIDTH``)."""
     s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
     for j in range(w0.shape[0]):
         even, odd = x_even[j], x_odd[j]
@@ -97,14 +97,34 @@ def _dot_int16_int8(xq, row):
 
 
 @njit(**_FLAGS)
-def _dot_int16_int8_wide(xq, row):
-    """``_dot_int16_int8`` through ``dot_int16_int8_avx512`` (AVX-512BW) but for the last inputs short of a step."""
-    width = row.shape[0]
+def _dot_int16_int8_wide(xq, q, n):
+    """Row n's ``_dot_int16_int8`` through ``dot_int16_int8_avx512`` (AVX-512BW) but for the last inputs
+    short of a step."""
+    width = q.shape[1]
     main = width - width % INT8_STEP
     total = np.int64(0)
     for start in range(0, main, INT8_CHUNK):
-        total += dot_int16_int8_avx512(xq, row, start, min(start + INT8_CHUNK, main))
-    return total + _dot_int16_int8(xq[main:], row[main:])
+        total += dot_int16_int8_avx512(xq, q, n, start, min(start + INT8_CHUNK, main))
+    return total + _dot_int16_int8(xq[main:], q[n][main:])
+
+
+@njit(**_FLAGS)
+def _int8_rows_8(x, xq, step, q, scales, n, out):
+    """Rows n to n + 7 of one token into ``out`` (that token's outputs), x loaded once for the eight."""
+    if not step:
+        for i in range(n, n + 8):
+            out[i] = _dot_int8(x, q[i]) * scales[i]
+        return
+    width = q.shape[1]
+    main = width - width % INT8_STEP_8
+    totals = np.zeros(8, dtype=np.int64)
+    for start in range(0, main, INT8_CHUNK_8):
+        sums = dot8_int16_int8_avx512(xq, q, n, start, min(start + INT8_CHUNK_8, main))
+        for i in range(8):
+            totals[i] += sums[i]
+    for i in range(8):
+        total = totals[i] + _dot_int16_int8(xq[main:], q[n + i][main:])
+        out[n + i] = np.float32(total) * (step * scales[n + i])
 
 
 @njit(**_FLAGS)
@@ -195,11 +215,11 @@ def matvec_float32(x, w, bias, out):
 @njit(**_FLAGS, parallel=True)
 def matvec_bfloat16(x, w, bias, out):
     """An even width only: rows read as weight pairs (uint32 words) against x split in even and odd inputs
-    (``_split_pairs``); from ``_BF16_SHARED_WIDTH`` inputs, eight rows at a time, the rest one by one."""
+    (``_split_pairs``); from ``_SHARED_WIDTH`` inputs, eight rows at a time, the rest one by one."""
     x_even, x_odd = _split_pairs(x)
     words = w.view(np.uint32)
     rows = w.shape[0]
-    eights = rows // 8 if w.shape[1] >= _BF16_SHARED_WIDTH else 0
+    eights = rows // 8 if w.shape[1] >= _SHARED_WIDTH else 0
     for e in prange(eights):
         n = 8 * e
         for t in range(x.shape[0]):
@@ -218,10 +238,15 @@ def matvec_int8(x, q, scales, bias, out):
     """Each token rounded to int16 once (``_quantize_tokens``), each row summed exactly in integers by
     ``vpdpwssd`` and scaled once: needs ``AVX512BW`` (``matvec_int8_portable`` gives the same bits)."""
     xq, steps = _quantize_tokens(x)
-    for n in prange(q.shape[0]):
+    rows = q.shape[0]
+    eights = rows // 8 if q.shape[1] >= _SHARED_WIDTH else 0
+    for e in prange(eights):
+        for t in range(x.shape[0]):
+            _int8_rows_8(x[t], xq[t], steps[t], q, scales, 8 * e, out[t])
+    for n in prange(8 * eights, rows):
         for t in range(x.shape[0]):
             if steps[t]:
-                out[t, n] = np.float32(_dot_int16_int8_wide(xq[t], q[n])) * (steps[t] * scales[n])
+                out[t, n] = np.float32(_dot_int16_int8_wide(xq[t], q, n)) * (steps[t] * scales[n])
             else:
                 out[t, n] = _dot_int8(x[t], q[n]) * scales[n]
     _add_bias(bias, out)
