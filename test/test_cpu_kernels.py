@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from vla_edge_ros.cpu_kernels import DECODE_TOKENS, linear, matvec, product, set_threads, threads
-from vla_edge_ros.cpu_kernels._intrinsics import AVX512BW, INT8_CHUNK, INT8_CHUNK_8, INT8_STEP
+from vla_edge_ros.cpu_kernels._intrinsics import AVX512BW, INT8_CHUNK, INT8_CHUNK_ROWS, INT8_ROWS, INT8_STEP
 from vla_edge_ros.numerics.weight_formats import PackedMatrix, dequantize, pack, reference_linear
 
 PACKINGS = [("float32", 0), ("bfloat16", 0), ("int8", 0), ("int4", 32), ("int4", 64), ("int4", 128)]
@@ -96,20 +96,21 @@ def integer_twin(x: np.ndarray, matrix: PackedMatrix) -> np.ndarray:
     return sums * (steps[:, None] * matrix.scales)
 
 
-@pytest.mark.parametrize("width", [100, INT8_STEP, 3 * INT8_STEP + 64, 4096 + 2 * INT8_CHUNK_8 + 37,
+@pytest.mark.parametrize("width", [100, INT8_STEP, 3 * INT8_STEP + 64, 4096 + 2 * INT8_CHUNK_ROWS + 37,
                                    INT8_CHUNK + 2 * INT8_STEP + 5])
 @pytest.mark.parametrize("thread_count", THREADS)
 def test_int8_kernels_give_the_integer_twins_bits(width, thread_count):
     """Both int8 kernels sum integers exactly, so each gives ``integer_twin``'s bits (over steps, tails and
-    chunks, one row or, from 4096 inputs, eight at a time: 19 rows are two eights and three); a zero and a
-    tiny token take the fp32 path instead, and meet the twin there."""
+    chunks, one row or, from 4096 inputs, ``INT8_ROWS`` at a time, and 3 left over); a zero and a tiny token
+    take the fp32 path instead, and meet the twin there."""
     set_threads(thread_count)
-    matrix = packed("int8", 0, 19, width)
+    rows = 2 * INT8_ROWS + 3
+    matrix = packed("int8", 0, rows, width)
     x = tokens_of(4, width)
     x[1] = 0.0
     x[2] *= 1e-32
     for kernel in INT8_KERNELS:
-        out = np.full((4, 19), np.nan, dtype=np.float32)
+        out = np.full((4, rows), np.nan, dtype=np.float32)
         kernel(x, matrix.data, matrix.scales, np.zeros(0, np.float32), out)
         np.testing.assert_array_equal(out[[0, 3]], integer_twin(x, matrix)[[0, 3]])
         assert_close(out, reference_linear(x, matrix), activation_rounding(x, matrix))

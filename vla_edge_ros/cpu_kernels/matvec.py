@@ -16,12 +16,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._intrinsics import (INT8_CHUNK, INT8_CHUNK_8, INT8_STEP, INT8_STEP_8, bf16_high, bf16_low, dot8_int16_int8_avx512,
-                          dot_int16_int8_avx512, high_nibble, low_nibble, madd_int16_int8)
+from ._intrinsics import (INT8_CHUNK, INT8_CHUNK_ROWS, INT8_ROWS, INT8_STEP, INT8_STEP_ROWS, bf16_high, bf16_low,
+                          dot_int16_int8_avx512, dot_rows_int16_int8_avx512, high_nibble, low_nibble, madd_int16_int8)
 
 _FLAGS = dict(fastmath={"reassoc", "contract"}, cache=True, nogil=True)  # sums reorder; no "nnan": NaN shows
 _ROWS_A_CHUNK = 64  # rows sharing one scratch buffer
-_SHARED_WIDTH = 4096  # from here (bf16's x: 16 KiB of fp32, half of L1) bf16 and int8 rows go eight to an x pass
+_SHARED_WIDTH = 4096  # from here (bf16's x: 16 KiB of fp32, half of L1) rows share x passes: bf16 8, int8 16
 _INT16_LEVELS = np.float32(32767.0)  # a token's largest |x| becomes this
 _INT16_TINY = np.float32(1e-30)  # below this largest |x|, 32767 / it may overflow: such a token stays fp32
 _INT8_BLOCK = 512  # products an int32 sum takes in ``_dot_int16_int8``: 512 * 32767 * 128 < 2 ** 31
@@ -109,20 +109,20 @@ def _dot_int16_int8_wide(xq, q, n):
 
 
 @njit(**_FLAGS)
-def _int8_rows_8(x, xq, step, q, scales, n, out):
-    """Rows n to n + 7 of one token into ``out`` (that token's outputs), x loaded once for the eight."""
+def _int8_rows(x, xq, step, q, scales, n, out):
+    """Rows n to n + ``INT8_ROWS`` - 1 of one token into ``out`` (that token's outputs), x loaded once for all."""
     if not step:
-        for i in range(n, n + 8):
+        for i in range(n, n + INT8_ROWS):
             out[i] = _dot_int8(x, q[i]) * scales[i]
         return
     width = q.shape[1]
-    main = width - width % INT8_STEP_8
-    totals = np.zeros(8, dtype=np.int64)
-    for start in range(0, main, INT8_CHUNK_8):
-        sums = dot8_int16_int8_avx512(xq, q, n, start, min(start + INT8_CHUNK_8, main))
-        for i in range(8):
+    main = width - width % INT8_STEP_ROWS
+    totals = np.zeros(INT8_ROWS, dtype=np.int64)
+    for start in range(0, main, INT8_CHUNK_ROWS):
+        sums = dot_rows_int16_int8_avx512(xq, q, n, start, min(start + INT8_CHUNK_ROWS, main))
+        for i in range(INT8_ROWS):
             totals[i] += sums[i]
-    for i in range(8):
+    for i in range(INT8_ROWS):
         total = totals[i] + _dot_int16_int8(xq[main:], q[n + i][main:])
         out[n + i] = np.float32(total) * (step * scales[n + i])
 
@@ -239,11 +239,11 @@ def matvec_int8(x, q, scales, bias, out):
     ``vpdpwssd`` and scaled once: needs ``AVX512BW`` (``matvec_int8_portable`` gives the same bits)."""
     xq, steps = _quantize_tokens(x)
     rows = q.shape[0]
-    eights = rows // 8 if q.shape[1] >= _SHARED_WIDTH else 0
-    for e in prange(eights):
+    groups = rows // INT8_ROWS if q.shape[1] >= _SHARED_WIDTH else 0
+    for g in prange(groups):
         for t in range(x.shape[0]):
-            _int8_rows_8(x[t], xq[t], steps[t], q, scales, 8 * e, out[t])
-    for n in prange(8 * eights, rows):
+            _int8_rows(x[t], xq[t], steps[t], q, scales, INT8_ROWS * g, out[t])
+    for n in prange(INT8_ROWS * groups, rows):
         for t in range(x.shape[0]):
             if steps[t]:
                 out[t, n] = np.float32(_dot_int16_int8_wide(xq[t], q, n)) * (steps[t] * scales[n])
