@@ -10,12 +10,12 @@ earlier frames), in alternating blocks so that machine noise hits both alike:
 - single-token decode: one token through the decoder plus the full-vocabulary lm_head and argmax.
 
 Models: the ``tiny`` default and a 4-layer slice of the Qwen2.5-1.5B shape (random weights, bf16 on
-disk, fp32 compute in both engines), then each ``--model DIR`` (a trained checkpoint, e.g. models/sim).
-transformers runs its eager attention (the implementation a CPU deployment of these small models gets
-without an optimised kernel). One thread by default on both sides (BLAS, the compiled kernels, torch),
+disk, fp32 compute in both engines), then each ``--model DIR`` (default: the shipped, trained models/sim).
+transformers runs its eager attention (plain PyTorch operations, the baseline our targets are stated
+against). One thread by default on both sides (BLAS, the compiled kernels, torch),
 as the runtime runs. Prints medians and the ratio HF / ours (> 1 means we are faster).
 
-    python bench/bench_model.py [--repeats 30] [--model models/sim] [--presets tiny] [--threads 1]
+    python bench/bench_model.py [--repeats 30] [--presets tiny 1.5b-slice] [--model DIR ...] [--threads 1]
                                 [--json bench/results/bench_model.json]
 """
 
@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numba
 import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
@@ -45,6 +46,7 @@ from vla_edge_ros.worlds.synthetic import SyntheticCamera
 PROMPT_TOKENS = 32
 CONTEXT_FRAMES = 4
 ROUNDS = 3
+SHIPPED = Path(__file__).resolve().parents[1] / "models" / "sim"
 PRESET_MODELS = {"tiny": ("tiny", None), "1.5b-slice": ("qwen2.5-1.5b-shape", 4)}  # name: (preset, layers)
 
 
@@ -53,8 +55,7 @@ class Ours:
 
     def __init__(self, checkpoint, prompt: np.ndarray, context: list[np.ndarray]) -> None:
         c = checkpoint.config
-        frame = c.vision.tokens_per_frame
-        capacity = PROMPT_TOKENS + (CONTEXT_FRAMES + 1) * frame + 2 * c.action.dof
+        capacity = PROMPT_TOKENS + (CONTEXT_FRAMES + 1) * c.vision.tokens_per_frame + 2 * c.action.dof
         self.backend = NumpyBackend(checkpoint, KVArena(capacity))
         self.bins = slice(c.vocab_size - 256, c.vocab_size)
         self.first_bin = c.vocab_size - 256
@@ -191,11 +192,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--presets", nargs="*", choices=sorted(PRESET_MODELS), default=list(PRESET_MODELS),
                         help="random-weight models to measure (default: all; none: only --model)")
-    parser.add_argument("--model", type=Path, action="append", default=[], metavar="DIR",
-                        help="also measure this checkpoint (repeatable), e.g. models/sim")
+    parser.add_argument("--model", type=Path, nargs="*", default=[SHIPPED], metavar="DIR",
+                        help="checkpoints to measure after the presets (default: the shipped models/sim; none: no "
+                             "checkpoint)")
     parser.add_argument("--threads", type=int, default=1, help="BLAS, compiled-kernel and torch threads")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
+    # Numba's OpenMP layer beside torch's OpenMP in one process made some runs' transformers calls take
+    # 30-32 ms each (the tiny models' 2-3; 2 to 3 runs in 6, load 2-3); with workqueue none did in 4. This
+    # process launches kernels from one thread, which workqueue allows (``cpu_kernels/threads.py``).
+    numba.config.THREADING_LAYER = "workqueue"
     torch.set_num_threads(args.threads)
     set_threads(args.threads)
     print(f"torch {torch.__version__}, numpy {np.__version__}; {args.threads} thread(s) each (BLAS, kernels, torch)")
@@ -203,7 +209,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, threadpool_limits(limits=args.threads, user_api="blas"):
         models = [(name, write_random_model(Path(tmp) / name, preset(*PRESET_MODELS[name]), seed=0))
                   for name in args.presets]
-        for name, model_dir in models + [(str(path), path) for path in args.model]:
+        models += [("models/sim" if path == SHIPPED else str(path), path) for path in args.model]
+        for name, model_dir in models:
             rows.append(bench_model(name, model_dir, args.repeats))
             _print_row(rows[-1])
     if args.json:
