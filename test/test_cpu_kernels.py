@@ -167,6 +167,18 @@ def test_non_finite_input_gives_non_finite_output(fmt, group, count):
     assert np.isfinite(out[2:]).all()
 
 
+@pytest.mark.parametrize("fmt,group", PACKINGS)
+@pytest.mark.parametrize("width", [100, 4100])
+def test_read_only_weights(fmt, group, width):
+    """Weights mapped from a file are read-only arrays: every kernel takes them (a second compilation)."""
+    matrix = packed(fmt, group, 35, width)
+    for array in (matrix.data, matrix.scales):
+        if array is not None:
+            array.setflags(write=False)
+    x = tokens_of(2, width)
+    assert_close(linear(x, matrix), reference_linear(x, matrix), activation_rounding(x, matrix))
+
+
 def test_a_matrix_of_one_row_and_no_tokens():
     matrix = packed("int4", 64, 1, 100)
     assert linear(np.zeros((0, 100), np.float32), matrix).shape == (0, 1)

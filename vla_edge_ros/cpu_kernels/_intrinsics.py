@@ -112,6 +112,11 @@ def madd_int16_int8(typingctx, acc, x, w):  # noqa: ARG001
     return types.int32(types.int32, types.int16, types.int8), codegen
 
 
+def _c_array(kind: types.Type, dtype: types.Type, ndim: int) -> bool:
+    """Whether ``kind`` is a C-contiguous array of ``dtype`` and ``ndim``, read-only or not."""
+    return isinstance(kind, types.Array) and kind.dtype == dtype and kind.ndim == ndim and kind.layout == "C"
+
+
 def _int8_rows_avx512(rows: int, sums_per_row: int):
     """An intrinsic (xq, q, n, start, stop): sum(xq[k] * q[n + r, k] for k in [start, stop)) exactly, as int64,
     for the ``rows`` rows from n (a tuple of them past one); xq int16 [K] and q int8 [N, K], C-contiguous.
@@ -124,7 +129,7 @@ def _int8_rows_avx512(rows: int, sums_per_row: int):
 
     @intrinsic
     def dot(typingctx, xq, q, n, start, stop):  # noqa: ARG001
-        if not (AVX512BW and xq == types.Array(types.int16, 1, "C") and q == types.Array(types.int8, 2, "C")):
+        if not (AVX512BW and _c_array(xq, types.int16, 1) and _c_array(q, types.int8, 2)):
             return None
 
         def codegen(context, builder, signature, args):  # noqa: ARG001
