@@ -28,7 +28,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numba
 import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
@@ -198,10 +197,6 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="BLAS, compiled-kernel and torch threads")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
-    # Numba's OpenMP layer beside torch's OpenMP in one process made some runs' transformers calls take
-    # 30-32 ms each (the tiny models' 2-3; 2 to 3 runs in 6, load 2-3); with workqueue none did in 4. This
-    # process launches kernels from one thread, which workqueue allows (``cpu_kernels/threads.py``).
-    numba.config.THREADING_LAYER = "workqueue"
     torch.set_num_threads(args.threads)
     set_threads(args.threads)
     print(f"torch {torch.__version__}, numpy {np.__version__}; {args.threads} thread(s) each (BLAS, kernels, torch)")
