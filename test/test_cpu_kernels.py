@@ -3,8 +3,8 @@
 Widths of 100 and 320 leave a short last int4 group for every group size (256 leaves none), so a nibble
 order, a scale index or a group boundary that is wrong moves the result by far more than the tolerance;
 token counts straddle ``DECODE_TOKENS`` so both the matrix-vector kernels and the blocked BLAS path run.
-int8 decoding rounds each token to int16 (a step of its largest |x| / 32767), so its products may move by
-half a step times the row's absolute sum more: that bound, not a looser tolerance, is what int8 must meet.
+int8 and int4 decoding round each token to int16 (a step of its largest |x| / 32767), so their products may
+move by half a step times the row's absolute sum more: that bound, not a looser tolerance, is what they meet.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ def tokens_of(count: int, width: int, seed: int = 1) -> np.ndarray:
 
 
 def activation_rounding(x: np.ndarray, matrix: PackedMatrix) -> np.ndarray:
-    """[T, out]: how far int8 decoding's int16 tokens may move each product, half a step times |row|'s sum."""
-    if matrix.format != "int8" or x.shape[0] > DECODE_TOKENS:
+    """[T, out]: how far int8 and int4 decoding's int16 tokens may move a product, half a step times |row|'s sum."""
+    if matrix.format not in ("int8", "int4") or x.shape[0] > DECODE_TOKENS:
         return np.zeros((x.shape[0], matrix.shape[0]))
     steps = np.abs(x).max(axis=1, keepdims=True) / 32767
     return steps / 2 * np.abs(dequantize(matrix)).sum(axis=1)
@@ -83,15 +83,16 @@ def test_bfloat16_rows_in_pairs_and_eights(width, thread_count):
 def test_tokens_round_to_int16_within_half_a_step():
     """Each token's largest |x| becomes 32767, every input lands within half a step (and fp32 rounding)."""
     x = tokens_of(3, 1000) * np.float32(5)
-    xq, steps = matvec._quantize_tokens(x)
+    xq, steps = matvec._quantize_tokens(x, 1024)
     np.testing.assert_array_equal(steps, np.abs(x).max(axis=1) / np.float32(32767))
-    assert np.abs(xq).max(axis=1).tolist() == [32767] * 3
+    assert np.abs(xq).max(axis=1).tolist() == [32767] * 3 and not xq[:, 1000:].any()
+    xq = xq[:, :1000]
     assert (np.abs(xq * steps[:, None].astype(np.float64) - x) <= steps[:, None] * (0.5 + 1e-3)).all()
 
 
 def integer_twin(x: np.ndarray, matrix: PackedMatrix) -> np.ndarray:
     """int8 decoding in NumPy on the kernels' own int16 tokens: exact integer sums, scaled in fp32."""
-    xq, steps = matvec._quantize_tokens(x)
+    xq, steps = matvec._quantize_tokens(x, x.shape[1])
     sums = (xq.astype(np.int64) @ matrix.data.T.astype(np.int64)).astype(np.float32)
     return sums * (steps[:, None] * matrix.scales)
 
@@ -113,6 +114,26 @@ def test_int8_kernels_give_the_integer_twins_bits(width, thread_count):
         out = np.full((4, rows), np.nan, dtype=np.float32)
         kernel(x, matrix.data, matrix.scales, np.zeros(0, np.float32), out)
         np.testing.assert_array_equal(out[[0, 3]], integer_twin(x, matrix)[[0, 3]])
+        assert_close(out, reference_linear(x, matrix), activation_rounding(x, matrix))
+
+
+INT4_KERNELS = [matvec.matvec_int4] + ([matvec.matvec_int4_avx512] if AVX512BW else [])
+
+
+@pytest.mark.parametrize("group", [64, 128])
+@pytest.mark.parametrize("width", [100, 256, 320, 4100])
+@pytest.mark.parametrize("thread_count", THREADS)
+def test_int4_kernels_meet_the_twin(group, width, thread_count):
+    """The portable int4 kernel (fp32 products) and the AVX-512 one (int16 tokens, integer group sums) over
+    whole and short last groups; a zero and a tiny token take the fp32 path in the latter."""
+    set_threads(thread_count)
+    matrix = packed("int4", group, 7, width)
+    x = tokens_of(4, width)
+    x[1] = 0.0
+    x[2] *= 1e-32
+    for kernel in INT4_KERNELS:
+        out = np.full((4, 7), np.nan, dtype=np.float32)
+        kernel(x, matrix.data, matrix.scales, group, np.zeros(0, np.float32), out)
         assert_close(out, reference_linear(x, matrix), activation_rounding(x, matrix))
 
 

@@ -197,3 +197,85 @@ dot_int16_int8_avx512 = _int8_rows_avx512(rows=1, sums_per_row=INT8_STEP // 32)
 """One row, 4 sums of 32 inputs a step (``INT8_STEP``), at most ``INT8_CHUNK`` inputs a call."""
 dot_rows_int16_int8_avx512 = _int8_rows_avx512(rows=INT8_ROWS, sums_per_row=INT8_STEP_ROWS // 32)
 """``INT8_ROWS`` rows sharing each x load, one sum each a step, at most ``INT8_CHUNK_ROWS`` inputs a call."""
+
+
+def _int4_groups_avx512(group: int):
+    """An intrinsic (xq, packed, scales, n): row n of an int4 matrix in groups of ``group`` (64 or 128)
+    against int16 x, as sum over groups of scales[n, g] * (the group's exact integer sum), in fp32.
+
+    xq must hold every group's inputs (zeros past the row's width: a short last group's padding then adds
+    nothing). Each 32 bytes of a group give 32 low nibbles (against x at the group's start + 32 c) and 32
+    high ones (against x half a group further), less 8, through ``llvm.x86.avx512.pmaddw.d.512``; the
+    group's 16 int32 lanes become fp32 and join a 16-lane fp32 sum times its scale. Needs ``AVX512BW``."""
+    half, chunks = group // 2, group // 64
+
+    @intrinsic
+    def dot(typingctx, xq, packed, scales, n):  # noqa: ARG001
+        if not (AVX512BW and _c_array(xq, types.int16, 1) and _c_array(packed, types.uint8, 2)
+                and _c_array(scales, types.float32, 2)):
+            return None
+
+        def codegen(context, builder, signature, args):  # noqa: ARG001
+            int8, int16, int32, int64 = (ir.IntType(bits) for bits in (8, 16, 32, 64))
+            lanes_type, pairs = ir.VectorType(int32, 16), ir.VectorType(int16, 32)
+            floats = ir.VectorType(ir.FloatType(), 16)
+            madd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(lanes_type, [pairs, pairs]),
+                                                  "llvm.x86.avx512.pmaddw.d.512")
+            x_data = context.make_array(signature.args[0])(context, builder, args[0]).data
+            data = context.make_array(signature.args[1])(context, builder, args[1])
+            scale_array = context.make_array(signature.args[2])(context, builder, args[2])
+            groups = builder.extract_value(scale_array.shape, 1)
+            row_bytes = builder.mul(args[3], builder.extract_value(data.shape, 1))
+            row_scales = builder.mul(args[3], groups)
+            eight, low_bits, shift = (ir.Constant(pairs, [value] * 32) for value in (8, 15, 4))
+            zero = ir.Constant(floats, None)
+            entry = builder.basic_block
+            loop, done = builder.append_basic_block("groups.loop"), builder.append_basic_block("groups.done")
+            builder.cbranch(builder.icmp_signed("<", int64(0), groups), loop, done)
+
+            builder.position_at_end(loop)
+            g = builder.phi(int64)
+            total = builder.phi(floats)
+            g.add_incoming(int64(0), entry)
+            total.add_incoming(zero, entry)
+            first_input = builder.mul(g, int64(group))
+            lanes = ir.Constant(lanes_type, None)
+            for c in range(chunks):
+                at = builder.add(row_bytes, builder.add(builder.mul(g, int64(half)), int64(32 * c)))
+                raw = builder.load(builder.bitcast(builder.gep(data.data, [at]), ir.VectorType(int8, 32).as_pointer()),
+                                   align=1)
+                nibbles = builder.zext(raw, pairs)
+                low = builder.sub(builder.and_(nibbles, low_bits), eight)
+                high = builder.sub(builder.lshr(nibbles, shift), eight)
+                for weights, offset in ((low, 32 * c), (high, half + 32 * c)):
+                    x_at = builder.gep(x_data, [builder.add(first_input, int64(offset))])
+                    x = builder.load(builder.bitcast(x_at, pairs.as_pointer()), align=2)
+                    lanes = builder.add(lanes, builder.call(madd, [x, weights]))
+            scale = builder.load(builder.gep(scale_array.data, [builder.add(row_scales, g)]))
+            scale = builder.insert_element(ir.Constant(floats, ir.Undefined), scale, int32(0))
+            scale = builder.shuffle_vector(scale, scale, ir.Constant(ir.VectorType(int32, 16), [0] * 16))
+            stepped = builder.fadd(total, builder.fmul(builder.sitofp(lanes, floats), scale, flags=["contract"]),
+                                   flags=["contract", "reassoc"])
+            following = builder.add(g, int64(1))
+            g.add_incoming(following, loop)
+            total.add_incoming(stepped, loop)
+            builder.cbranch(builder.icmp_signed("<", following, groups), loop, done)
+
+            builder.position_at_end(done)
+            final = builder.phi(floats)
+            final.add_incoming(zero, entry)
+            final.add_incoming(stepped, loop)
+            result = ir.Constant(ir.FloatType(), 0.0)
+            for lane in range(16):
+                result = builder.fadd(result, builder.extract_element(final, int32(lane)), flags=["reassoc"])
+            return result
+
+        return types.float32(xq, packed, scales, types.intp), codegen
+
+    return dot
+
+
+dot_int16_int4_g64_avx512 = _int4_groups_avx512(64)
+"""A row of int4 in groups of 64 against int16 x (``_int4_groups_avx512``)."""
+dot_int16_int4_g128_avx512 = _int4_groups_avx512(128)
+"""A row of int4 in groups of 128 against int16 x (``_int4_groups_avx512``)."""

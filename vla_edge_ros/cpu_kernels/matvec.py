@@ -20,7 +20,8 @@ import numpy as np
 from numba import njit, prange
 
 from ._intrinsics import (INT8_CHUNK, INT8_CHUNK_ROWS, INT8_ROWS, INT8_STEP, INT8_STEP_ROWS, bf16_high, bf16_low,
-                          dot_int16_int8_avx512, dot_rows_int16_int8_avx512, high_nibble, low_nibble, madd_int16_int8)
+                          dot_int16_int4_g64_avx512, dot_int16_int4_g128_avx512, dot_int16_int8_avx512,
+                          dot_rows_int16_int8_avx512, high_nibble, low_nibble, madd_int16_int8)
 
 _FLAGS = dict(fastmath={"reassoc", "contract"}, cache=True, nogil=True)  # sums reorder; no "nnan": NaN shows
 _ROWS_A_CHUNK = 64  # rows sharing one scratch buffer
@@ -131,12 +132,13 @@ def _int8_rows(x, xq, step, q, scales, n, out):
 
 
 @njit(**_FLAGS)
-def _quantize_tokens(x):
-    """Each token as int16 [T, K] and its step [T] (x ~ step * xq): the step is its largest |x| / 32767, so
-    rounding moves an input by at most step / 2, 2 ** -16 of that largest |x|. A token whose largest |x| is
-    not finite, zero or tiny gets step 0: the kernels take it through fp32 products (NaN and inf show)."""
+def _quantize_tokens(x, padded):
+    """Each token as int16 [T, padded >= K] (zeros past K) and its step [T] (x ~ step * xq): the step is its
+    largest |x| / 32767, so rounding moves an input by at most step / 2, 2 ** -16 of that largest |x|. A
+    token whose largest |x| is not finite, zero or tiny gets step 0: the kernels then take it through fp32
+    products (NaN and inf show)."""
     tokens, width = x.shape
-    xq = np.empty((tokens, width), dtype=np.int16)
+    xq = np.zeros((tokens, padded), dtype=np.int16)
     steps = np.zeros(tokens, dtype=np.float32)
     bits = x.view(np.uint32)
     top = np.zeros(1, dtype=np.uint32)  # a token's largest |x|, as bits and (the view) as fp32
@@ -240,7 +242,7 @@ def matvec_bfloat16(x, w, bias, out):
 def matvec_int8(x, q, scales, bias, out):
     """Each token rounded to int16 once (``_quantize_tokens``), each row summed exactly in integers by
     ``vpdpwssd`` and scaled once: needs ``AVX512BW`` (``matvec_int8_portable`` gives the same bits)."""
-    xq, steps = _quantize_tokens(x)
+    xq, steps = _quantize_tokens(x, x.shape[1])
     rows = q.shape[0]
     groups = rows // INT8_ROWS if q.shape[1] >= _SHARED_WIDTH else 0
     for g in prange(groups):
@@ -258,7 +260,7 @@ def matvec_int8(x, q, scales, bias, out):
 @njit(**_FLAGS, parallel=True)
 def matvec_int8_portable(x, q, scales, bias, out):
     """``matvec_int8`` on any CPU: the same integer sums, as LLVM vectorizes them for the host."""
-    xq, steps = _quantize_tokens(x)
+    xq, steps = _quantize_tokens(x, x.shape[1])
     for n in prange(q.shape[0]):
         for t in range(x.shape[0]):
             if steps[t]:
@@ -273,6 +275,23 @@ def matvec_int4(x, packed, scales, group, bias, out):
     for n in prange(packed.shape[0]):
         for t in range(x.shape[0]):
             out[t, n] = _dot_int4(x[t], packed[n], scales[n], group)
+    _add_bias(bias, out)
+
+
+@njit(**_FLAGS, parallel=True)
+def matvec_int4_avx512(x, packed, scales, group, bias, out):
+    """int4 in groups of 64 or 128 as int8 is: each token rounded to int16 once (padded with zeros to whole
+    groups), each group's nibbles summed exactly in integers (``vpdpwssd``), times its scale in fp32.
+    Needs ``AVX512BW``; ``matvec_int4`` is the portable kernel."""
+    xq, steps = _quantize_tokens(x, scales.shape[1] * group)
+    for n in prange(packed.shape[0]):
+        for t in range(x.shape[0]):
+            if not steps[t]:
+                out[t, n] = _dot_int4(x[t], packed[n], scales[n], group)
+            elif group == 64:
+                out[t, n] = dot_int16_int4_g64_avx512(xq[t], packed, scales, n) * steps[t]
+            else:
+                out[t, n] = dot_int16_int4_g128_avx512(xq[t], packed, scales, n) * steps[t]
     _add_bias(bias, out)
 
 

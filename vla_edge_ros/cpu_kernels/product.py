@@ -59,6 +59,8 @@ def _decode(x: np.ndarray, matrix: PackedMatrix, bias: np.ndarray, out: np.ndarr
             _MATVEC_INT8(x, matrix.data, matrix.scales, bias, out)
         elif matrix.format == "int4" and matrix.group == 32:
             matvec.matvec_int4_group32(x, matrix.data, matrix.scales, bias, out)
+        elif matrix.format == "int4" and AVX512BW:
+            matvec.matvec_int4_avx512(x, matrix.data, matrix.scales, matrix.group, bias, out)
         elif matrix.format == "int4":
             matvec.matvec_int4(x, matrix.data, matrix.scales, matrix.group, bias, out)
         else:
