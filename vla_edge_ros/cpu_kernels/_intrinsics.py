@@ -13,7 +13,8 @@
   ``vpmaddwd`` 16 lanes wide; ``dot_int16_int8_avx512`` writes the loop itself, 32 lanes a step,
   which LLVM fuses into one ``vpdpwssd`` (AVX-512 VNNI) per 32 weights. One Qwen2.5-1.5B layer, one
   core, interleaved: 1.74 ms against 3.41 for fp32 products (load 2.8); the vectorized scalar loop
-  2.55 against 3.05 (load 2.1).
+  2.55 against 3.05 (load 2.1). int4 groups go the same way (``_int4_groups_avx512``), a group's
+  integer sum then times its scale in fp32: 1.65 ms a layer against 3.65 (groups of 64, load 2.7).
 """
 
 from __future__ import annotations

@@ -6,11 +6,12 @@ split over threads by ``prange``. ``bias`` is an empty array when there is none,
 bf16 reads a row as weight pairs (``_split_pairs``). From ``_SHARED_WIDTH`` inputs x no longer stays in L1
 beside the streamed rows, so bf16 and int8 sum several rows a pass over x; on narrow rows that was 2.6x
 slower (each short run of a row restarts the hardware's stream), so those keep one row a pass.
-int8 is the exception to fp32 sums: each token is rounded to int16 once a call and each row summed exactly in integers,
-int16 times int8 (``vpdpwssd``: 2 instructions per 32 weights against 3 per 16 for widening to fp32 and
-a fused multiply-add); the rounding moves a product by at most 2 ** -16 of the token's largest |x| times
+int8 (and int4 in groups of 64 or 128, a group at a time) is the exception to fp32 sums: each token is
+rounded to int16 once a call and each row summed exactly in integers, int16 times int8 (``vpdpwssd``: 2
+instructions per 32 weights against 3 per 16 for widening to fp32 and a fused multiply-add); the rounding
+moves a product by at most 2 ** -16 of the token's largest |x| times
 the row's absolute sum (rms 3e-5 of the outputs on normal tokens, 4e-4 with spikes of 3000 among 8960
-inputs; int8's own weight rounding: 8e-3 to 9e-3).
+inputs; the weights' own rounding: int8 8e-3 to 9e-3, int4 9e-2 to 1e-1).
 (Software prefetch of the next row's lines was tried and measured 10-35% slower; the hardware streams.)
 """
 
