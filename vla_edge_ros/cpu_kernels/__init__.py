@@ -19,10 +19,10 @@ Decode and prefill are different problems, so ``linear`` splits on the token cou
   int4 widens each nibble to fp32, as groups of 32 always do. From 4096 inputs x no longer stays in
   L1 beside the streamed rows, so bf16 takes 8 rows and int8 16 rows a pass over x (the down
   projection: bf16 2.16 -> 1.16 ms, int8 0.75 -> 0.60). Each further token re-reads the row (or rows)
-  from L1 or L2, so time grows about linearly with T; BLAS's sgemm is slow on a handful of tokens (30-50 ms
-  a layer for T = 2 to 16 on one core), and at T = 8 the matrix-vector kernels were still as fast or
-  faster for every format, at T = 16 no longer for fp32 and int4 (measured before the int16 kernels). fp32 decodes here too: it beat NumPy's
-  sgemv (table below).
+  from L1 or L2, so time grows about linearly with T; BLAS's sgemm is slow on a handful of tokens
+  (30-50 ms a layer for T = 2 to 16 on one core), and at T = 8 the matrix-vector kernels were still as
+  fast or faster for every format, at T = 16 no longer for fp32 and int4 (measured before the int16
+  kernels). fp32 decodes here too: it beat NumPy's sgemv (table below).
 - T > 8: ``dequantize`` widens 4 MiB blocks of rows into a reusable per-thread fp32 buffer and hands each
   to NumPy's BLAS (``x @ block.T``), so speed stays near sgemm and no fp32 copy of the matrix is held:
   at T = 70, 104-108 ms a layer on one core against 107-124 for sgemm on the whole fp32 matrix; on two,
