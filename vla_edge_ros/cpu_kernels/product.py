@@ -68,9 +68,13 @@ def _decode(x: np.ndarray, matrix: PackedMatrix, bias: np.ndarray, out: np.ndarr
 
 
 def _prefill(x: np.ndarray, matrix: PackedMatrix, out: np.ndarray) -> None:
-    """BLAS on fp32 blocks of rows, each widened into this thread's reusable buffer just before use."""
+    """BLAS on fp32 blocks of rows, each widened into this thread's reusable buffer just before use.
+
+    Each block is multiplied as ``w @ x.T`` and the small [rows, T] result transposed into ``out``: OpenBLAS
+    runs that 1.5x faster than ``x @ w.T`` for 16 tokens (768 x 128 bf16: 54 against 83 us, the 1.5B
+    shape's gate/up 26 against 38 ms) and as fast for 70, one thread."""
     if matrix.format == "float32":
-        np.matmul(x, matrix.data.T, out=out)
+        np.copyto(out, np.matmul(matrix.data, x.T).T)
         return
     rows, width = matrix.shape
     step = min(rows, max(1, _BLOCK_BYTES // (4 * width)))
@@ -86,7 +90,7 @@ def _prefill(x: np.ndarray, matrix: PackedMatrix, out: np.ndarray) -> None:
             dequantize.rows_int4(matrix.data, matrix.scales, matrix.group, first, block)
         else:
             raise ValueError(f"unknown weight format {matrix.format!r}")
-        np.matmul(x, block.T, out=out[:, first:first + count])
+        np.copyto(out[:, first:first + count], np.matmul(block, x.T).T)
 
 
 def _buffer(size: int) -> np.ndarray:
