@@ -69,6 +69,7 @@ TEST = {  # the test extra, besides cuda and parity: the suite's and bench/'s im
     "pytest": "pytest>=8",
     "safetensors": "safetensors>=0.4",  # test_safetensors: our checkpoint reader against HF's own writer
     "packaging": "packaging",  # test_dependencies: requirements compared as setuptools writes them
+    "ctranslate2": "ctranslate2>=4",  # bench_weights: the CPU inference engine our narrow weights are held to
 }
 TEST_TOOLS = [  # ... and what no file imports
     "nvidia-nvvm==13.0.88; platform_system == 'Linux'",  # numba-cuda compiles every kernel to sm_90/sm_87 PTX
