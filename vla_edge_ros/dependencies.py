@@ -27,6 +27,7 @@ RUNTIME = {  # import: (pip requirement, rosdep key); setup.py's install_require
     "cryptography": ("cryptography>=41", "python3-cryptography"),  # the KV store's AES-256-GCM
     # the kernels (the numpy backend imports them too); the CUDA target itself is the cuda extra's numba-cuda
     "numba": ("numba>=0.60", "python3-numba"),
+    "llvmlite": ("llvmlite>=0.43", "python3-llvmlite"),  # numba's own: cpu_kernels write AVX-512 loops in its IR
     "threadpoolctl": ("threadpoolctl>=3.1", "python3-threadpoolctl-pip"),  # caps BLAS threads (blas_threads)
     "matplotlib": ("matplotlib>=3.7", "python3-matplotlib"),  # replay and evaluate plots
     "tqdm": ("tqdm>=4.60", "python3-tqdm"),  # progress bars of train, replay, evaluate, memory-bench
