@@ -27,7 +27,8 @@ from vla_edge_ros.model.checkpoint import CheckpointError, load_checkpoint  # no
 from vla_edge_ros.model.vl.cuda_vision import CudaVisionTower  # noqa: E402
 from vla_edge_ros.model.vl.positions import rope_index  # noqa: E402
 from vla_edge_ros.model.vl.tower import make_vision_tower  # noqa: E402
-from vla_edge_ros.model.vl.vision import VisionInputError, VisionTower, vision_layout  # noqa: E402
+from vla_edge_ros.model.vl.vision import VisionTower  # noqa: E402
+from vla_edge_ros.model.vl.vision_layout import VisionInputError, vision_layout  # noqa: E402
 from vla_edge_ros.tools.parity import Agreement, run_parity  # noqa: E402
 
 TINY = {"qwen2_vl": "qwen2_vl_tiny", "qwen2_5_vl": "qwen2_5_vl_tiny"}

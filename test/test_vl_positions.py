@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from vla_edge_ros.model.vl.positions import rope_index
-from vla_edge_ros.model.vl.vision import merged_token_counts
+from vla_edge_ros.model.vl.vision_layout import merged_token_counts
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")

@@ -15,8 +15,9 @@ from hf_vl_models import (VARIANTS, copy_model, load_hf_vl_model, reshard, write
 from vla_edge_ros.model.checkpoint import CheckpointError, load_checkpoint, vl_shapes
 from vla_edge_ros.model.config import ModelConfigError, load_model_config
 from vla_edge_ros.model.safetensors_io import StoredTensor, read_safetensors, write_safetensors
-from vla_edge_ros.model.vl.vision import (VisionInputError, VisionTower, frame_bounds, merged_token_counts,
-                                         vision_layout, vision_positions, window_order)
+from vla_edge_ros.model.vl.vision import VisionTower
+from vla_edge_ros.model.vl.vision_layout import (VisionInputError, frame_bounds, merged_token_counts, vision_layout,
+                                                vision_positions, window_order)
 from vla_edge_ros.numerics import ops
 
 TINY = ("qwen2_vl_tiny", "qwen2_5_vl_tiny")

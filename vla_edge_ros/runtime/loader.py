@@ -14,7 +14,6 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from ..config import MemoryKnobs, ObservationKnobs, OutputKnobs, Settings
-from ..cpu_kernels import set_threads
 from ..engine import VlaEngine
 from ..kv_store import BlockStore, load_key, load_or_prefill_prompt, model_fingerprint, restore_memory
 from ..memory import POLICIES, MemorySite, build_policy, check_knobs
@@ -206,6 +205,8 @@ def load_engine(settings: Settings, policies: Iterable[str] = POLICIES, checkpoi
     check_settings(settings, checkpoint, policies)
     if node["blas_threads"]:
         threadpool_limits(limits=node["blas_threads"], user_api="blas")  # process-wide, from here on
+    from ..cpu_kernels import set_threads  # here, not above: numba is heavy, and a command refused early never needs it
+
     set_threads(node["kernel_threads"])  # process-wide too
     prompt = prompt_ids(settings, checkpoint)
     with _reasoning_errors(settings):

@@ -30,7 +30,7 @@ from ...numerics import ops
 from ..checkpoint import Checkpoint, CheckpointError
 from ..cuda_weights import device_matrix, device_vector
 from .config import VisionTowerConfig
-from .vision import vision_layout
+from .vision_layout import vision_layout
 
 
 @dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .vision import merged_token_counts
+from .vision_layout import merged_token_counts
 
 
 def rope_index(token_ids: np.ndarray, image_grid_thw: np.ndarray, *, image_token_id: int,

@@ -18,7 +18,7 @@ from ..checkpoint import Checkpoint
 from ..safetensors_io import StoredTensor
 from .config import VlConfig
 from .positions import rope_index
-from .vision import merged_token_counts
+from .vision_layout import merged_token_counts
 
 ImageEncoder = Callable[[np.ndarray, np.ndarray], np.ndarray]
 """(patches [N, patch_dim], grid_thw [n, 3]) -> merged image tokens [sum of tokens, hidden]: ``VisionTower.encode``."""

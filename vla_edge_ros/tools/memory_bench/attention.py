@@ -17,13 +17,16 @@ Only the numpy backend can be probed: the cuda kernels never materialise the wei
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...engine.vla_engine import FramePrefill, VlaEngine
 from ...model.backend import ForwardResult
-from ...model.numpy_backend import NumpyBackend
 from ...numerics import ops
+
+if TYPE_CHECKING:
+    from ...model.numpy_backend import NumpyBackend
 
 
 def last_token_attention(backend: NumpyBackend, layer_inputs: list[np.ndarray], positions: np.ndarray,
@@ -49,6 +52,8 @@ def last_token_attention(backend: NumpyBackend, layer_inputs: list[np.ndarray], 
 def probe_frame(engine: VlaEngine, image: np.ndarray) -> tuple[FramePrefill, np.ndarray]:
     """``engine.add_frame(image)``, and where the frame's last token looked ([layers, q_heads, capacity],
     ``last_token_attention``)."""
+    from ...model.numpy_backend import NumpyBackend  # here: the command line loads this module, and numba with it
+
     backend = engine.backend
     if not isinstance(backend, NumpyBackend):
         raise ValueError(f"the attention probe reads the numpy backend's arrays; this engine runs {backend.name}")
