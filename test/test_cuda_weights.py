@@ -67,8 +67,10 @@ def one_layer(tmp_path_factory: pytest.TempPathFactory):
     return write_hf_model(tmp_path_factory.mktemp("tied"), "head_dim_differs")
 
 
-# ~30 s each on the simulator: the default suite runs int4 (the harder layout), `make test-slow` int8 too.
-@pytest.mark.parametrize("weights", [pytest.param("int8", marks=pytest.mark.slow), "int4"])
+# ~25-50 s each on the simulator, so both run in `make test-slow`; the default suite proves each kernel over
+# these layouts against its twin (test_kernels.py) and the uploads' bytes (test_budget.py).
+@pytest.mark.slow
+@pytest.mark.parametrize("weights", ["int8", "int4"])
 def test_cuda_backend_over_packed_weights_matches_it_over_their_dequantized_values(one_layer, weights: str) -> None:
     """Prefill 3 tokens then decode 1 (the GEMM and the GEMV), the tied int table gathered and projected."""
     packed = load_checkpoint(one_layer, require_vla=False, weights=weights, weights_group=32)

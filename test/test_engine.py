@@ -165,6 +165,7 @@ def test_arena_too_small_for_one_frame(tiny_model):
         VlaEngine(load_checkpoint(tiny_model), backend="numpy", kv_capacity_tokens=16)
 
 
+@pytest.mark.slow  # ~25 s simulated; the default suite's CUDA end-to-end check is test_parity's bf16 case
 def test_cuda_backend_engine_decodes_the_same_action_as_numpy(tmp_path):
     """A whole VLA cycle (frame prefill + bin decoding) on the CUDA kernels, here under the simulator."""
     config = replace(preset("tiny", layers=1), hidden_size=16, intermediate_size=24, num_attention_heads=2,
