@@ -71,8 +71,8 @@ def _banner(args: argparse.Namespace, settings: Settings, pipeline) -> str:
     engine, loaded = pipeline.reasoning.engine, pipeline.reasoning.loaded
     source = (f" (simulated robot, {args.sim})" if args.sim else
               f" (synthetic, {args.camera_rate_hz:.0f} Hz)" if args.image_topic is None else "")
-    lines = [f"vla-edge run: {settings['reasoning']['model_dir']} on {loaded.plan.backend} "
-             f"({engine.checkpoint.held_as} weights), camera "
+    lines = [f"vla-edge run: {settings['reasoning']['model_dir']} on {loaded.plan.backend}, weights "
+             f"{engine.checkpoint.held_as}, camera "
              f"{settings['camera_subscriber']['image_topic']}{source}, deadline "
              f"{settings['reasoning']['deadline_ms']:.1f} ms, commands on {settings['action_publisher']['command_topic']}"
              f" ({settings['action_publisher']['command_type']}), KV arena {engine.arena.capacity} tokens, "

@@ -127,8 +127,8 @@ class ReasoningNode(ManagedNode):
         self.instructions.desk = InstructionDesk(loaded.tokenizer, values["instruction_max_tokens"],
                                                  values["instruction"], time.monotonic_ns())
         self._zero_counters()
-        self.get_logger().info(f"configured: {values['model_dir']} on {loaded.plan.backend} "
-                               f"({self.engine.checkpoint.held_as} weights), KV arena "
+        self.get_logger().info(f"configured: {values['model_dir']} on {loaded.plan.backend}, weights "
+                               f"{self.engine.checkpoint.held_as}, KV arena "
                                f"{self.engine.arena.capacity} tokens, memory policy {self.engine.policy.name}")
 
     def _activate(self) -> None:
