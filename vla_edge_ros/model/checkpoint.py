@@ -180,17 +180,19 @@ class Checkpoint:
         tensor's file pages are released once it is packed, so a load's peak memory is what it holds plus a
         block, not an fp32 copy of the largest matrix (the embedding, 0.9 GB at the 1.5B shape)."""
         fmt = self.format_of(*names)
-        parts = []
-        for name in names:
-            stored = self.tensors[name]
-            if fmt == "bfloat16" and stored.dtype == "BF16":
-                parts.append(pack_bf16_bits(stored.array.copy()))
-            else:
-                rows = max(1, PACK_BLOCK_VALUES // stored.shape[1])
-                parts.extend(pack(StoredTensor(stored.dtype, stored.array[start:start + rows]).to_float32(), fmt,
-                                  self.weights_group) for start in range(0, stored.shape[0], rows))
-            stored.release()
-        return parts[0] if len(parts) == 1 else concat_rows(*parts)
+        stored = [self.tensors[name] for name in names]
+        if fmt == "bfloat16" and all(t.dtype == "BF16" for t in stored):
+            packed = pack_bf16_bits(np.concatenate([t.array for t in stored]))  # one copy, out of the mapping
+            for tensor in stored:
+                tensor.release()
+            return packed
+        blocks = []
+        for tensor in stored:
+            rows = max(1, PACK_BLOCK_VALUES // tensor.shape[1])
+            blocks += [pack(StoredTensor(tensor.dtype, tensor.array[start:start + rows]).to_float32(), fmt,
+                            self.weights_group) for start in range(0, tensor.shape[0], rows)]
+            tensor.release()
+        return blocks[0] if len(blocks) == 1 else concat_rows(*blocks)
 
     def held_bytes(self, name: str, backend: str = "numpy") -> int:
         """The bytes tensor ``name`` takes on ``backend``. numpy: a matrix in its format, anything else fp32.
