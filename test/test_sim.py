@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from vla_edge_ros.worlds.sim import TASKS, CueReachEnv, TaskSpec, render
-from vla_edge_ros.worlds.sim.world import path_clearance
+from vla_edge_ros.runtime.robot_state import ODOMETRY_STATE
+from vla_edge_ros.worlds.sim.world import ODOMETRY, path_clearance
 
 CUE = TaskSpec()
 REACH = TaskSpec(name="reach")
@@ -175,6 +176,22 @@ def test_path_length_adds_what_the_robot_moved_and_walls_stop_it():
     assert steps[:5] == pytest.approx(REACH.max_speed / REACH.rate_hz)
     assert steps[5:10] == pytest.approx(np.hypot(0.5, 0.5) * REACH.max_speed / REACH.rate_hz)
     assert env.robot[0] == 0.0 and steps[-1] == 0.0                       # pressed against the left wall
+
+
+def test_odometry_is_the_position_and_the_velocity_the_robot_moved_at():
+    assert ODOMETRY == ODOMETRY_STATE  # what the simulated robot publishes is what the runtime reads
+    env = CueReachEnv(REACH, 4)
+    env.reset()
+    assert env.odometry().tolist() == pytest.approx([*env.start, 0, 0, 0, 0])
+    env.step(np.array([1.0, -0.5]))
+    speed = REACH.max_speed
+    assert env.odometry() == pytest.approx([*env.robot, 0, speed, -0.5 * speed, 0], rel=1e-6)
+    for _ in range(120):  # against the right wall: x stops, so does vx
+        env.step(np.array([1.0, 0.0]))
+    assert env.odometry()[[0, 3]].tolist() == [1.0, 0.0]
+    held = CueReachEnv(CUE, 5)
+    held.step(np.array([1.0, 1.0]))
+    assert held.odometry()[3:5].tolist() == [0.0, 0.0]  # commands ignored while held: it did not move
 
 
 @pytest.mark.parametrize("name", TASKS)

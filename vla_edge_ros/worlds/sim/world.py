@@ -20,7 +20,8 @@ Durations are whole frames: ``round(seconds * rate_hz)``. Commands are clipped p
 [-1, 1] (NaN -> 0) and move the robot by ``command * max_speed / rate_hz`` per step; the robot stops
 at the walls. An episode ends on success (robot centre within ``reach_radius`` of the goal's) or at
 ``time_limit_s``; touching a wrong target does not end it (a policy may recover), it is recorded in
-``StepOutcome.touched_wrong``. Everything (layout, colours, floor, clutter, noise) follows from the
+``StepOutcome.touched_wrong``. ``odometry`` is the robot's state as a planar robot's odometry reports it
+(position, and the velocity it moved at over the last step). Everything (layout, colours, floor, clutter, noise) follows from the
 seed: layout and noise come from two separate streams spawned from it, and ``reset`` replays both.
 """
 
@@ -37,6 +38,7 @@ TASKS = ("reach", "cue-reach", "lang-reach")
 PLACEMENT_MARGIN = 0.1     # targets and robot start this far from the walls, so all of them stay in view
 PLACEMENT_TRIES = 10_000   # at the default reach_radius: K <= 5 fit (50 of 50 seeds), K = 6 in 36 of 50
 EXPERT_GAIN = 10.0         # command per world unit of distance: saturated until 0.1 from the goal
+ODOMETRY = ("x", "y", "yaw", "vx", "vy", "wz")  # ``odometry``'s order: runtime/robot_state.py reads an Odometry so
 
 
 VELOCITY_COMMANDS = ("twist", "float32_multi_array")  # the command types whose values the robot can drive on
@@ -136,6 +138,7 @@ class CueReachEnv:
         """Restart the same episode (layout and noise sequence) and return its first frame."""
         self._noise = np.random.default_rng(self._noise_seed)
         self.robot = self.start.copy()
+        self.velocity = np.zeros(2)  # world units per second over the last step
         self._steps = 0
         self.path_length = 0.0
         self._touched_wrong = False
@@ -175,6 +178,7 @@ class CueReachEnv:
         if not self.held:
             moved = np.clip(self.robot + command * self.spec.max_speed / self.spec.rate_hz, 0.0, 1.0)
             self.path_length += float(np.linalg.norm(moved - self.robot))
+            self.velocity = (moved - self.robot) * self.spec.rate_hz
             self.robot = moved
         self._steps += 1
         distances = np.linalg.norm(self.targets - self.robot, axis=1)
@@ -183,6 +187,13 @@ class CueReachEnv:
         self._touched_wrong |= bool(np.delete(reached, self.goal).any())
         self._done = success or self._steps >= self._limit_frames
         return StepOutcome(self._frame(), self._done, success, self.time_s, self.path_length, self._touched_wrong)
+
+    def odometry(self) -> np.ndarray:
+        """The robot's state in ``ODOMETRY``'s order, float32: position, heading 0 (the disc does not turn), the
+        velocity over the last step (zero at the start, while held and against a wall), turn rate 0."""
+        x, y = self.robot
+        vx, vy = self.velocity
+        return np.array([x, y, 0.0, vx, vy, 0.0], dtype=np.float32)
 
     def place_robot(self, position: np.ndarray) -> np.ndarray:
         """Put the robot at ``position`` (x, y), clipped into the world, and return the camera's view.
