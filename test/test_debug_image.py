@@ -28,7 +28,7 @@ ARRAY = OutputKnobs.of({"command_type": "float32_multi_array"})
 
 
 def _view(action=None, strip=(), kind="kept", verdict=Verdict.ADMITTED, frame_id=7, **result) -> CycleView:
-    values = None if action is None else np.asarray(action, np.float32)
+    values = None if action is None else np.asarray(action, np.float32)[None]  # a chunk of one action
     ready = None if values is None else 14 * NS_PER_MS
     return CycleView(frame_id, 0, 0, CycleResult(verdict, values, ready, False, **result), "fifo", tuple(strip), kind)
 

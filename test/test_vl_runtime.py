@@ -494,9 +494,9 @@ def test_the_linear_action_head_reads_the_segment_s_last_hidden_state(tmp_path):
     config = replace(preset("qwen2-vl-tiny", layers=1), action=ActionConfig(head="linear", dof=3))
     engine = _engine(write_random_model(tmp_path / "linear", config, seed=2), 5 + 2 * 18)
     prefill = engine.add_frame(SyntheticCamera(height=48, width=64, seed=8).frame())
-    action, tokens = engine.decode_action(prefill)
-    assert tokens == [] and action.shape == (3,)
-    np.testing.assert_array_equal(action, engine.head.from_hidden(prefill.hidden))
+    chunk, tokens = engine.decode_action(prefill)
+    assert tokens == [] and chunk.shape == (1, 3)
+    np.testing.assert_array_equal(chunk, engine.head.from_hidden(prefill.hidden))
     assert engine.step(SyntheticCamera(height=48, width=64, seed=9).frame()).action.shape == (3,)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import choices_of, load_settings
+from ..model.config import ACTION_HEADS
 from ..model.init_model import PRESETS, STORAGE_DTYPES, preset, write_random_model
 from ..model.known_models import KNOWN_MODELS
 from ..numerics.weight_formats import DEFAULT_INT4_GROUP, INT4_GROUPS
@@ -17,11 +18,15 @@ from .args import image_size, token_ids
 
 
 def cmd_init_model(args: argparse.Namespace) -> int:
-    config = preset(args.preset, args.layers, cameras=args.cameras, state_dim=args.state_dim)
+    config = preset(args.preset, args.layers, cameras=args.cameras, state_dim=args.state_dim, head=args.head,
+                    chunk=args.chunk)
     out = write_random_model(args.out, config, seed=args.seed, dtype=args.dtype)
     seen = f"{config.cameras} camera{'s' if config.cameras > 1 else ''}" + (
         f" + a {config.state.dim}-value state" if config.state else "")
-    print(f"wrote {args.preset} ({config.num_hidden_layers} layers, {seen}, {args.dtype}, seed {args.seed}) to {out}")
+    action = config.action
+    acts = f"{action.head} head, {action.chunk} action{'s' if action.chunk > 1 else ''} of {action.dof} a cycle"
+    print(f"wrote {args.preset} ({config.num_hidden_layers} layers, {seen}, {acts}, {args.dtype}, seed {args.seed}) "
+          f"to {out}")
     return 0
 
 
@@ -123,6 +128,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="camera frames per observation (default 1): camera_subscriber.extra_image_topics names the rest")
     p.add_argument("--state-dim", type=int, default=0, metavar="N",
                    help="read an N-value robot state as one token (state_proj, random; vla.state) (default: no state)")
+    p.add_argument("--head", choices=ACTION_HEADS,
+                   help="the action head (default: the preset's); mlp: a continuous chunk head, hidden as wide as "
+                   "the decoder")
+    p.add_argument("--chunk", type=int, default=1, metavar="H",
+                   help="actions a cycle, one control period apart (vla.action.chunk; default 1; more needs --head mlp)")
     p.set_defaults(func=cmd_init_model)
 
     p = sub.add_parser("plan", help="print the memory plan of a config against its budget_bytes and edge memory")

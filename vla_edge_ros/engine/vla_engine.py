@@ -1,8 +1,9 @@
-"""The VLA engine: (pinned prompt, observation) -> action, on a bounded KV arena.
+"""The VLA engine: (pinned prompt, observation) -> a chunk of actions [H, dof], on a bounded KV arena.
 
 The prompt is prefilled once and pinned at the front of the cache. Every ``step`` encodes one
 observation and prefills its ``observation_tokens`` tokens (after any prefix its memory policy asks
-for) after what is already cached, and decodes the action. An observation is each of the checkpoint's
+for) after what is already cached, and decodes the action chunk (``model/action_head.py``; H = 1 but
+for the mlp head). An observation is each of the checkpoint's
 cameras' frame (``tokens_per_frame`` tokens each, the primary camera's first, then the others in their
 configured order), then the robot's state as one token when the checkpoint reads one
 (``model/state_token.py``); the engine calls that group a frame, and so do the memory policies.
@@ -74,14 +75,19 @@ class FramePrefill:
 
 @dataclass
 class StepResult:
-    """One cycle's action and where its time went."""
+    """One cycle's chunk of actions and where its time went."""
 
-    action: np.ndarray
+    chunk: np.ndarray  # [H, dof] in robot units, action i one control period after action i - 1
     tokens: list[int] = field(default_factory=list)
     encode_ms: float = 0.0
     prefill_ms: float = 0.0
     decode_ms: float = 0.0
     evicted_frames: int = 0
+
+    @property
+    def action(self) -> np.ndarray:
+        """The chunk's first action [dof]: the one meant for the observation's own time."""
+        return self.chunk[0]
 
     @property
     def total_ms(self) -> float:
@@ -387,7 +393,9 @@ class VlaEngine:
 
     def decode_action(self, prefill: FramePrefill, admit: Callable[[], object] = lambda: True,
                       done: Callable[[object], None] = lambda ticket: None) -> tuple[np.ndarray, list[int]] | None:
-        """The action for a prefilled frame, or None if ``admit`` refused a decode step.
+        """The chunk of actions [H, dof] for a prefilled frame and the tokens decoded for it, or None if ``admit``
+        refused a decode step. The continuous heads (``linear``, ``mlp``) read the frame's last hidden state and
+        decode no token; ``bins`` decodes one token per dof (H = 1).
 
         ``admit`` is asked before each decode step (a falsy answer abandons the action, leaving the
         frame in memory) and ``done`` is given its answer after the step, however the step ended: the
@@ -397,6 +405,8 @@ class VlaEngine:
         require_finite(prefill.hidden, "the frame's last hidden state")
         if self.config.action.head == "linear":
             return self.head.from_hidden(prefill.hidden), []
+        if self.config.action.head == "mlp":
+            return self.head.from_preactivation(self.backend.action_mlp(prefill.hidden)), []
         head, dof, policy = self.head, self.config.action.dof, self.policy
         bins = [self.backend.greedy(prefill.hidden, head.bin_rows)]
         scratch = self.arena.allocate(dof - 1)
@@ -425,12 +435,12 @@ class VlaEngine:
 
     def step(self, image: np.ndarray, extra_images: tuple[np.ndarray, ...] = (),
              state: np.ndarray | None = None) -> StepResult:
-        """Encode one observation, add it to the memory, and decode the action (no admission control)."""
+        """Encode one observation, add it to the memory, and decode its chunk (no admission control)."""
         prefill = self.add_frame(image, extra_images, state)
         t0 = time.perf_counter()
-        action, tokens = self.decode_action(prefill)
+        chunk, tokens = self.decode_action(prefill)
         decode_ms = (time.perf_counter() - t0) * 1e3
-        return StepResult(action, tokens, prefill.encode_ms, prefill.prefill_ms, decode_ms, prefill.evicted_frames)
+        return StepResult(chunk, tokens, prefill.encode_ms, prefill.prefill_ms, decode_ms, prefill.evicted_frames)
 
 
 def _layer_inputs(out: ForwardResult, skip: int) -> list[np.ndarray] | None:

@@ -56,6 +56,11 @@ class Backend(ABC):
         (``numerics/finite.py``) when any of those logits is NaN or Inf, since no token can be chosen then."""
 
     @abstractmethod
+    def action_mlp(self, hidden: np.ndarray) -> np.ndarray:
+        """The ``mlp`` action head before its tanh, fc2 GELU(fc1 h + b1) + b2 [chunk * dof] (fp32, host), for
+        one final-norm hidden state [H] (``model/action_head.py``); ValueError on a checkpoint without one."""
+
+    @abstractmethod
     def rotate_keys(self, slots: np.ndarray, shifts: np.ndarray) -> None:
         """Rotate the cached keys of ``slots`` in every layer by ``shifts`` positions (RoPE composes).
 
@@ -98,7 +103,10 @@ class Backend(ABC):
 
     @abstractmethod
     def state_bytes(self) -> tuple[int, int]:
-        """(weight bytes, KV arena bytes) this backend holds."""
+        """(weight bytes, KV arena bytes) this backend holds: the decoder's, and the mlp action head's if any."""
+
+    def _no_mlp_head(self) -> ValueError:
+        return ValueError(f"this checkpoint's action head is {self.config.action.head!r}, not 'mlp'")
 
     def _rope_ids(self, rope_positions: np.ndarray | None, tokens: int) -> np.ndarray | None:
         """``rope_positions`` checked as [3, tokens] M-RoPE ids of a model that has them (None passes)."""

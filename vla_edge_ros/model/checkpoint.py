@@ -6,6 +6,9 @@ Qwen2 checkpoint loads as is. The VLA parts live under names of our own:
 - ``vision.patch_proj.weight`` [hidden, patch*patch*3], ``vision.patch_proj.bias`` [hidden],
   ``vision.pos_embed`` [tokens_per_frame, hidden]: the frame encoder;
 - ``action_head.weight`` [dof, hidden], ``action_head.bias`` [dof]: only for the ``linear`` head;
+- ``action_head.fc1.weight`` [mlp_hidden, hidden], ``action_head.fc1.bias`` [mlp_hidden],
+  ``action_head.fc2.weight`` [chunk * dof, mlp_hidden], ``action_head.fc2.bias`` [chunk * dof]: only for the
+  ``mlp`` head (``action_head.py``: tanh(fc2 GELU(fc1 h)), row i * dof + d of fc2 is action i's dimension d);
 - ``state_proj.weight`` [hidden, state_dim], ``state_proj.bias`` [hidden]: the robot's state as one token,
   exactly when config.json's ``vla.state`` says its dimension and normalisation (either without the other
   is refused: a state the model cannot read, or a projection whose input is unknown).
@@ -46,6 +49,7 @@ WEIGHT_FORMATS = choices_of("reasoning", "weights")
 """``reasoning.weights``: what the decoder's and the vision tower's matrices are held in; auto keeps bf16 as
 bf16 and widens the rest to fp32 (the CUDA backend keeps fp16 as fp16 too)."""
 STATE_PROJ = ("state_proj.weight", "state_proj.bias")
+MLP_HEAD = ("action_head.fc1.weight", "action_head.fc1.bias", "action_head.fc2.weight", "action_head.fc2.bias")
 TOKEN_TABLES = ("model.embed_tokens.weight", "lm_head.weight")
 PACK_BLOCK_VALUES = 1 << 20  # weights widened to fp32 at a time while packing (4 MB)
 
@@ -107,7 +111,7 @@ def vl_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def vla_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Name -> shape of the frame encoder (not in a VL checkpoint, whose tower is its frame encoder) and
-    (for the linear head) action head tensors."""
+    (for the linear and mlp heads) action head tensors."""
     h, vision = config.hidden_size, config.vision
     shapes: dict[str, tuple[int, ...]] = {} if config.vl is not None else {
         "vision.patch_proj.weight": (h, vision.patch_dim),
@@ -117,9 +121,17 @@ def vla_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     if config.action.head == "linear":
         shapes["action_head.weight"] = (config.action.dof, h)
         shapes["action_head.bias"] = (config.action.dof,)
+    elif config.action.head == "mlp":
+        shapes.update(mlp_head_shapes(config))
     if config.state is not None:
         shapes.update(dict(zip(STATE_PROJ, ((h, config.state.dim), (h,)))))
     return shapes
+
+
+def mlp_head_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of the mlp action head's two layers (``MLP_HEAD`` order: fc1 weight and bias, fc2's)."""
+    inner, outputs = config.action.mlp_hidden, config.action.chunk * config.action.dof
+    return dict(zip(MLP_HEAD, ((inner, config.hidden_size), (inner,), (outputs, inner), (outputs,))))
 
 
 def is_matrix(name: str, shape: tuple[int, ...]) -> bool:

@@ -27,6 +27,8 @@ from .config_error import ModelConfigError
 from .vl.config import VL_FAMILIES, VlConfig, split_vl_config
 
 NUM_ACTION_BINS = 256
+ACTION_HEADS = ("bins", "linear", "mlp")
+MAX_CHUNK = 1024  # actions a chunk may hold (a 1 s chunk at 1 kHz)
 
 
 @dataclass(frozen=True)
@@ -51,13 +53,15 @@ class VisionConfig:
 
 @dataclass(frozen=True)
 class ActionConfig:
-    """How the last hidden state becomes a robot action."""
+    """How the last hidden state becomes a robot action, or a chunk of ``chunk`` future actions (H)."""
 
-    head: str = "bins"  # "bins" (OpenVLA-style tokens) or "linear" (continuous)
+    head: str = "bins"  # "bins" (OpenVLA-style tokens), "linear" (continuous) or "mlp" (continuous chunk)
     dof: int = 7
     q01: tuple[float, ...] = ()
     q99: tuple[float, ...] = ()
     normalize_mask: tuple[bool, ...] = ()
+    chunk: int = 1  # H: actions per inference, one control period apart (bins and linear: 1)
+    mlp_hidden: int = 0  # the mlp head's hidden width (its fc1 rows); only the mlp head has one
 
     def bounds(self) -> tuple[tuple[float, ...], tuple[float, ...], tuple[bool, ...]]:
         """Per-dimension (q01, q99, mask), defaulting to the identity map on [-1, 1]."""
@@ -142,8 +146,7 @@ class ModelConfig:
                 "config.json: vla.vision.image_size must be a multiple of patch_size, and the patch grid "
                 f"({patches_per_side}) a multiple of sqrt(tokens_per_frame) ({vision.pool_grid})")
         action = self.action
-        if action.head not in ("bins", "linear"):
-            raise ModelConfigError(f"config.json: vla.action.head must be 'bins' or 'linear', got {action.head!r}")
+        self._validate_head(action)
         if action.head == "bins" and self.vocab_size < NUM_ACTION_BINS:
             raise ModelConfigError(f"config.json: a 'bins' action head needs vocab_size >= {NUM_ACTION_BINS}")
         for name in ("q01", "q99", "normalize_mask"):
@@ -163,6 +166,24 @@ class ModelConfig:
             raise ModelConfigError(f"config.json: vla.cameras must be 1 to {MAX_CAMERAS}, got {self.cameras}")
         if self.state is not None:
             self._validate_state(self.state)
+
+    @staticmethod
+    def _validate_head(action: ActionConfig) -> None:
+        """The head, its chunk length H and (mlp) hidden width: ``bins`` and ``linear`` give one action a cycle."""
+        if action.head not in ACTION_HEADS:
+            raise ModelConfigError(f"config.json: vla.action.head must be one of {list(ACTION_HEADS)}, "
+                                   f"got {action.head!r}")
+        for name, low, high in (("dof", 1, 4096), ("chunk", 1, MAX_CHUNK), ("mlp_hidden", 0, 1 << 20)):
+            value = getattr(action, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ModelConfigError(f"config.json: vla.action.{name} must be an integer from {low} to {high}, "
+                                       f"got {value!r:.40}")
+        if action.head != "mlp" and action.chunk != 1:
+            raise ModelConfigError(f"config.json: vla.action.chunk is {action.chunk}, but the {action.head!r} head "
+                                   "decodes one action a cycle (chunk 1); a chunk needs the 'mlp' head")
+        if (action.head == "mlp") != (action.mlp_hidden > 0):
+            raise ModelConfigError("config.json: vla.action.mlp_hidden (the mlp head's hidden width) must be set for "
+                                   f"the 'mlp' head and only for it, got {action.mlp_hidden} with head {action.head!r}")
 
     @staticmethod
     def _validate_state(state: StateConfig) -> None:
@@ -203,10 +224,12 @@ class ModelConfig:
 
 
     def _vla_dict(self) -> dict[str, Any]:
-        """Our ``vla`` section; ``cameras`` and ``state`` only when they differ from one camera and no state, so a
-        checkpoint without them is written (and fingerprinted) as before they existed."""
+        """Our ``vla`` section; ``cameras``, ``state``, the action's ``chunk`` and ``mlp_hidden`` only when they differ
+        from one camera, no state, one action and no hidden layer, so a checkpoint without them is written (and
+        fingerprinted) as before they existed."""
         vla: dict[str, Any] = {} if self.vl is not None else {"vision": asdict(self.vision)}
-        vla["action"] = asdict(self.action)
+        vla["action"] = {key: value for key, value in asdict(self.action).items()
+                         if not (key == "chunk" and value == 1 or key == "mlp_hidden" and not value)}
         if self.cameras != 1:
             vla["cameras"] = self.cameras
         if self.state is not None:

@@ -24,7 +24,7 @@ from ..numerics import ops
 from ..numerics.finite import NonFiniteError
 from .arena import KVArena
 from .backend import Backend, ForwardResult
-from .checkpoint import Checkpoint
+from .checkpoint import MLP_HEAD, Checkpoint
 from .cuda_weights import device_matrix, device_vector
 
 
@@ -69,6 +69,18 @@ def _layer(checkpoint: Checkpoint, p: str) -> _Layer:
     )
 
 
+class _MlpHead:
+    """The mlp action head on the device: fc1 and fc2 as stored (``Checkpoint.held_bytes``), biases fp32, and its
+    two activation rows, allocated once."""
+
+    def __init__(self, checkpoint: Checkpoint) -> None:
+        fc1, b1, fc2, b2 = MLP_HEAD
+        self.fc1, self.fc2 = device_matrix(checkpoint.tensors[fc1]), device_matrix(checkpoint.tensors[fc2])
+        self.b1, self.b2 = _vector(checkpoint, b1), _vector(checkpoint, b2)
+        self.inner = cuda.device_array((1, checkpoint.tensors[fc1].shape[0]), np.float32)
+        self.out = cuda.device_array((1, checkpoint.tensors[fc2].shape[0]), np.float32)
+
+
 class _Workspace:
     """Activation buffers for up to ``tokens`` new tokens; views of the first T rows are used."""
 
@@ -111,6 +123,7 @@ class CudaBackend(Backend):
         self.scale = float(1.0 / np.sqrt(c.head_dim))
         self.scratch = kernels.AttentionScratch()
         self.workspace: _Workspace | None = None
+        self.head: _MlpHead | None = _MlpHead(checkpoint) if c.action.head == "mlp" else None
 
     def _buffers(self, tokens: int) -> _Workspace:
         if self.workspace is None or self.workspace.tokens < tokens:
@@ -194,6 +207,17 @@ class CudaBackend(Backend):
             raise NonFiniteError("the action logits: not finite (NaN or Inf)")
         return index
 
+    def action_mlp(self, hidden: np.ndarray) -> np.ndarray:
+        """Two ``linear`` launches and a ``gelu`` between them: the kernels the decoder and the VL towers run."""
+        if self.head is None:
+            raise self._no_mlp_head()
+        head = self.head
+        kernels.linear(cuda.to_device(np.ascontiguousarray(hidden, dtype=np.float32).reshape(1, -1)), head.fc1,
+                       head.b1, head.inner)
+        kernels.gelu(head.inner, head.inner)
+        kernels.linear(head.inner, head.fc2, head.b2, head.out)
+        return head.out.copy_to_host()[0]
+
     def _indices(self, count: int):
         """Device 0..count-1 (int32): the rows of a packed source or destination."""
         if self._iota.size < count:
@@ -230,4 +254,5 @@ class CudaBackend(Backend):
     def state_bytes(self) -> tuple[int, int]:
         arrays = [self.embed, self.final_norm] + ([] if self.lm_head is self.embed else [self.lm_head])
         arrays += [a for layer in self.layers for a in vars(layer).values()]
+        arrays += [] if self.head is None else [self.head.fc1, self.head.b1, self.head.fc2, self.head.b2]
         return sum(a.nbytes for a in arrays), self.k_pool.nbytes + self.v_pool.nbytes

@@ -13,7 +13,8 @@ decoder with M-RoPE and a 2-block ViT tower, written as transformers writes a Qw
 hub's flat config.json, a preprocessor_config.json, the tensors under transformers 5's keys
 ``model.language_model.*`` and ``model.visual.*``), so transformers loads it as it is; its ``vla``
 section holds only the action head. Any preset may see several cameras per observation and read the
-robot's state (``vla.cameras``, ``vla.state`` with a random ``state_proj``, its statistics the identity).
+robot's state (``vla.cameras``, ``vla.state`` with a random ``state_proj``, its statistics the identity),
+and may carry another action head: ``mlp`` with a chunk of H actions a cycle (``vla.action.chunk``).
 The same seed always gives the same bytes.
 """
 
@@ -121,14 +122,20 @@ def write_model(out: str | Path, config: ModelConfig, arrays: dict[str, np.ndarr
     return out
 
 
-def preset(name: str, layers: int | None = None, *, cameras: int = 1, state_dim: int = 0) -> ModelConfig:
-    """Preset ``name``, with ``layers`` decoder layers if given, ``cameras`` frames per observation, and a state
-    token of ``state_dim`` values (0: none)."""
+def preset(name: str, layers: int | None = None, *, cameras: int = 1, state_dim: int = 0, head: str | None = None,
+           chunk: int = 1) -> ModelConfig:
+    """Preset ``name``, with ``layers`` decoder layers if given, ``cameras`` frames per observation, a state
+    token of ``state_dim`` values (0: none), and ``head`` (None: the preset's) giving ``chunk`` actions a cycle.
+    An ``mlp`` head's hidden layer is as wide as the decoder (OpenVLA-OFT's choice)."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
     config = PRESETS[name]
     config = replace(config, num_hidden_layers=layers) if layers else config
     if cameras != 1 or state_dim:
         config = replace(config, cameras=cameras, state=StateConfig(state_dim) if state_dim else None)
-        config.validate_vla()
+    if head is not None or chunk != 1:
+        head = head or config.action.head
+        config = replace(config, action=replace(config.action, head=head, chunk=chunk,
+                                                mlp_hidden=config.hidden_size if head == "mlp" else 0))
+    config.validate_vla()
     return config

@@ -32,10 +32,10 @@ from ..cpu_kernels.elementwise import add_rms_norm, rms_norm, silu_gate
 from ..cpu_kernels.rope import rotate_rows
 from ..numerics import ops
 from ..numerics.finite import require_finite
-from ..numerics.weight_formats import PackedMatrix, dequantize, take_rows
+from ..numerics.weight_formats import PackedMatrix, dequantize, pack, take_rows
 from .arena import KVArena
 from .backend import Backend, ForwardResult
-from .checkpoint import Checkpoint
+from .checkpoint import MLP_HEAD, Checkpoint
 
 
 @dataclass
@@ -78,6 +78,11 @@ class NumpyBackend(Backend):
         self.v_rows = np.zeros_like(self.k_rows)
         self.inv_freq = ops.rope_inv_freq(c.head_dim, c.rope_theta)
         self.scale = 1.0 / np.sqrt(c.head_dim)
+        # the mlp action head, fp32 as every small tensor here: fc1, b1, fc2, b2 (``checkpoint.MLP_HEAD``)
+        self.head: tuple[PackedMatrix, np.ndarray, PackedMatrix, np.ndarray] | None = None
+        if c.action.head == "mlp":
+            fc1, b1, fc2, b2 = (f32(name) for name in MLP_HEAD)
+            self.head = (pack(fc1, "float32"), b1, pack(fc2, "float32"), b2)
 
     def forward(self, positions: np.ndarray, slots: np.ndarray, *, token_ids: np.ndarray | None = None,
                 embeddings: np.ndarray | None = None, collect_layers: bool = False,
@@ -190,6 +195,14 @@ class NumpyBackend(Backend):
         logits = self.logits(hidden[None, :], rows)[0]
         return int(np.argmax(require_finite(logits, "the action logits")))
 
+    def action_mlp(self, hidden: np.ndarray) -> np.ndarray:
+        """The compiled fp32 matrix-vector kernels (``cpu_kernels``), GELU between them (``ops.gelu``)."""
+        if self.head is None:
+            raise self._no_mlp_head()
+        fc1, b1, fc2, b2 = self.head
+        inner = linear(np.ascontiguousarray(hidden, dtype=np.float32).reshape(1, -1), fc1, b1)
+        return linear(ops.gelu(inner).astype(np.float32), fc2, b2)[0]
+
     def rotate_keys(self, slots: np.ndarray, shifts: np.ndarray) -> None:
         rows = self.arena.pages.rows(slots)  # [layers, kv_heads, n]
         shifts = np.broadcast_to(np.asarray(shifts, dtype=np.int32), rows.shape[-1:])
@@ -209,5 +222,5 @@ class NumpyBackend(Backend):
 
     def state_bytes(self) -> tuple[int, int]:
         held = [self.embed, self.final_norm] + ([] if self.lm_head is self.embed else [self.lm_head])
-        held += [a for layer in self.layers for a in vars(layer).values()]
+        held += [a for layer in self.layers for a in vars(layer).values()] + list(self.head or ())
         return sum(a.nbytes for a in held), self.k_rows.nbytes + self.v_rows.nbytes

@@ -64,11 +64,16 @@ class CycleResult:
     """What became of one frame."""
 
     verdict: Verdict  # the cycle's verdict (stale, refused, warmup, admitted, probe, recovery)
-    action: np.ndarray | None  # None unless every block ran
-    ready_ns: int | None  # gate clock when the action was ready
+    chunk: np.ndarray | None  # the actions [H, dof] for the observation's time onwards; None unless every block ran
+    ready_ns: int | None  # gate clock when the chunk was ready
     missed: bool  # some block of this cycle finished after the frame's deadline (with or without an action)
     refused_block: BlockKind | None = None  # the block the gate refused inside an admitted cycle
     invalid: str = ""  # why the model's output could not become an action (NaN or Inf), if it could not
+
+    @property
+    def action(self) -> np.ndarray | None:
+        """The chunk's first action [dof] (what ``sync`` execution commands), None without a chunk."""
+        return None if self.chunk is None else self.chunk[0]
 
 
 class Reasoner:
