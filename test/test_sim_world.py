@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 rclpy = pytest.importorskip("rclpy")
@@ -13,6 +14,7 @@ from ros_graph import WAIT_S, private_graph  # noqa: E402
 from vla_edge_ros.config import parse_settings  # noqa: E402
 from vla_edge_ros.nodes.bringup import Pipeline  # noqa: E402
 from vla_edge_ros.nodes.sim_world import SimWorldNode  # noqa: E402
+from vla_edge_ros.worlds.sim.world import CueReachEnv  # noqa: E402
 
 pytestmark = pytest.mark.ros
 SHIPPED_MODEL = Path(__file__).resolve().parent.parent / "models" / "sim"
@@ -94,3 +96,95 @@ def test_in_lang_reach_the_world_tells_the_robot_each_episode_s_goal_in_words(tm
             assert pipeline.reasoning.engine.prompt_ids.tolist() == expected.tolist()
         finally:
             pipeline.shutdown()
+
+
+def test_the_simulated_robot_publishes_its_odometry_stamped_as_its_frame():
+    """nav_msgs/Odometry on the relative odom topic: frame odom, child base_link, the world's odometry, and the
+    header stamp of the camera frame seen in that state."""
+    from nav_msgs.msg import Odometry
+    from sensor_msgs.msg import Image
+
+    from vla_edge_ros.runtime.robot_state import OdometryReader
+
+    with private_graph() as (context, executor):
+        sim = SimWorldNode("reach", image_topic="camera/image_raw", command_topic="vla/command", command_type="twist",
+                           instruction_topic="vla/instruction", odometry_topic="odom", context=context)
+        listener = rclpy.create_node("listener", context=context)
+        odometry, images = [], []
+        qos = rclpy.qos.qos_profile_sensor_data
+        listener.create_subscription(Odometry, "/odom", odometry.append, qos)
+        listener.create_subscription(Image, "/camera/image_raw", images.append, qos)
+        executor.add_node(sim)
+        executor.add_node(listener)
+        try:
+            deadline = time.monotonic() + WAIT_S
+            while not {(m.header.stamp.sec, m.header.stamp.nanosec) for m in odometry} & {
+                    (m.header.stamp.sec, m.header.stamp.nanosec) for m in images}:
+                assert time.monotonic() < deadline, "no odometry with a frame's stamp"
+                executor.spin_once(timeout_sec=0.05)
+            msg = odometry[-1]
+            assert (msg.header.frame_id, msg.child_frame_id) == ("odom", "base_link")
+            # no command: the robot stays where it started, still
+            assert OdometryReader().vector(msg).tolist() == pytest.approx([*sim.env.start, 0.0, 0.0, 0.0, 0.0])
+            sim.env.step(np.array([1.0, -0.5]))  # moving: position and velocity as the world has them
+            moved = sim.odometry_message(msg.header.stamp)
+            assert OdometryReader().vector(moved).tolist() == pytest.approx(sim.env.odometry().tolist(), abs=1e-6)
+            assert moved.twist.twist.linear.x > 0 > moved.twist.twist.linear.y
+        finally:
+            executor.remove_node(sim)
+            executor.remove_node(listener)
+            sim.destroy_node()
+            listener.destroy_node()
+
+
+def test_a_checkpoint_that_reads_a_state_gets_the_robot_s_odometry_unasked(tmp_path):
+    """No state_topic or state_type in the configuration: the reasoning side subscribes to the simulated robot's
+    odometry and every frame it writes carries a state."""
+    from vla_edge_ros.model.init_model import preset, write_random_model
+
+    model = write_random_model(tmp_path / "odom", preset("tiny", state_dim=6), seed=0)
+    settings = parse_settings({
+        "reasoning": {"ros__parameters": {"model_dir": str(model), "backend": "numpy", "deadline_ms": 1000.0}},
+        "camera_subscriber": {"ros__parameters": {"frame_height": 96, "frame_width": 96}}}, "test.yaml")
+    with private_graph() as (context, _):
+        pipeline = Pipeline(settings, context=context, sim_task="reach")
+        try:
+            deadline = time.monotonic() + WAIT_S
+            while pipeline.reasoning.actions < 3:
+                assert time.monotonic() < deadline, "no action from a state-reading model on the simulated robot"
+                pipeline.run(duration_s=0.2)
+            camera = pipeline.camera
+            assert camera.state_topic == "/odom" and camera.states.received > 0
+            assert camera.written > 0 and pipeline.buffer.state_dim == 6
+        finally:
+            pipeline.shutdown()
+    four = write_random_model(tmp_path / "four", preset("tiny", state_dim=4), seed=0)
+    with private_graph() as (context, _):
+        with pytest.raises(ValueError, match="reads a robot state of 4 values"):
+            Pipeline(settings.replace("reasoning", {"model_dir": str(four)}), context=context, sim_task="reach")
+
+
+def test_lang_reach_words_each_episode_with_the_template_its_seed_draws():
+    from vla_edge_ros.nodes.sim_world import INSTRUCTION
+    from vla_edge_ros.tools.lang_reach import instruction_of
+
+    templates = ("drive to the {color} disc", "{color} one, please", "Head for the {color} marker.")
+    with private_graph() as (context, _):
+        default = SimWorldNode("lang-reach", image_topic="camera/image_raw", command_topic="vla/command",
+                               command_type="twist", instruction_topic="vla/instruction", context=context)
+        worded = SimWorldNode("lang-reach", image_topic="camera/image_raw", command_topic="vla/command",
+                              command_type="twist", instruction_topic="vla/instruction", instructions=templates,
+                              seed=7, context=context)
+        try:
+            assert default.instruction == INSTRUCTION.format(color=default.env.goal_colour)  # today's phrasing
+            assert worded.instruction == instruction_of(templates, worded.env, 7)
+            told = set()
+            for seed in range(7, 17):  # the next episodes: the next seeds, each its own draw
+                worded.seed, worded.env = seed, CueReachEnv(worded.spec, seed)
+                worded._new_instruction()
+                assert worded.instruction == instruction_of(templates, worded.env, seed)
+                told.add(next(t for t in templates if worded.instruction == t.format(color=worded.env.goal_colour)))
+            assert len(told) > 1
+        finally:
+            default.destroy_node()
+            worded.destroy_node()

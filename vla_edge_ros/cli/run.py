@@ -46,11 +46,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.sim:  # the buffer takes the world's frames as they are (96x96), not resized to a 4:3 camera
         size = TaskSpec().image_size
         settings = settings.replace("camera_subscriber", {"frame_height": size, "frame_width": size})
+    templates = sim_templates(args, settings)
     with ros_session():
         pipeline = Pipeline(settings, synthetic_camera=args.image_topic is None and args.sim is None,
-                            camera_rate_hz=args.camera_rate_hz, use_sim_time=args.use_sim_time, sim_task=args.sim)
+                            camera_rate_hz=args.camera_rate_hz, use_sim_time=args.use_sim_time, sim_task=args.sim,
+                            sim_instructions=templates)
         try:
-            print(_banner(args, settings, pipeline))
+            print(_banner(args, pipeline.settings, pipeline))
             pipeline.run(args.duration, every_second=lambda: print(status_line(
                 pipeline.camera.figures(), pipeline.reasoning.figures(), pipeline.publisher.figures(),
                 f"sim {pipeline.sim.successes}/{pipeline.sim.episodes} reached" if pipeline.sim else ""), flush=True),
@@ -66,6 +68,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def sim_templates(args: argparse.Namespace, settings: Settings) -> tuple[str, ...]:
+    """``--instructions FILE``'s templates for the simulated robot's lang-reach (none without it: the world's own
+    phrasing), each checked with every colour against the checkpoint's tokenizer before anything starts;
+    ValueError for a bad file, or the flag without ``--sim lang-reach``."""
+    if args.instructions is None:
+        return ()
+    if args.sim != "lang-reach":
+        raise ValueError("--instructions is for --sim lang-reach, whose simulated robot words each episode's goal")
+    from ..runtime.loader import load_model
+    from ..tools.lang_reach import instructor_for, read_templates
+    from ..worlds.sim.render import COLOUR_NAMES
+
+    templates = read_templates(args.instructions)
+    instructor_for(templates, load_model(settings), settings["reasoning"]["instruction_max_tokens"]).check(COLOUR_NAMES)
+    return templates
+
+
 def _banner(args: argparse.Namespace, settings: Settings, pipeline) -> str:
     """What runs, from where, on what."""
     engine, loaded = pipeline.reasoning.engine, pipeline.reasoning.loaded
@@ -73,7 +92,7 @@ def _banner(args: argparse.Namespace, settings: Settings, pipeline) -> str:
               f" (synthetic, {args.camera_rate_hz:.0f} Hz)" if args.image_topic is None else "")
     lines = [f"vla-edge run: {settings['reasoning']['model_dir']} on {loaded.plan.backend}, weights "
              f"{engine.checkpoint.held_as}, camera "
-             f"{settings['camera_subscriber']['image_topic']}{source}, deadline "
+             f"{settings['camera_subscriber']['image_topic']}{source}{_state(settings)}, deadline "
              f"{settings['reasoning']['deadline_ms']:.1f} ms, commands on {settings['action_publisher']['command_topic']}"
              f" ({settings['action_publisher']['command_type']}), KV arena {engine.arena.capacity} tokens, "
              f"memory policy {engine.policy.name}"]
@@ -82,6 +101,12 @@ def _banner(args: argparse.Namespace, settings: Settings, pipeline) -> str:
                      f"prompt {'loaded from the store' if loaded.prompt_from_store else 'prefilled'}, episode memory "
                      f"{'restored' if loaded.memory_restored else 'starts empty'}")
     return "\n".join(lines)
+
+
+def _state(settings: Settings) -> str:
+    """The robot state the nodes read, for the banner ("" when none)."""
+    camera = settings["camera_subscriber"]
+    return f", state {camera['state_topic']} ({camera['state_type']})" if camera["state_topic"] else ""
 
 
 def _summary(args: argparse.Namespace, pipeline, reports: dict) -> dict:
@@ -104,7 +129,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     source = p.add_mutually_exclusive_group()
     source.add_argument("--image-topic", help="listen to this camera topic instead of starting the synthetic camera")
     source.add_argument("--sim", choices=TASKS, help="close the loop through the 2-D world (a simulated robot: "
-                        "its camera in, the commands out) instead of the synthetic camera")
+                        "its camera and odometry in, the commands out) instead of the synthetic camera")
+    p.add_argument("--instructions", type=Path, metavar="FILE",
+                   help="with --sim lang-reach: instruction templates, one a line with {color} (the format of "
+                        "evaluate --instructions); each episode's is drawn from its seed (default: the world's own "
+                        "phrasing, 'go to the {color} target')")
     p.add_argument("--camera-rate-hz", type=float, default=30.0, help="synthetic camera frame rate")
     p.add_argument("--summary-json", type=Path, help="also write the final summary here")
     p.add_argument("--use-sim-time", action="store_true",

@@ -36,8 +36,9 @@ from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
 
 from ..config import USER_ERRORS, ObservationKnobs, Settings, load_settings
+from ..model.config import load_model_config
 from ..runtime.action_slot import ActionSlot
-from ..runtime.observation import observation_buffer
+from ..runtime.observation import SIM_ODOMETRY_TOPIC, observation_buffer, simulated_robot_observation
 from ..runtime.stop_signals import StopSignals
 from .action_publisher import ActionPublisher
 from .camera_subscriber import CameraSubscriber
@@ -56,11 +57,19 @@ class Pipeline:
 
     def __init__(self, settings: Settings, *, context: Context | None = None, namespace: str | None = None,
                  synthetic_camera: bool = False, camera_rate_hz: float = 30.0, use_sim_time: bool = False,
-                 sim_task: str | None = None, start_state: str = "active") -> None:
+                 sim_task: str | None = None, sim_instructions: tuple[str, ...] = (),
+                 start_state: str = "active") -> None:
         """``namespace`` (else the one ``--ros-args -r __ns:=`` gives) holds every node and relative topic. A
-        configure that fails at start (a bad model, a plan over budget) raises TransitionError, with no node left."""
+        configure that fails at start (a bad model, a plan over budget) raises TransitionError, with no node left.
+        With ``sim_task`` the simulated robot is the source: its camera, and its odometry for a checkpoint that
+        reads a state (``simulated_robot_observation``: the state topic and type are set here, not by the user);
+        ``sim_instructions``: lang-reach's instruction templates (none: the world's own phrasing)."""
         if start_state not in START_STATES:
             raise ValueError(f"start state must be one of {', '.join(START_STATES)}, got {start_state!r}")
+        if sim_task is not None:
+            state = load_model_config(settings["reasoning"]["model_dir"]).state
+            settings = simulated_robot_observation(settings, state, f"run --sim {sim_task}")
+        self.settings = settings  # as the nodes were given them
         where = {"context": context} if namespace is None else {"context": context, "namespace": namespace}
         camera = settings["camera_subscriber"]
         self.buffer = observation_buffer(camera["frame_height"], camera["frame_width"], ObservationKnobs.of(camera))
@@ -81,7 +90,9 @@ class Pipeline:
             self.sim = SimWorldNode(sim_task, image_topic=camera["image_topic"], command_topic=publisher["command_topic"],
                                     command_type=publisher["command_type"],
                                     instruction_topic=settings["reasoning"]["instruction_topic"],
-                                    command_timeout_ms=publisher["action_timeout_ms"], **where)
+                                    odometry_topic=camera["state_topic"] or SIM_ODOMETRY_TOPIC,
+                                    instructions=sim_instructions, command_timeout_ms=publisher["action_timeout_ms"],
+                                    **where)
             self.nodes.append(self.sim)
         if use_sim_time:  # stamps and the publisher's watchdog follow /clock (a bag played with --clock)
             for node in self.nodes:

@@ -1,28 +1,38 @@
-"""The 2-D world as a robot on the graph: its camera on the image topic, its wheels on the command topic.
+"""The 2-D world as a robot on the graph: its camera on the image topic, its odometry on the odometry topic,
+its wheels on the command topic.
 
-`vla-edge run --sim reach|cue-reach` starts it in place of the synthetic camera, so the loop closes
-through DDS as on a robot: every camera period the world applies the newest command (zero once that
-is older than ``command_timeout_ms``: the robot's own safe stop), steps, and publishes the view as
-sensor_msgs/Image rgb8. Finished episodes are logged and counted, and the next one starts from the
-next seed. The reasoning node is not told: a robot does not announce episodes, so the memory policy
-carries what it kept into the next one.
+`vla-edge run --sim reach|cue-reach|lang-reach` starts it in place of the synthetic camera, so the loop
+closes through DDS as on a robot: every camera period the world applies the newest command (zero once that
+is older than ``command_timeout_ms``: the robot's own safe stop), steps, and publishes its odometry as
+nav_msgs/Odometry (``CueReachEnv.odometry``: pose x, y and yaw, twist linear x, y and angular z; frame
+``odom``, child frame ``base_link``) and then the view as sensor_msgs/Image rgb8, both with the same header
+stamp, so the reasoning node pairs the frame with the state it was seen in (a checkpoint that reads a state
+subscribes to it: ``simulated_robot_observation``). Finished episodes are logged and counted, and the next
+one starts from the next seed. The reasoning node is not told: a robot does not announce episodes, so the
+memory policy carries what it kept into the next one.
 
 In ``lang-reach`` nothing in the view marks the goal: the world words it as an operator would, one
-instruction per episode (``INSTRUCTION``, the goal's colour filled in) on the instruction topic, sent once
-the reasoning node listens, so the first episode's is not lost to discovery.
+instruction per episode on the instruction topic, sent once the reasoning node listens, so the first
+episode's is not lost to discovery. The instruction is the episode's template (``instructions``: drawn from
+the episode's seed as ``vla-edge evaluate`` draws it; ``INSTRUCTION`` when none are given) with the goal's
+colour filled in.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from geometry_msgs.msg import Twist
+from geometry_msgs.msg import Quaternion, Twist
+from nav_msgs.msg import Odometry
 from rclpy.node import Node
 from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import Image
 from std_msgs.msg import Float32MultiArray, Header, String
 
+from ..runtime.robot_state import yaw_quaternion
+from ..tools.lang_reach import instruction_of
 from ..worlds.sim.world import VELOCITY_COMMANDS, CueReachEnv, TaskSpec
 from .synthetic_camera import image_message
 
@@ -33,7 +43,8 @@ class SimWorldNode(Node):
     """Runs ``task`` episodes back to back, driven by (vx, vy) from the command topic."""
 
     def __init__(self, task: str, *, image_topic: str, command_topic: str, command_type: str, instruction_topic: str,
-                 seed: int = 0, command_timeout_ms: float = 200.0, **node_kwargs: Any) -> None:
+                 odometry_topic: str = "odom", instructions: Sequence[str] = (INSTRUCTION,), seed: int = 0,
+                 command_timeout_ms: float = 200.0, **node_kwargs: Any) -> None:
         if command_type not in VELOCITY_COMMANDS:
             raise ValueError(f"the simulated robot takes velocity commands ({', '.join(VELOCITY_COMMANDS)}), "
                              f"not {command_type!r}")
@@ -48,6 +59,8 @@ class SimWorldNode(Node):
         self._command = np.zeros(2)
         self._command_ns: int | None = None
         self._publisher = self.create_publisher(Image, image_topic, qos_profile_sensor_data)
+        self._odometry = self.create_publisher(Odometry, odometry_topic, qos_profile_sensor_data)
+        self.instructions = tuple(instructions) or (INSTRUCTION,)
         self.instruction: str | None = None  # this episode's, in lang-reach
         self._told = False  # whether the reasoning node has been sent this episode's instruction
         self._instructions = (self.create_publisher(String, instruction_topic, 10) if task == "lang-reach" else None)
@@ -90,11 +103,23 @@ class SimWorldNode(Node):
             frame = self.env.reset()
             self._new_instruction()
         self._tell()
-        self._publisher.publish(image_message(frame, Header(stamp=self.get_clock().now().to_msg(), frame_id="camera")))
+        stamp = self.get_clock().now().to_msg()  # the frame's and its state's: the robot was there when it was seen
+        self._odometry.publish(self.odometry_message(stamp))
+        self._publisher.publish(image_message(frame, Header(stamp=stamp, frame_id="camera")))
+
+    def odometry_message(self, stamp: Any) -> Odometry:
+        """The robot's odometry now (``CueReachEnv.odometry``) as nav_msgs/Odometry stamped ``stamp``."""
+        x, y, yaw, vx, vy, wz = (float(v) for v in self.env.odometry())
+        msg = Odometry(header=Header(stamp=stamp, frame_id="odom"), child_frame_id="base_link")
+        msg.pose.pose.position.x, msg.pose.pose.position.y = x, y
+        qx, qy, qz, qw = yaw_quaternion(yaw)
+        msg.pose.pose.orientation = Quaternion(x=qx, y=qy, z=qz, w=qw)
+        msg.twist.twist.linear.x, msg.twist.twist.linear.y, msg.twist.twist.angular.z = vx, vy, wz
+        return msg
 
     def _new_instruction(self) -> None:
         if self._instructions is not None:
-            self.instruction, self._told = INSTRUCTION.format(color=self.env.goal_colour), False
+            self.instruction, self._told = instruction_of(self.instructions, self.env, self.seed), False
 
     def _tell(self) -> None:
         """Send this episode's instruction once a subscriber listens (lang-reach only)."""

@@ -39,12 +39,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import ObservationKnobs, Settings
+from ..model.config import StateConfig
 from .clock import NS_PER_MS
 from .frame_buffer import FrameBuffer
-from .robot_state import state_reader
+from .robot_state import ODOMETRY_STATE, state_reader
 
 SYNC_DEPTH = 4
 """Frames each camera keeps waiting for the others (about 130 ms of a 30 Hz camera)."""
+
+SIM_ODOMETRY_TOPIC = "odom"
+"""Where the simulated robot publishes its nav_msgs/Odometry when ``state_topic`` names no other topic."""
 
 
 def require_one_camera(settings: Settings, what: str) -> None:
@@ -56,6 +60,28 @@ def require_one_camera(settings: Settings, what: str) -> None:
                          f"this configuration's observation has {knobs.cameras} camera(s)"
                          f"{' and a state' if knobs.state_topic else ''} (extra_image_topics, state_topic): not "
                          "supported there yet")
+
+
+def simulated_robot_observation(settings: Settings, state: StateConfig | None, what: str) -> Settings:
+    """``settings`` with the observation the simulated robot (``worlds/sim``) gives ``what`` (evaluate, run --sim):
+    its one camera and, when the checkpoint reads a state (``state``, its ``vla.state``), the robot's odometry
+    (``state_type`` odometry, on ``state_topic`` or else ``SIM_ODOMETRY_TOPIC``), so that nothing is set by hand.
+    ValueError for what it cannot give: more cameras, a state for a checkpoint that reads none, or a state of
+    another size than odometry's."""
+    if state is None:
+        require_one_camera(settings, what)
+        return settings
+    knobs = ObservationKnobs.of(settings["camera_subscriber"])
+    if knobs.extra_image_topics:
+        raise ValueError(f"{settings.source}: camera_subscriber: {what} feeds one camera and the robot's odometry, "
+                         f"and this configuration's observation has {knobs.cameras} cameras (extra_image_topics): "
+                         "not supported there yet")
+    if state.dim != len(ODOMETRY_STATE):
+        raise ValueError(f"{settings['reasoning']['model_dir']} reads a robot state of {state.dim} values (vla.state), "
+                         f"and the simulated robot's state is its odometry, {len(ODOMETRY_STATE)} values "
+                         f"({', '.join(ODOMETRY_STATE)}): {what} cannot feed it")
+    return settings.replace("camera_subscriber", {"state_topic": knobs.state_topic or SIM_ODOMETRY_TOPIC,
+                                                  "state_type": "odometry"})
 
 
 def observation_shape(knobs: ObservationKnobs) -> tuple[int, int]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -100,6 +101,22 @@ class OdometryReader:
         # yaw of the rotation q, unnormalised q alike: atan2(2(wz + xy), w^2 + x^2 - y^2 - z^2)
         yaw = math.atan2(2.0 * (q.w * q.z + q.x * q.y), q.w * q.w + q.x * q.x - q.y * q.y - q.z * q.z)
         return _finite(np.array([raw[0], raw[1], yaw, raw[6], raw[7], raw[8]]), self.labels)
+
+
+def yaw_quaternion(yaw: float) -> tuple[float, float, float, float]:
+    """(x, y, z, w) of the rotation by ``yaw`` radians about z: the orientation whose yaw ``OdometryReader`` reads."""
+    return 0.0, 0.0, math.sin(yaw / 2.0), math.cos(yaw / 2.0)
+
+
+def odometry_message(values: Sequence[float]) -> SimpleNamespace:
+    """A nav_msgs/Odometry, duck-typed, holding the planar state ``values`` (``ODOMETRY_STATE``'s order): what
+    ``OdometryReader`` reads back as ``values``. Offline harnesses (evaluate) hand it to the same state path
+    a robot's message takes; the simulated robot's node fills a real message the same way."""
+    x, y, yaw, vx, vy, wz = (float(v) for v in values)
+    qx, qy, qz, qw = yaw_quaternion(yaw)
+    ns = SimpleNamespace
+    return ns(pose=ns(pose=ns(position=ns(x=x, y=y, z=0.0), orientation=ns(x=qx, y=qy, z=qz, w=qw))),
+              twist=ns(twist=ns(linear=ns(x=vx, y=vy, z=0.0), angular=ns(x=0.0, y=0.0, z=wz))))
 
 
 def state_reader(state_type: str, joint_names: Sequence[str], joint_velocities: bool

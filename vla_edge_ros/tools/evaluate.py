@@ -8,6 +8,11 @@ younger than ``action_timeout_ms``, clipped and mapped to the command type, else
 as velocities the way the simulated robot reads its command topic.
 The scripted expert runs through the same loop as a reference for what the task allows.
 
+A checkpoint that reads a robot state gets the robot's odometry (``CueReachEnv.odometry``: x, y, yaw, vx, vy,
+wz) with every frame, stamped as the frame is, through the driver's state path as a robot's nav_msgs/Odometry
+goes (``simulated_robot_observation`` configures it: state_type odometry, nothing set by hand); one that reads
+a state of another size is refused before anything runs.
+
 Rows are policy *variants*: ``aura`` and ``dms`` decide with the checkpoint's learned gate when it has
 one (as configured), ``aura:surprise`` and ``dms:novelty`` with their documented scores instead, and
 ``aura:random`` / ``aura:periodic`` are gates with no notion of surprise (``aura_gates.py``). The
@@ -59,14 +64,15 @@ from ..runtime.admission import BlockKind, Verdict
 from ..runtime.block_costs import CostModel
 from ..runtime.clock import VirtualClock
 from ..runtime.driver import Driver
-from ..runtime.loader import checkpoint_tokenizer, load_engine, load_model, prompt_ids
-from ..runtime.observation import require_one_camera
+from ..runtime.loader import load_engine, load_model, prompt_ids
+from ..runtime.observation import simulated_robot_observation
 from ..runtime.reasoner import block_kinds
+from ..runtime.robot_state import odometry_message
 from ..worlds.sim.render import COLOUR_NAMES
 from ..worlds.sim.world import VELOCITY_COMMANDS, CueReachEnv, TaskSpec, velocity_command
 from .aura_gates import BASELINE_GATES, baseline_policy
 from .lang_reach import PROBES as LANGUAGE_PROBES
-from .lang_reach import Instructor, switch_plan
+from .lang_reach import Instructor, instructor_for, switch_plan
 from .parallel import Job, Unit, UnitsFailed, run_figures, run_units
 
 EXPERT = "expert"
@@ -276,7 +282,7 @@ def run_episode(env: CueReachEnv, seed: int, driver: Driver | None,
         if driver is None:
             command = env.expert_command()
         else:
-            driver.camera(frame, now, now)
+            observe(driver, env, frame, now)
             if driver.clock() <= now:  # the reasoner is free: it takes the newest frame
                 driver.clock.wait_until(now)
                 result = driver.reason().result
@@ -298,6 +304,22 @@ def run_episode(env: CueReachEnv, seed: int, driver: Driver | None,
             episode.success = outcome.success
             break
     return episode
+
+
+def observe(driver: Driver, env: CueReachEnv, frame: np.ndarray, now_ns: int) -> None:
+    """What the simulated robot publishes at ``now_ns``, arriving then: when the model reads a state, the robot's
+    odometry (``CueReachEnv.odometry``, the state its ``frame`` was seen in) stamped as the frame is, then the
+    frame. Both take the live path: the state through ``robot_state``'s reader to the observation assembler,
+    which pairs it with the frame under ``state_max_age_ms``."""
+    if driver.buffer.state_dim:
+        driver.state(odometry_message(env.odometry()), now_ns, now_ns)
+    driver.camera(frame, now_ns, now_ns)
+
+
+def clock_start(settings: Settings) -> int:
+    """Where an episode's virtual clock starts: 0, or ``BAG_START_NS`` when the model reads a state, whose header
+    stamp is the frame's: a state stamped zero is refused as unstamped (``robot_state.py``), as a robot's is."""
+    return BAG_START_NS if settings["camera_subscriber"]["state_topic"] else 0
 
 
 def _measure(episode: Episode, engine: VlaEngine) -> None:
@@ -334,7 +356,7 @@ def cue_swap(spec: TaskSpec, seed: int, start: Callable[[], Driver] | None) -> C
                 command = env.expert_command() if tick >= spec.release_frames else None
             else:
                 now = begin + tick * period_ns
-                driver.camera(frame, now, now)
+                observe(driver, env, frame, now)
                 if driver.clock() <= now:
                     driver.clock.wait_until(now)
                     result = driver.reason().result
@@ -416,8 +438,8 @@ def prepare(context: EvalContext) -> dict[str, Any]:
     """A worker's state: the checkpoint, loaded once, an engine per cell, built on first use, and lang-reach's
     instructor (the checkpoint's tokenizer)."""
     checkpoint = load_model(context.settings)
-    instructor = (Instructor(context.templates, checkpoint_tokenizer(checkpoint),
-                             context.settings["reasoning"]["instruction_max_tokens"]) if context.templates else None)
+    instructor = (instructor_for(context.templates, checkpoint, context.settings["reasoning"]["instruction_max_tokens"])
+                  if context.templates else None)
     return {"context": context, "checkpoint": checkpoint, "engines": {}, "instructor": instructor}
 
 
@@ -441,7 +463,8 @@ def run_unit(state: dict[str, Any], episode: EpisodeSpec) -> dict[str, Any]:
 
     def start(prompt: np.ndarray | None = None) -> Driver:
         _start_episode(engine, settings["reasoning"], episode.variant, episode.gate_rate, seed, prompt)
-        return Driver(engine, settings, VirtualClock(0), context.costs, (spec.image_size, spec.image_size))
+        return Driver(engine, settings, VirtualClock(clock_start(settings)), context.costs,
+                      (spec.image_size, spec.image_size))
 
     if probe == "swap":
         return asdict(cue_swap(spec, seed, start))
@@ -492,7 +515,6 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
     in a second pass, at the write rate the aura row measured in the first. ``templates``: lang-reach's
     instruction templates (``lang_reach.read_templates``), which it needs and the other tasks refuse."""
     spec.validate()
-    require_one_camera(settings, "evaluate")  # the simulated robot has one camera and publishes no state
     if (spec.name == "lang-reach") != bool(templates):
         raise ValueError("lang-reach needs instruction templates (--instructions FILE)" if not templates else
                          f"{spec.name} takes no instructions (--instructions is for lang-reach)")
@@ -502,6 +524,8 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
                          f"({', '.join(VELOCITY_COMMANDS)}), not action_publisher.command_type {command_type!r}")
     order, added = run_order(variants)
     checkpoint = load_model(settings)
+    # the simulated robot's observation: its camera, and its odometry when the checkpoint reads a state
+    settings = simulated_robot_observation(settings, checkpoint.config.state, "evaluate")
     costs.require(block_kinds(checkpoint.config) + ((BlockKind.PROMPT,) if templates else ()))  # the switch's
     prompt_tokens = _prompt_tokens(settings, checkpoint, spec, templates)
     aura_budget = aura_budget_frames(checkpoint) if any(v.startswith("aura") for v in order) else None
@@ -574,11 +598,7 @@ def _prompt_tokens(settings: Settings, checkpoint: Checkpoint, spec: TaskSpec, t
     colour and the blind one (lang-reach; each checked as an instruction first, before anything runs)."""
     if not templates:
         return len(prompt_ids(settings, checkpoint))
-    tokenizer = checkpoint_tokenizer(checkpoint)
-    if tokenizer is None:
-        raise ValueError(f"{checkpoint.path} has no tokenizer.json: lang-reach tells the robot its goal in words")
-    instructor = Instructor(templates, tokenizer, settings["reasoning"]["instruction_max_tokens"])
-    return instructor.check(COLOUR_NAMES)
+    return instructor_for(templates, checkpoint, settings["reasoning"]["instruction_max_tokens"]).check(COLOUR_NAMES)
 
 
 def _identity(settings: Settings, spec: TaskSpec, costs: CostModel, templates: tuple[str, ...]) -> str:

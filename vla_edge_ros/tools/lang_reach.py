@@ -27,7 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..model.checkpoint import Checkpoint
 from ..model.instruction import InstructionError, InstructionTokenizer
+from ..runtime.loader import checkpoint_tokenizer
 from ..worlds.sim.world import CueReachEnv
 
 PROBES = ("episode", "blind", "switch")
@@ -66,6 +68,21 @@ def read_templates(path: Path) -> tuple[str, ...]:
     return tuple(templates)
 
 
+def instruction_of(templates: tuple[str, ...], env: CueReachEnv, seed: int) -> str:
+    """Episode ``seed``'s instruction: its template, drawn from the seed, with the goal's colour filled in (the
+    same draw in ``vla-edge evaluate`` and in the simulated robot of ``vla-edge run --sim lang-reach``)."""
+    template = templates[int(np.random.default_rng([seed, 0x1A46]).integers(len(templates)))]
+    return template.format(color=env.goal_colour)
+
+
+def instructor_for(templates: tuple[str, ...], checkpoint: Checkpoint, max_tokens: int) -> Instructor:
+    """The instructor of ``templates`` with ``checkpoint``'s tokenizer; ValueError when it has none."""
+    tokenizer = checkpoint_tokenizer(checkpoint)
+    if tokenizer is None:
+        raise ValueError(f"{checkpoint.path} has no tokenizer.json: lang-reach tells the robot its goal in words")
+    return Instructor(templates, tokenizer, max_tokens)
+
+
 @dataclass(frozen=True)
 class Instructor:
     """Words each probe's instructions for one evaluation: the templates and the checkpoint's tokenizer."""
@@ -89,8 +106,7 @@ class Instructor:
 
     def instruction(self, env: CueReachEnv, seed: int) -> str:
         """The seed's template, the goal's colour filled in."""
-        template = self.templates[int(np.random.default_rng([seed, 0x1A46]).integers(len(self.templates)))]
-        return template.format(color=env.goal_colour)
+        return instruction_of(self.templates, env, seed)
 
     def prompt(self, env: CueReachEnv, seed: int, probe: str) -> np.ndarray:
         """The prompt an episode of ``probe`` starts with: its instruction's, or the blind one."""
