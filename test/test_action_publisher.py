@@ -24,7 +24,7 @@ from vla_edge_ros.runtime.action_output import (
     joint_positions,
     twist_components,
 )
-from vla_edge_ros.runtime.action_slot import ActionSlot, TimedAction
+from vla_edge_ros.runtime.action_slot import ActionSlot, TimedAction, frozen_chunk
 
 try:
     import rclpy
@@ -54,7 +54,9 @@ def limits(timeout_ms: float, action_min: list[float], action_max: list[float]) 
 
 
 def _action(values, age_ms: float = 0.0) -> TimedAction:
-    return TimedAction(np.array(values, dtype=np.float32), NOW - int(age_ms * MS), 0)
+    """One action (a chunk of one) that became ready ``age_ms`` before NOW, for an observation at that time."""
+    ready = NOW - int(age_ms * MS)
+    return TimedAction(frozen_chunk(values), ready, 0, ready)
 
 
 # --- the decision, without ROS -------------------------------------------------------------------
@@ -63,7 +65,7 @@ def _action(values, age_ms: float = 0.0) -> TimedAction:
 def test_age_decides_fresh_stale_or_none_and_the_timeout_itself_is_still_fresh():
     assert age_outcome(None, NOW, 200.0) == (Outcome.NONE, None)
     assert age_outcome(_action([0.0], age_ms=200.0), NOW, 200.0) == (Outcome.FRESH, 200.0)
-    stale = TimedAction(np.zeros(1, np.float32), NOW - 200 * MS - 1, 0)
+    stale = TimedAction(frozen_chunk(np.zeros(1)), NOW - 200 * MS - 1, 0, NOW - 200 * MS - 1)
     assert age_outcome(stale, NOW, 200.0) == (Outcome.STALE, 200.000001)
 
 
@@ -262,7 +264,8 @@ def graph():
 
 def _now_slot(values) -> ActionSlot:
     slot = ActionSlot()
-    slot.put(np.array(values), time.monotonic_ns(), 0)
+    now = time.monotonic_ns()
+    slot.put(np.array(values), now, 0, now)
     return slot
 
 
@@ -308,7 +311,7 @@ def test_a_stale_action_turns_into_a_zero_array_within_one_timeout_and_one_perio
     slot = ActionSlot()
     graph.start(slot, control_rate_hz=50.0, action_timeout_ms=300.0)
     ready_ns = time.monotonic_ns()
-    slot.put(np.array([0.5, -0.5]), ready_ns, 0)
+    slot.put(np.array([0.5, -0.5]), ready_ns, 0, ready_ns)
     assert graph.spin_until(lambda: [list(m.data) for t, m in heard if t > ready_ns].count([0.0, 0.0]) >= 3)
     after = [(t, list(m.data)) for t, m in heard if t > ready_ns]
     first_stop = next(i for i, (_, data) in enumerate(after) if data == [0.0, 0.0])
@@ -323,7 +326,8 @@ def test_a_stale_action_turns_into_a_zero_array_within_one_timeout_and_one_perio
 def test_a_live_action_timeout_through_the_parameter_service_applies_on_the_next_tick(graph):
     heard = graph.listen(Float32MultiArray, "/vla/command")
     slot = ActionSlot()
-    slot.put(np.array([0.5]), time.monotonic_ns() - 1000 * MS, 0)  # a second old
+    second_ago = time.monotonic_ns() - 1000 * MS
+    slot.put(np.array([0.5]), second_ago, 0, second_ago)  # a second old
     node = graph.start(slot, control_rate_hz=50.0, action_timeout_ms=60000.0)
     assert graph.spin_until(lambda: heard) and list(heard[-1][1].data) == [0.5]
     for timeout_ms, outcome, data in ((500.0, "stale", [0.0]), (5000.0, "fresh", [0.5])):
@@ -372,7 +376,7 @@ def test_diagnostics_report_error_during_a_safe_stop_and_ok_once_fresh(graph):
     assert int(values["safe_stops"]) == int(values["no_action"]) == int(values["published"]) >= 1
     assert values["fresh"] == "0" and values["last_action_age_ms"] == "none"
     put_ns = time.monotonic_ns()
-    slot.put(np.array([0.5]), put_ns, 0)
+    slot.put(np.array([0.5]), put_ns, 0, put_ns)
     assert graph.spin_until(lambda: diagnostics[-1][1].status[0].level == DiagnosticStatus.OK)
     values = {kv.key: kv.value for kv in diagnostics[-1][1].status[0].values}
     assert int(values["fresh"]) > 0  # the age a tick saw: of this action, so no older than it is now
@@ -472,3 +476,38 @@ def test_a_trajectory_robot_never_commanded_gets_no_stop_on_deactivate(graph):
     node.transition("deactivate")
     assert node.state == "inactive"
     assert node.figures()["published"] == node.figures()["shutdown_stops"] == 0
+
+
+@needs_ros
+def test_a_chunk_is_executed_one_action_a_tick_after_a_live_switch_and_a_bad_one_never_reaches_the_wire(graph):
+    """sync holds a chunk's first action; set live to chunk, the ticks walk through the chunk, each tick's action
+    never ahead of its time (a tick may be late, never early). A chunk holding a NaN (not in its first row) is
+    rejected, counted and reported, and nothing of it is published."""
+    heard = graph.listen(Float32MultiArray, "/vla/command")
+    diagnostics = graph.listen(DiagnosticArray, "/diagnostics")
+    slot = ActionSlot()
+    node = graph.start(slot, control_rate_hz=50.0, execution="sync", action_timeout_ms=60000.0,
+                       action_min=[-1e6], action_max=[1e6])
+    obs = time.monotonic_ns()
+    slot.put(np.arange(500, dtype=np.float32)[:, None], obs, 0, obs)  # action i (= i) is for obs + 20 i ms
+    assert graph.spin_until(lambda: len([m for t, m in heard if t > obs and list(m.data) == [0.0]]) >= 3)
+    switched = node.set_parameters([Parameter("execution", Parameter.Type.STRING, "chunk")])[0]
+    assert switched.successful, switched.reason
+    start = time.monotonic_ns()
+    assert graph.spin_until(lambda: len({m.data[0] for t, m in heard if t > start}) >= 5)
+    walked = [(t, m.data[0]) for t, m in heard if t > start]
+    assert all(a <= b for (_, a), (_, b) in zip(walked, walked[1:]))  # forward through the chunk
+    assert all(value <= (t - obs) / (20 * MS) for t, value in walked)  # never an action before its time
+    assert node.figures()["execution"] == "chunk" and node.figures()["starvation_events"] == 0
+
+    bad = np.arange(1000, 1500, dtype=np.float32)[:, None]
+    bad[3, 0] = np.nan
+    now = time.monotonic_ns()
+    slot.put(bad, now, 0, now)
+    assert graph.spin_until(lambda: node.figures()["rejected_nonfinite"] == 1)
+    more = len(heard) + 5
+    assert graph.spin_until(lambda: len(heard) >= more)
+    assert all(math.isfinite(v) and v < 1000 for _, m in heard for v in m.data)
+    assert graph.spin_until(lambda: diagnostics and "rejected" in diagnostics[-1][1].status[0].message)
+    status = diagnostics[-1][1].status[0]
+    assert status.level == DiagnosticStatus.WARN and "nonfinite: action 3 holds nan" in status.message

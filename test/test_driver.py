@@ -9,11 +9,12 @@ import pytest
 
 from vla_edge_ros.config import GateKnobs, OutputKnobs, parse_settings
 from vla_edge_ros.runtime.action_output import ActionOutput, Outcome
-from vla_edge_ros.runtime.action_slot import TimedAction
+from vla_edge_ros.runtime.action_slot import TimedAction, frozen_chunk
 from vla_edge_ros.runtime.block_costs import parse_cost
 from vla_edge_ros.runtime.clock import NS_PER_MS, VirtualClock
 from vla_edge_ros.runtime.driver import Driver
 from vla_edge_ros.runtime.loader import load_engine
+from vla_edge_ros.model.init_model import preset, write_random_model
 from vla_edge_ros.worlds.synthetic import SyntheticCamera
 
 COSTS = parse_cost("fixed:encode=8ms,decode=1ms")  # a cycle: 8 ms encode + prefill, 6 decode steps of 1 ms
@@ -87,7 +88,7 @@ def test_an_action_is_the_robots_from_its_ready_time_until_it_is_stale(driver):
     assert before.outcome is Outcome.NONE and before.safe_stop  # not ready yet: still nothing to command
     fresh = driver.command(ready)
     knobs = driver.knobs
-    expected = ActionOutput(knobs).decide(TimedAction(cycle.result.action, ready, 7), ready, knobs)
+    expected = ActionOutput(knobs).decide(TimedAction(frozen_chunk(cycle.result.chunk), ready, 7, 0), ready, knobs)
     assert fresh == expected and fresh.outcome is Outcome.FRESH
     assert max(fresh.values) <= 0.01  # clipped by action_max exactly as the publisher clips
     stale = driver.command(ready + 51 * NS_PER_MS)
@@ -119,7 +120,7 @@ def test_a_new_episode_forgets_frames_and_actions_but_not_the_learned_costs(driv
 
 def test_the_command_is_checked_like_the_publishers(driver):
     knobs = OutputKnobs.of({"command_type": "twist", "twist_dims": [0, 1, 2, 3, 4, 9]})
-    out = ActionOutput(knobs).decide(TimedAction(np.zeros(7), 0, 0), 0, knobs)
+    out = ActionOutput(knobs).decide(TimedAction(frozen_chunk(np.zeros(7)), 0, 0, 0), 0, knobs)
     assert out.outcome is Outcome.CONFIG_ERROR and out.values == (0.0,) * 6  # never a guess on the robot
 
 
@@ -188,6 +189,39 @@ def test_a_camera_that_stops_is_a_safe_stop_within_one_timeout_and_one_period(ti
 # --- observations: two cameras and the robot's state, and every bad input of them ---------------------------
 
 STATE_JOINTS = ["shoulder", "elbow", "wrist"]
+
+
+@pytest.fixture(scope="module")
+def chunk_model(tmp_path_factory):
+    """A 1-layer tiny model with an mlp head giving 12 actions of 7 a cycle."""
+    return write_random_model(tmp_path_factory.mktemp("chunked") / "m", preset("tiny", layers=1, head="mlp", chunk=12),
+                              seed=2)
+
+
+@pytest.mark.parametrize("execution", ["auto", "chunk"])
+def test_a_model_slower_than_the_control_period_is_executed_from_its_chunks(chunk_model, execution):
+    """Cycles of 100 ms against a 20 ms control period: the ticks between chunks command the chunk's later
+    actions, one a tick, so commands change every tick instead of every cycle; nothing starves once the first
+    chunk is in (its 12 actions last 240 ms, the next chunk is ready 100 ms after its frame). auto is rtc."""
+    settings = _settings(chunk_model, {"deadline_ms": 1000.0},
+                         {"control_rate_hz": 50.0, "action_min": [-1e6], "action_max": [1e6], "execution": execution})
+    driver = _driver(settings, parse_cost("fixed:encode=100ms,decode=1ms"))  # a continuous head decodes no token
+    cycles, commands = _stream(driver, frames=30, frame_hz=30.0, tick_hz=50.0, end_ns=1000 * NS_PER_MS)
+    assert len(cycles) >= 8 and {round(cycle.result.chunk.shape[0]) for _, cycle in cycles} == {12}
+    first_ready = cycles[0][1].result.ready_ns
+    after = [(t, c) for t, c in commands if t >= first_ready]
+    assert all(c.outcome is Outcome.FRESH for _, c in after) and driver.timeline.starvation_events == 0
+    assert driver.timeline.mode == ("rtc" if execution == "auto" else "chunk")
+    distinct = sum(a.values != b.values for (_, a), (_, b) in zip(after, after[1:]))
+    assert distinct == len(after) - 1  # a new command every tick
+    if execution == "chunk":  # each tick's command is the newest chunk's action for that tick's time
+        _, cycle = cycles[3]
+        chunk, frame = cycle.result.chunk, cycle.frame
+        between = [(t, command) for t, command in after if cycle.result.ready_ns <= t < cycles[4][1].result.ready_ns]
+        assert len(between) == 5  # a cycle of 100 ms, a tick every 20 ms
+        for t, command in between:
+            index = (t - frame.receive_ns) // (20 * NS_PER_MS)
+            assert command.values == tuple(float(v) for v in chunk[index])
 
 
 @pytest.fixture(scope="module")

@@ -90,7 +90,7 @@ def test_the_newest_frame_becomes_an_action_and_no_frame_is_taken_twice(reasonin
     node, buffer, slot = reasoning
     answered: list[int] = []  # the frame stamp of every action the node hands over, in order
     put = slot.put
-    slot.put = lambda values, ready_ns, stamp: (answered.append(stamp), put(values, ready_ns, stamp))
+    slot.put = lambda chunk, ready_ns, stamp, obs_ns: (answered.append(stamp), put(chunk, ready_ns, stamp, obs_ns))
     camera = Camera(buffer)
     camera.feed_until(lambda: node.actions >= 5)  # a 30 Hz stream: the reasoner takes the newest frame when free
     # Then the stream pauses on its newest frame, which must be the one answered. (Should a busy machine

@@ -163,6 +163,37 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               items=(6, 6)),
         Param("joint_names", ["joint_1", "joint_2", "joint_3", "joint_4", "joint_5", "joint_6", "gripper"],
               "For joint_trajectory: joint name of each action dimension, in order.", item=str),
+        Param("execution", "auto", "How the model's action chunks become one command a tick (action i of a chunk "
+              "is for its observation's time + i control periods): sync (the newest action, held while younger "
+              "than action_timeout_ms: one action a cycle), chunk (switch to the newest chunk at once), ensemble "
+              "(ACT's temporal ensembling: a weighted average of every chunk holding an action for the tick), rtc "
+              "(real-time chunking: the new chunk's past actions dropped, those due while it was computed frozen, "
+              "its overlap with the running plan blended toward it). auto: rtc for a chunked checkpoint, sync "
+              "for one action a cycle. A safe stop when every chunk has run out (starvation).",
+              choices=("auto", "sync", "chunk", "ensemble", "rtc"), read_only=False),
+        Param("execution_horizon", 0, "The most actions of each chunk that are executed (its first ones); 0: all "
+              "of them. A chunk's plan ends there, so a shorter horizon starves sooner unless the next chunk comes "
+              "in time.", minimum=0, maximum=1024, read_only=False),
+        Param("ensemble_decay", 0.01, "ensemble: chunk j of those holding an action for the tick (0 the oldest) "
+              "weighs exp(-ensemble_decay * j), as ACT weighs them; above 0 favours older chunks (smoother), below "
+              "0 newer ones.", minimum=-10.0, maximum=10.0, read_only=False),
+        Param("chunk_safety.values_are", "auto", "What the action values command, for the velocity and "
+              "acceleration limits: positions (velocity = change per second, acceleration = change of that) or "
+              "velocities (velocity = the value, acceleration = its change per second). auto: positions for "
+              "joint_trajectory, velocities otherwise.", choices=("auto", "positions", "velocities"),
+              read_only=False),
+        Param("chunk_safety.max_jump", [0.0], "Per action dimension (one value for all): the most a new chunk's "
+              "first executed action may differ from the command being executed; 0: no limit. A chunk beyond any "
+              "limit is rejected (counted by reason) and execution goes on with the previous one.",
+              minimum=0.0, maximum=1e6, read_only=False, item=float),
+        Param("chunk_safety.max_step", [0.0], "Per action dimension: the most two consecutive executed actions "
+              "of a chunk may differ; 0: no limit.", minimum=0.0, maximum=1e6, read_only=False, item=float),
+        Param("chunk_safety.max_velocity", [0.0], "Per action dimension, in units per second: the most velocity "
+              "a chunk may command (see chunk_safety.values_are); 0: no limit.", minimum=0.0, maximum=1e6,
+              read_only=False, item=float),
+        Param("chunk_safety.max_acceleration", [0.0], "Per action dimension, in units per second squared: the "
+              "most acceleration a chunk may command; 0: no limit.", minimum=0.0, maximum=1e9, read_only=False,
+              item=float),
     ),
     "reasoning": (
         Param("model_dir", "models/sim", "Local HuggingFace Qwen2 directory (config.json + safetensors); a "
@@ -725,6 +756,21 @@ class MemoryKnobs(KnobGroup):
 
 
 @dataclass(frozen=True)
+class ChunkSafetyKnobs(KnobGroup):
+    """action_publisher: chunk_safety.* (the limits a chunk is checked against before it is used)."""
+
+    NODE: ClassVar[str] = "action_publisher"
+    PREFIX: ClassVar[str] = "chunk_safety."
+    values_are: str
+    max_jump: tuple[float, ...]
+    max_step: tuple[float, ...]
+    max_velocity: tuple[float, ...]
+    max_acceleration: tuple[float, ...]
+
+    LIMITS: ClassVar[tuple[str, ...]] = ("max_jump", "max_step", "max_velocity", "max_acceleration")
+
+
+@dataclass(frozen=True)
 class OutputKnobs(KnobGroup):
     """action_publisher: what each control tick commands."""
 
@@ -735,6 +781,10 @@ class OutputKnobs(KnobGroup):
     action_max: tuple[float, ...]
     twist_dims: tuple[int, ...]
     joint_names: tuple[str, ...]
+    execution: str
+    execution_horizon: int
+    ensemble_decay: float
+    chunk_safety: ChunkSafetyKnobs
 
     def check(self) -> None:
         low, high = self.action_min, self.action_max

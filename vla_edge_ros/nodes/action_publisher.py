@@ -1,8 +1,10 @@
 """The action publisher node: the robot's command at a fixed rate, fresh or a safe stop, never nothing.
 
-Reasoning hands its newest action over through an ActionSlot and may go quiet at any time (refused
-cycles, a slow model, a crash); this node keeps the command topic going at ``control_rate_hz``
-regardless, and ActionOutput decides each tick between the clipped action and a safe stop. The
+Reasoning hands its newest chunk of actions over through an ActionSlot and may go quiet at any time
+(refused cycles, a slow model, a crash); this node keeps the command topic going at ``control_rate_hz``
+regardless. Each tick the action timeline (``runtime/action_timeline.py``) takes in a chunk it has not
+seen (checked first: ``runtime/chunk_safety.py``), picks the tick's action under ``execution`` (sync,
+chunk, ensemble, rtc), and ActionOutput decides between the clipped action and a safe stop. The
 control timer runs on the steady clock, like the slot's timestamps: a paused or missing /clock under
 ``use_sim_time`` must not stop the watchdog. Message stamps come from the node clock, so they follow
 sim time when it is used.
@@ -34,6 +36,7 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 from ..config import OutputKnobs
 from ..runtime.action_output import ActionOutput, Command, Outcome, check_fits_action
 from ..runtime.action_slot import ActionSlot
+from ..runtime.action_timeline import ActionTimeline
 from ..runtime.event_window import EventWindow
 from .diagnostics import ERROR, OK, WARN, DiagnosticsTimer, status
 from .managed_node import ManagedNode
@@ -58,12 +61,12 @@ class ActionPublisher(ManagedNode):
         self._dof = dof
         self._params = NodeParameters(self, "action_publisher", settings)
         self._knobs = OutputKnobs.of(self._params.snapshot())  # replaced whole on a live change
-        self._output: ActionOutput | None = None  # from configure to cleanup
+        self._timeline: ActionTimeline | None = None  # from configure to cleanup
         self._publisher: LifecyclePublisher | None = None
-        self._counts = {"published": 0, "fresh": 0, "safe_stops": 0, "stale": 0, "no_action": 0,
+        self._counts = {"published": 0, "fresh": 0, "safe_stops": 0, "stale": 0, "no_action": 0, "starved": 0,
                         "config_errors": 0, "invalid_actions": 0, "shutdown_stops": 0}
         self._last: Command | None = None  # the previous tick's decision
-        self._ticks = EventWindow(RATE_WINDOW_S)  # the control timer's achieved rate
+        self._ticks = EventWindow(RATE_WINDOW_S)  # the control timer's achieved rate, and chunks rejected lately
         self._last_timeout_ms = self._knobs.action_timeout_ms
         self._diagnostics = DiagnosticsTimer(self, self.report)
 
@@ -78,13 +81,14 @@ class ActionPublisher(ManagedNode):
 
     def _configure(self) -> None:
         knobs = OutputKnobs.of(self._params.snapshot())
-        self._output = ActionOutput(knobs, self._action_dof())
+        self._timeline = ActionTimeline(ActionOutput(knobs, self._action_dof()))
         self._knobs = knobs
         self._publisher = self.create_lifecycle_publisher(MESSAGE_TYPES[knobs.command_type],
                                                           self._params["command_topic"], 10)
 
     def _activate(self) -> None:
         self._ticks = EventWindow(RATE_WINDOW_S)
+        self._timeline.reset()  # no chunk from before: the first tick commands what reasoning hands over now
         self._last = None  # the first tick's decision is logged, whatever the last one before was
         self._start_timer()
         self.get_logger().info(f"active: commanding {self._publisher.topic_name} at "
@@ -96,7 +100,7 @@ class ActionPublisher(ManagedNode):
         if timer is None:  # not commanding: there is nothing to stop
             return
         self.destroy_timer(timer)
-        command = self._output.stop(self._slot.latest())
+        command = self._timeline.stop()
         if command.values is None:  # a trajectory robot that was never commanded: nothing to hold
             self.get_logger().info("deactivated: no joint positions were ever commanded, no stop to send")
             return
@@ -104,14 +108,14 @@ class ActionPublisher(ManagedNode):
         self._counts["published"] += 1
         self._count(command)
         self._last = command
-        self.get_logger().info(f"deactivated: sent an explicit stop ({self._output.command_type}); no commands "
-                               "until activated")
+        self.get_logger().info(f"deactivated: sent an explicit stop ({self._timeline.output.command_type}); no "
+                               "commands until activated")
 
     def _cleanup(self) -> None:
         if self._publisher is not None:  # a base without its own command timeout must get that stop
             self._publisher.wait_for_all_acked(Duration(nanoseconds=int(ACK_WAIT_S * 1e9)))
             self.destroy_lifecycle_publisher(self._publisher)
-        self._publisher = self._output = None
+        self._publisher = self._timeline = None
 
     def _start_timer(self) -> None:
         """(Re)create the control timer at the current control_rate_hz."""
@@ -135,10 +139,15 @@ class ActionPublisher(ManagedNode):
             self.get_logger().info(f"control rate now {changed['control_rate_hz']:g} Hz")
 
     def _tick(self) -> None:
-        self._ticks.add("tick", time.monotonic_ns())
-        knobs = self._knobs
+        now = time.monotonic_ns()
+        self._ticks.add("tick", now)
+        knobs, timeline = self._knobs, self._timeline
         timeout_ms = knobs.action_timeout_ms
-        command = self._output.decide(self._slot.latest(), time.monotonic_ns(), knobs)
+        rejected = sum(timeline.rejected.values())
+        command = timeline.command(self._slot.latest(), now, knobs, round(1e9 / self._params["control_rate_hz"]))
+        if sum(timeline.rejected.values()) > rejected:
+            self._ticks.add("rejected", now)
+            self.get_logger().warning(f"chunk rejected, {timeline.last_rejection}", throttle_duration_sec=1.0)
         if command.values is not None:
             self._publisher.publish(self._message(command.values))
             self._counts["published"] += 1
@@ -147,7 +156,7 @@ class ActionPublisher(ManagedNode):
         self._last, self._last_timeout_ms = command, timeout_ms
 
     def _message(self, values: tuple[float, ...]) -> Twist | Float32MultiArray | JointTrajectory:
-        kind = self._output.command_type
+        kind = self._timeline.output.command_type
         if kind == "twist":
             msg = Twist()
             (msg.linear.x, msg.linear.y, msg.linear.z, msg.angular.x, msg.angular.y, msg.angular.z) = values
@@ -165,8 +174,8 @@ class ActionPublisher(ManagedNode):
 
     def _count(self, command: Command) -> None:
         key = {Outcome.FRESH: "fresh", Outcome.STALE: "stale", Outcome.NONE: "no_action",
-               Outcome.CONFIG_ERROR: "config_errors", Outcome.INVALID: "invalid_actions",
-               Outcome.SHUTDOWN: "shutdown_stops"}[command.outcome]
+               Outcome.STARVED: "starved", Outcome.CONFIG_ERROR: "config_errors",
+               Outcome.INVALID: "invalid_actions", Outcome.SHUTDOWN: "shutdown_stops"}[command.outcome]
         self._counts[key] += 1
         if command.safe_stop:
             self._counts["safe_stops"] += 1
@@ -189,13 +198,16 @@ class ActionPublisher(ManagedNode):
             return f"action is {command.age_ms:.1f} ms old (timeout {timeout_ms:g} ms)"
         if command.outcome is Outcome.NONE:
             return "no action from reasoning (none yet, or reasoning is not active)"
+        if command.outcome is Outcome.STARVED:
+            return "starved: every chunk of actions has run out (the next one came too late, or was rejected)"
         if command.outcome is Outcome.CONFIG_ERROR:
             return f"configuration error: {command.error}"
         return command.error or command.outcome.value
 
     def report(self, now_ns: int | None = None) -> DiagnosticStatus:
-        """While active: ERROR while the robot gets safe stops; WARN when the control timer runs below
-        RATE_WARN_SHARE of control_rate_hz (the robot then gets commands less often than configured); else OK.
+        """While active: ERROR while the robot gets safe stops (starved included); WARN when the control timer runs
+        below RATE_WARN_SHARE of control_rate_hz (the robot then gets commands less often than configured), or when
+        a chunk was rejected in the last RATE_WINDOW_S (the robot runs on an older one, or stops); else OK.
         In any other state the robot gets no commands from this node, and the status says so: OK, or ERROR
         with the reason after a failed transition."""
         now = time.monotonic_ns() if now_ns is None else now_ns
@@ -213,12 +225,19 @@ class ActionPublisher(ManagedNode):
             level = max(level, WARN)
             problems.append(f"publishing at {figures['achieved_rate_hz']:.1f} Hz, below {RATE_WARN_SHARE:.0%} of "
                             f"control_rate_hz {wanted:g} Hz")
+        rejected = self._ticks.counts(now)["rejected"]
+        if rejected:
+            level = max(level, WARN)
+            problems.append(f"{rejected} chunk{'s' if rejected > 1 else ''} rejected in the last {RATE_WINDOW_S:g} s "
+                            f"(latest: {self._timeline.last_rejection})")
         return status(self, level, "; ".join(problems) or "commanding fresh actions", figures)
 
     def figures(self, now_ns: int | None = None) -> dict[str, object]:
         """The node's state and counters as plain values: what was published, and why each tick was what it was."""
         now_ns = time.monotonic_ns() if now_ns is None else now_ns
         command = self._last or Command(Outcome.NONE, None, None)
+        timeline = {} if self._timeline is None else self._timeline.figures(now_ns, self._knobs)
         return {"state": self.state, **self._counts,
                 "last_action_age_ms": "none" if command.age_ms is None else float(command.age_ms),
-                "command_type": self._knobs.command_type, "achieved_rate_hz": self._ticks.rate_hz("tick", now_ns)}
+                "command_type": self._knobs.command_type, "achieved_rate_hz": self._ticks.rate_hz("tick", now_ns),
+                **timeline}

@@ -287,8 +287,8 @@ class ReasoningNode(ManagedNode):
             self.invalid_outputs += 1
             self.get_logger().error(f"no action from this frame: {result.invalid}", throttle_duration_sec=5.0)
         # not while deactivating: the slot is about to be cleared, and must stay so
-        if result.action is not None and not stop.is_set():
-            self.slot.put(result.action, result.ready_ns, frame.stamp_ns)
+        if result.chunk is not None and not stop.is_set():
+            self.slot.put(result.chunk, result.ready_ns, frame.stamp_ns, frame.receive_ns)
             self.actions += 1
         feed.after_cycle(frame, result)
 

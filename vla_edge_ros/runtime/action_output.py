@@ -1,10 +1,12 @@
-"""What the robot is told at one control tick: the newest action while it is fresh, else a safe stop.
+"""What the robot is told at one control tick: the action the timeline holds for it, else a safe stop.
 
-The action publisher asks this module once per tick; nothing here imports rclpy, so the rule that
+The action publisher asks this module once per tick, through the action timeline (``action_timeline.py``,
+which picks the tick's action from the model's chunks); nothing here imports rclpy, so the rule that
 keeps a robot safe is tested without a ROS graph. A fresh action is clipped to the configured limits
 and mapped to the fields of the command type. Everything else is a safe stop, and so is every case
 where the configuration does not fit the action (limit or name counts, a twist dimension the action
 does not have): the robot gets a stop, never a guess, and the reason travels with the command.
+``decide`` is the ``sync`` rule on one action: fresh while no older than ``action_timeout_ms``.
 
 Safe stop per command type:
 
@@ -26,6 +28,7 @@ import numpy as np
 
 from ..config import ConfigError, OutputKnobs
 from .action_slot import TimedAction
+from .chunk_safety import check_fits, per_dimension
 from .clock import NS_PER_MS
 
 TWIST_FIELDS = ("linear.x", "linear.y", "linear.z", "angular.x", "angular.y", "angular.z")
@@ -39,6 +42,7 @@ class Outcome(Enum):
     NONE = "none"  # no action has arrived yet
     CONFIG_ERROR = "config_error"  # the configuration does not fit the action
     INVALID = "invalid"  # the action holds NaN or infinity
+    STARVED = "starved"  # every chunk ran out: no action is meant for this tick (chunked execution)
     SHUTDOWN = "shutdown"  # the node is going down: one last, explicit stop
 
 
@@ -68,19 +72,10 @@ def age_outcome(action: TimedAction | None, now_ns: int, timeout_ms: float) -> t
     return (Outcome.STALE if age_ms > timeout_ms else Outcome.FRESH), age_ms
 
 
-def _limit(limit: Sequence[float], dof: int, name: str) -> np.ndarray:
-    if len(limit) == 1:
-        return np.full(dof, float(limit[0]))
-    if len(limit) != dof:
-        raise ConfigError(f"{name} has {len(limit)} values but the action has {dof} dimensions "
-                          f"(give one value for all, or one per dimension)")
-    return np.asarray(limit, dtype=np.float64)
-
-
 def clip(values: np.ndarray, action_min: Sequence[float], action_max: Sequence[float]) -> np.ndarray:
     """The action clipped per dimension; limits that do not fit the action raise ConfigError."""
     dof = len(values)
-    low, high = _limit(action_min, dof, "action_min"), _limit(action_max, dof, "action_max")
+    low, high = per_dimension(action_min, dof, "action_min"), per_dimension(action_max, dof, "action_max")
     crossed = np.flatnonzero(low > high)
     if crossed.size:
         i = int(crossed[0])
@@ -105,10 +100,11 @@ def joint_positions(values: np.ndarray, joint_names: Sequence[str]) -> tuple[flo
 
 
 def check_fits_action(knobs: OutputKnobs, dof: int) -> None:
-    """ConfigError when these command knobs cannot serve an action of ``dof`` dimensions (clip limits of
-    another length, a twist field mapped past the action, a joint name count that differs). Checked at start
-    and on every live change, so that no control tick is the first to find out."""
+    """ConfigError when these command knobs cannot serve an action of ``dof`` dimensions (clip or chunk-safety
+    limits of another length, a twist field mapped past the action, a joint name count that differs). Checked
+    at start and on every live change, so that no control tick is the first to find out."""
     clip(np.zeros(dof), knobs.action_min, knobs.action_max)
+    check_fits(knobs.chunk_safety, dof)
     if knobs.command_type == "twist":
         twist_components(np.zeros(dof), knobs.twist_dims)
     elif knobs.command_type == "joint_trajectory":
@@ -137,24 +133,33 @@ class ActionOutput:
         self._held: tuple[float, ...] | None = None  # last commanded joint positions
 
     def decide(self, action: TimedAction | None, now_ns: int, knobs: OutputKnobs) -> Command:
-        """The command for a tick at monotonic ``now_ns`` under the live knobs (timeout, clip limits); never
-        raises for a bad configuration."""
+        """The ``sync`` command for a tick at monotonic ``now_ns``: ``action``'s (first) values while fresh under
+        the live knobs (timeout, clip limits); never raises for a bad configuration."""
         outcome, age_ms = age_outcome(action, now_ns, knobs.action_timeout_ms)
-        if outcome is not Outcome.FRESH:
-            return self._stop(outcome, action, age_ms)
-        if not all(math.isfinite(v) for v in action.values):
-            return self._stop(Outcome.INVALID, action, age_ms, f"action has non-finite values {list(action.values)}")
-        try:
-            values = self._map(clip(action.values, knobs.action_min, knobs.action_max))
-        except ConfigError as exc:
-            return self._stop(Outcome.CONFIG_ERROR, action, age_ms, str(exc))
-        if self.command_type == "joint_trajectory":
-            self._held = values
-        return Command(Outcome.FRESH, values, age_ms)
+        return self.command(outcome, None if action is None else action.values, age_ms, knobs)
 
-    def stop(self, action: TimedAction | None) -> Command:
-        """The explicit stop a node sends as it goes down: the safe stop of this command type."""
-        return self._stop(Outcome.SHUTDOWN, action, None)
+    def command(self, outcome: Outcome, values: np.ndarray | None, age_ms: float | None, knobs: OutputKnobs,
+                dof: int | None = None) -> Command:
+        """The command for a tick whose action is ``values`` [dof] when ``outcome`` is FRESH (else the safe stop
+        for that outcome; ``dof``, when ``values`` is None, sizes an array stop): clipped and mapped, or a stop
+        when it is not finite or the configuration does not fit it. Never raises for a bad configuration."""
+        dof = len(values) if values is not None else dof
+        if outcome is not Outcome.FRESH:
+            return self._stop(outcome, dof, age_ms)
+        if not all(math.isfinite(v) for v in values):
+            return self._stop(Outcome.INVALID, dof, age_ms, f"action has non-finite values {list(values)}")
+        try:
+            mapped = self._map(clip(values, knobs.action_min, knobs.action_max))
+        except ConfigError as exc:
+            return self._stop(Outcome.CONFIG_ERROR, dof, age_ms, str(exc))
+        if self.command_type == "joint_trajectory":
+            self._held = mapped
+        return Command(Outcome.FRESH, mapped, age_ms)
+
+    def stop(self, dof: int | None) -> Command:
+        """The explicit stop a node sends as it goes down: the safe stop of this command type (``dof``: the
+        action's dimensions, which size an array stop; None before any action)."""
+        return self._stop(Outcome.SHUTDOWN, dof, None)
 
     def _map(self, clipped: np.ndarray) -> tuple[float, ...]:
         if self.command_type == "twist":
@@ -163,12 +168,11 @@ class ActionOutput:
             return joint_positions(clipped, self._joint_names)
         return array_values(clipped)
 
-    def _stop(self, outcome: Outcome, action: TimedAction | None, age_ms: float | None,
-              error: str | None = None) -> Command:
+    def _stop(self, outcome: Outcome, dof: int | None, age_ms: float | None, error: str | None = None) -> Command:
         if self.command_type == "twist":
             values = (0.0,) * len(TWIST_FIELDS)
         elif self.command_type == "joint_trajectory":
             values = self._held
         else:
-            values = (0.0,) * (0 if action is None else len(action.values))
+            values = (0.0,) * (dof or 0)
         return Command(outcome, values, age_ms, error)

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..config import OutputKnobs
 from .action_output import TWIST_FIELDS, ActionOutput, Command, Outcome
-from .action_slot import TimedAction
+from .action_slot import TimedAction, frozen_chunk
 from .clock import NS_PER_MS
 from .cycle_view import CycleView
 from .reasoning_health import outcome_of
@@ -174,11 +174,11 @@ def _fit(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 
 def _command(view: CycleView, output: OutputKnobs) -> Command | None:
     """What the action publisher would command from the view's action (None: the cycle made no action)."""
-    action = view.result.action
-    if action is None:
+    chunk = view.result.chunk
+    if chunk is None:
         return None
-    timed = TimedAction(action, view.result.ready_ns, 0)
-    return ActionOutput(output).decide(timed, timed.ready_ns, output)
+    timed = TimedAction(frozen_chunk(chunk), view.result.ready_ns, 0, view.result.ready_ns)
+    return ActionOutput(output).decide(timed, timed.ready_ns, output)  # its first action, as it is ready
 
 
 def _text(panel: np.ndarray, text: str, origin: tuple[int, int], height: int, colour: tuple[int, int, int]) -> None:

@@ -20,11 +20,13 @@ calls them, in the order its clock says:
 ``driver.feed`` is the debug image's hand-off (``cycle_view.DebugFeed``), off until ``feed.enabled`` is set:
 ``reason`` calls it around each cycle exactly as the live reasoning thread does.
 
-An action becomes the robot's at the moment it is ready (``CycleResult.ready_ns``), not when
-``reason`` returns: a tick before that still commands the previous action, or a safe stop once
-that one is older than ``action_timeout_ms``, exactly as the action slot and the publisher's
-timer behave live. Only the newest action not yet ready and the newest ready one are kept: a
-cycle starts only once the previous one's action is ready, so nothing older can matter again.
+A chunk becomes the robot's at the moment it is ready (``CycleResult.ready_ns``), not when
+``reason`` returns: a tick before that still commands what the action timeline held (the previous
+chunk, or a safe stop once that is stale or has run out), exactly as the action slot and the
+publisher's timer behave live: at each tick the timeline (``action_timeline.py``, under
+``action_publisher.execution``) is handed the newest ready chunk, as the publisher reads the slot. Only
+the newest chunk not yet ready and the newest ready one are kept: a cycle starts only once the previous
+one's chunk is ready, so nothing older can matter again.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ import numpy as np
 from ..config import ObservationKnobs, OutputKnobs, Settings
 from ..engine import VlaEngine
 from .action_output import ActionOutput, Command
-from .action_slot import TimedAction
+from .action_slot import TimedAction, frozen_chunk
+from .action_timeline import ActionTimeline
 from .admission import AdmissionGate
 from .block_costs import CostModel, VirtualTimer
 from .clock import VirtualClock, WallClock
@@ -69,7 +72,8 @@ class Driver:
         if costs is not None:
             costs.require(block_kinds(engine.config))
         self.knobs = OutputKnobs.of(settings["action_publisher"])
-        self.output = ActionOutput(self.knobs)
+        self.period_ns = round(1e9 / settings["action_publisher"]["control_rate_hz"])
+        self.timeline = ActionTimeline(ActionOutput(self.knobs))
         self.observation = ObservationKnobs.of(settings["camera_subscriber"])
         self.new_episode()
         self.feed = DebugFeed()
@@ -81,8 +85,9 @@ class Driver:
         self.assembler = ObservationAssembler(self.buffer, knobs.sync_slop_ms, knobs.state_max_age_ms)
         self.states = StateInput(state_reader(knobs.state_type, knobs.state_joint_names, knobs.state_joint_velocities),
                                  self.assembler.state)
-        self._pending: TimedAction | None = None  # the newest action, until its ready time
-        self._ready: TimedAction | None = None  # the newest action that is ready
+        self._pending: TimedAction | None = None  # the newest chunk, until its ready time
+        self._ready: TimedAction | None = None  # the newest chunk that is ready
+        self.timeline.reset()
 
     def camera(self, image: np.ndarray, stamp_ns: int, arrival_ns: int, camera: int = 0) -> int | None:
         """A decoded frame of ``camera`` (0: the primary) arrives; the sequence number of the observation it
@@ -102,16 +107,16 @@ class Driver:
             return None
         self.feed.before_cycle(self.engine.policy)
         result = self.reasoner.cycle(frame)
-        if result.action is not None:
+        if result.chunk is not None:
             if self._pending is not None:
                 self._ready = self._pending  # it was ready before this cycle could start
-            self._pending = TimedAction(result.action, result.ready_ns, frame.stamp_ns)
+            self._pending = TimedAction(frozen_chunk(result.chunk), result.ready_ns, frame.stamp_ns, frame.receive_ns)
         self.feed.after_cycle(frame, result)
         return Cycle(frame, result)
 
     def command(self, now_ns: int) -> Command:
-        """What the action publisher sends at ``now_ns``: the newest ready action, clipped and mapped, while
-        it is fresh; a safe stop otherwise."""
+        """What the action publisher sends at ``now_ns``: the action the timeline holds for it (sync: the newest
+        ready action while it is fresh), clipped and mapped; a safe stop otherwise."""
         if self._pending is not None and self._pending.ready_ns <= now_ns:
             self._ready, self._pending = self._pending, None
-        return self.output.decide(self._ready, now_ns, self.knobs)
+        return self.timeline.command(self._ready, now_ns, self.knobs, self.period_ns)

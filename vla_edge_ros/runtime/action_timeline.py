@@ -1,0 +1,274 @@
+"""The action timeline: from the chunks of actions the model gives, one command at every control tick.
+
+The model answers an observation, received at ``t_obs``, with a chunk of H actions A[0..H-1]; action i is
+meant for t_obs + i P, P the control period (1 / ``control_rate_hz``). A real model takes longer than P
+to answer, so by the time a chunk is ready (at r) its first actions are already in the past, and the
+next chunk is computed while this one executes. The timeline is what the publisher keeps between them:
+
+    reasoning thread: observation at t_obs -> inference -> chunk ready at r -> ActionSlot.put
+    each control tick at now: timeline.command(slot.latest(), now, knobs, P)
+        1. a chunk not seen before is offered: checked (``chunk_safety.py``) on what of it would be executed,
+           then accepted, or rejected with a counted reason, and then nothing of it is ever used;
+        2. the tick's action is picked by the execution mode (``action_publisher.execution``);
+        3. ``ActionOutput`` clips and maps it to the command type, or gives that type's safe stop.
+
+Indices. At time t a chunk's index is floor((t - t_obs) / P): the action whose period holds t. The tick at
+which a chunk is first offered is its take-over tick, k0 its index there: actions [0, k0) are already
+in the past. ``execution_horizon`` s (0 or above H: H) keeps only actions [0, s) of each chunk, so a
+chunk's plan ends at t_obs + s P.
+
+The modes, after a chunk is accepted (``auto``: rtc for a chunk of H > 1, sync for H = 1):
+
+- ``sync``: the newest accepted chunk's first action, fresh while it is at most ``action_timeout_ms`` old
+  (since r), then STALE: the rule from before chunks, exactly. Only A[0] is checked and executed.
+- ``chunk``: the newest chunk at once: the plan becomes A[k0:s], the previous plan is dropped.
+- ``ensemble`` (ACT's temporal ensembling): every accepted chunk that holds an action for the tick (its
+  index in [0, s)) takes part, oldest first; chunk j of them weighs exp(-m j), m = ``ensemble_decay``, and
+  the tick commands the weighted mean. m > 0 favours older chunks, as ACT's 0.01 does.
+- ``rtc`` (real-time chunking, Black, Galliker and Levine, arXiv 2506.07339): the new chunk is stitched
+  onto the plan being executed, on the new chunk's indices i from k0:
+    - i < k0: already in the past, dropped (the robot executed the previous plan there);
+    - k0 <= i < d, d = ceil((r - t_obs) / P) the inference delay in actions: due while the chunk was being
+      computed, so committed to the previous plan: frozen (weight 1 on the previous plan);
+    - d <= i < e, e the end of the overlap with the previous plan: blended W_i prev + (1 - W_i) A[i], with
+      the paper's soft mask W_i = c_i (exp(c_i) - 1) / (exp(1) - 1), c_i = (e - i) / (e - d + 1), which
+      decays from nearly 1 to nearly 0 over the overlap;
+    - i >= e: A[i] alone (the previous plan holds nothing there).
+  The previous plan is sampled at the new chunk's times (the action it would command then). The paper's
+  own method guides a flow-matching denoiser toward the frozen prefix at inference time ("training-free
+  guidance"); a one-shot head (``mlp``) has no denoising steps to guide, so only this inference-time
+  blending of the executed plan is implemented: the chunk itself is not made consistent with the prefix.
+
+Starvation: in ``chunk``, ``ensemble`` and ``rtc``, a tick that no accepted chunk holds an action for
+commands the safe stop (outcome STARVED; NONE before the first chunk), counted per tick and per event
+(a run of starved ticks). ``action_timeout_ms`` plays no part there: a chunk's horizon is its timeout.
+
+Chunk safety judges what would be executed: A[0] (sync), A[k0:s] (chunk, ensemble), the stitched plan
+(rtc), against the command being executed (the action the last tick commanded; none after a stop). A
+chunk that fails is rejected and the timeline goes on with what it held, down to a stop when that runs
+out. A chunk offered when all its executable actions are past is rejected as ``late``.
+
+A cleared slot (``None``: reasoning stopped, or no chunk yet) drops everything held: the next tick is a
+stop, never the rest of an old chunk. One thread owns a timeline (the publisher's timer, or the offline
+driver); ``figures`` reads plain counters and may be called from another.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import ConfigError, OutputKnobs
+from .action_output import ActionOutput, Command, Outcome, age_outcome
+from .action_slot import TimedAction
+from .chunk_safety import REASONS, rejection
+from .clock import NS_PER_MS
+from .event_window import NS_PER_S, EventWindow
+
+TIMELINE_REASONS = REASONS + ("late", "config_error")  # why a chunk can be rejected
+DISTINCT_WINDOW_S = 2.0  # the rate of distinct commands is measured over this window
+
+
+def resolve_execution(execution: str, chunk_rows: int) -> str:
+    """The mode ``execution`` means for chunks of ``chunk_rows`` actions: auto is rtc for H > 1, sync for H = 1."""
+    if execution == "auto":
+        return "rtc" if chunk_rows > 1 else "sync"
+    return execution
+
+
+def usable_rows(chunk_rows: int, horizon: int) -> int:
+    """How many of a chunk's first actions are executed under ``execution_horizon`` (0: all)."""
+    return chunk_rows if horizon == 0 else min(chunk_rows, horizon)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Actions on a grid: ``values[k]`` [dof] is commanded from ``start_ns + k period_ns`` for one period."""
+
+    values: np.ndarray
+    start_ns: int
+    period_ns: int
+
+    @property
+    def end_ns(self) -> int:
+        return self.start_ns + len(self.values) * self.period_ns
+
+    def index(self, t_ns: int) -> int:
+        return (t_ns - self.start_ns) // self.period_ns
+
+    def at(self, t_ns: int) -> np.ndarray | None:
+        """The action for time ``t_ns``, None outside the plan."""
+        k = self.index(t_ns)
+        return self.values[k] if 0 <= k < len(self.values) else None
+
+
+def rtc_weights(first: int, delay: int, end: int, count: int) -> np.ndarray:
+    """The weight on the previous plan of new actions ``first .. first + count - 1``: 1 below ``delay``
+    (frozen), the RTC soft mask from ``delay`` to ``end`` (the overlap's end), 0 from ``end`` on."""
+    i = np.arange(first, first + count, dtype=np.float64)
+    c = (end - i) / max(1, end - delay + 1)
+    soft = c * np.expm1(c) / math.expm1(1.0)
+    return np.where(i < delay, 1.0, np.where(i < end, soft, 0.0))
+
+
+def rtc_stitch(previous: Plan | None, own: Plan, first: int, delay: int) -> np.ndarray:
+    """The plan rtc executes from ``own``'s action ``first`` on (module doc): frozen to ``previous`` below
+    ``delay``, blended toward it over the rest of their overlap, ``own`` alone after it."""
+    new = own.values[first:].astype(np.float64)
+    if previous is None or len(new) == 0:
+        return new
+    times = own.start_ns + (first + np.arange(len(new))) * own.period_ns
+    index = np.maximum(0, (times - previous.start_ns) // previous.period_ns)  # before it: its first action
+    inside = index < len(previous.values)
+    end = first + int(inside.sum())  # the previous plan covers a prefix of these times
+    prev = previous.values[np.minimum(index, len(previous.values) - 1)].astype(np.float64)
+    weight = rtc_weights(first, delay, end, len(new))[:, None]
+    return np.where(inside[:, None], weight * prev + (1.0 - weight) * new, new)
+
+
+def ensemble_mean(actions: list[np.ndarray], decay: float) -> np.ndarray:
+    """ACT's temporal ensemble of the actions several chunks hold for one tick, oldest first: weights exp(-m j)."""
+    weights = np.exp(-decay * np.arange(len(actions), dtype=np.float64))
+    return (weights[:, None] * np.asarray(actions, dtype=np.float64)).sum(axis=0) / weights.sum()
+
+
+@dataclass(frozen=True)
+class Pick:
+    """What the timeline holds for one tick: the action (FRESH) or why there is none."""
+
+    outcome: Outcome
+    values: np.ndarray | None
+    age_ms: float | None  # age of the newest accepted chunk, None before one
+
+
+class ActionTimeline:
+    """Chunks in, one command a tick out, under the live ``OutputKnobs`` (see the module doc)."""
+
+    def __init__(self, output: ActionOutput) -> None:
+        self.output = output
+        self.accepted = 0
+        self.rejected: Counter = Counter()  # reason -> chunks
+        self.last_rejection = ""  # words of the latest rejection
+        self.starvation_events = 0
+        self.starved_ticks = 0
+        self._distinct = EventWindow(DISTINCT_WINDOW_S)
+        self._clear()
+
+    def _clear(self) -> None:
+        self._seen: TimedAction | None = None  # the latest chunk offered, accepted or not
+        self._newest: TimedAction | None = None  # the newest accepted chunk
+        self._held: list[Plan] = []  # each accepted chunk's executable part A[0:s] on its own grid, oldest first
+        self._plan: Plan | None = None  # what chunk and rtc execute
+        self._executing: np.ndarray | None = None  # the action the last tick commanded; None after a stop
+        self._last_values: tuple[float, ...] | None = None
+        self._starved = False
+        self.mode = "sync"  # the mode in effect (``execution`` resolved for the newest chunk)
+
+    def reset(self) -> None:
+        """A new episode, or the node (re)activated: nothing held; the counters go on."""
+        self._clear()
+
+    def command(self, newest: TimedAction | None, now_ns: int, knobs: OutputKnobs, period_ns: int) -> Command:
+        """The command for the tick at ``now_ns``, ``newest`` the newest chunk reasoning has handed over (None:
+        none, or withdrawn), ``period_ns`` the control period."""
+        if newest is None:
+            if self._seen is not None:
+                self._clear()
+        elif newest is not self._seen:
+            self._seen = newest
+            self._offer(newest, now_ns, knobs, period_ns)
+        pick = self._pick(now_ns, knobs)
+        dof = None if self._newest is None else self._newest.chunk.shape[1]
+        command = self.output.command(pick.outcome, pick.values, pick.age_ms, knobs, dof)
+        self._executing = None if command.safe_stop else pick.values
+        self._count(command, now_ns)
+        return command
+
+    def stop(self) -> Command:
+        """The explicit stop a node sends as it goes down (sized by the newest chunk)."""
+        return self.output.stop(None if self._newest is None else self._newest.chunk.shape[1])
+
+    def _offer(self, chunk: TimedAction, now_ns: int, knobs: OutputKnobs, period_ns: int) -> None:
+        values = chunk.chunk
+        mode = resolve_execution(knobs.execution, values.shape[0])
+        own = Plan(values[:usable_rows(values.shape[0], knobs.execution_horizon)], chunk.obs_ns, period_ns)
+        first = max(0, own.index(now_ns))
+        if mode == "sync":
+            executed = values[:1]
+        elif mode == "rtc":
+            delay = max(0, -(-(chunk.ready_ns - chunk.obs_ns) // period_ns))
+            executed = rtc_stitch(self._plan, own, first, delay)
+        else:
+            executed = own.values[first:]
+        try:
+            refused = rejection(values, executed, self._executing, knobs.chunk_safety, knobs.command_type,
+                                period_ns / NS_PER_S)
+        except ConfigError as exc:
+            refused = "config_error", str(exc)
+        if refused is None and mode != "sync" and len(executed) == 0:
+            refused = "late", f"all {len(own.values)} executable actions were past when it was ready"
+        if refused is not None:
+            reason, words = refused
+            self.rejected[reason] += 1
+            self.last_rejection = f"{reason}: {words}"
+            return
+        self.accepted += 1
+        self.mode = mode
+        self._newest = chunk
+        self._held = [plan for plan in self._held if plan.end_ns > now_ns] + [own]
+        plan_values = own.values[first:] if mode == "sync" else executed
+        self._plan = Plan(np.asarray(plan_values, dtype=np.float32), own.start_ns + first * period_ns, period_ns) \
+            if len(plan_values) else None
+
+    def _pick(self, now_ns: int, knobs: OutputKnobs) -> Pick:
+        newest = self._newest
+        if newest is None:
+            return Pick(Outcome.NONE, None, None)
+        age_ms = (now_ns - newest.ready_ns) / NS_PER_MS
+        mode = resolve_execution(knobs.execution, newest.chunk.shape[0])
+        self.mode = mode
+        if mode == "sync":
+            outcome, age_ms = age_outcome(newest, now_ns, knobs.action_timeout_ms)
+            return Pick(outcome, newest.values if outcome is Outcome.FRESH else None, age_ms)
+        if mode == "ensemble":
+            held = [action for action in (plan.at(now_ns) for plan in self._held) if action is not None]
+            values = ensemble_mean(held, knobs.ensemble_decay) if held else None
+        else:
+            values = None if self._plan is None else self._plan.at(now_ns)
+        if values is None:
+            return Pick(Outcome.STARVED, None, age_ms)
+        return Pick(Outcome.FRESH, np.asarray(values, dtype=np.float64), age_ms)
+
+    def _count(self, command: Command, now_ns: int) -> None:
+        starved = command.outcome is Outcome.STARVED
+        self.starved_ticks += starved
+        self.starvation_events += starved and not self._starved
+        self._starved = starved
+        if command.values is not None and command.values != self._last_values:
+            self._distinct.add("distinct", now_ns)
+        self._last_values = command.values
+
+    def horizon_left_ms(self, now_ns: int, knobs: OutputKnobs) -> float:
+        """How long the timeline can still command actions without a new chunk (sync: until the newest action
+        goes stale), 0 when it cannot."""
+        newest = self._newest
+        if newest is None:
+            return 0.0
+        if self.mode == "sync":
+            end = newest.ready_ns + round(knobs.action_timeout_ms * NS_PER_MS)
+        elif self.mode == "ensemble":
+            end = max((plan.end_ns for plan in self._held), default=now_ns)
+        else:
+            end = now_ns if self._plan is None else self._plan.end_ns
+        return max(0, end - now_ns) / NS_PER_MS
+
+    def figures(self, now_ns: int, knobs: OutputKnobs) -> dict[str, object]:
+        """The timeline's state and counters as plain values (diagnostics, the status line, summaries)."""
+        return {"execution": self.mode, "horizon_left_ms": self.horizon_left_ms(now_ns, knobs),
+                "chunks_accepted": self.accepted, "chunks_rejected": sum(self.rejected.values()),
+                **{f"rejected_{reason}": self.rejected[reason] for reason in TIMELINE_REASONS},
+                "starvation_events": self.starvation_events, "starved_ticks": self.starved_ticks,
+                "distinct_commands_hz": self._distinct.rate_hz("distinct", now_ns)}
