@@ -105,11 +105,68 @@ def test_a_head_without_a_chunk_is_asked_for_one_and_says_so(tiny_model):
         backend.action_mlp(np.zeros(256, np.float32))
 
 
+# --- bins decoded in parallel (H > 1) -------------------------------------------------------------------------
+
+BINS = ActionConfig(head="bins", dof=2, chunk=3, q01=(-2.0, 0.0), q99=(2.0, 4.0))
+
+
+@pytest.fixture(scope="module")
+def parallel_model(tmp_path_factory):
+    return write_random_model(tmp_path_factory.mktemp("parallel") / "m", micro(BINS), seed=4, dtype="float32")
+
+
+def _parallel_cycle(model_dir, backend: str):
+    engine = VlaEngine(load_checkpoint(model_dir), backend=backend, kv_capacity_tokens=16)
+    engine.set_prompt(PROMPT)
+    frame = SyntheticCamera(height=16, width=16, seed=6).frame()
+    return engine, frame, engine.add_frame(frame)
+
+
+def test_parallel_bins_equal_transformers_argmax_over_zero_placeholders(parallel_model):
+    """H x dof zero embeddings after the observation, in one forward: each position's logits over the bins
+    equal transformers' Qwen2 over the same input embeddings, and so does each bin, token by token."""
+    torch = pytest.importorskip("torch")
+    from vla_edge_ros.tools.parity import load_reference
+
+    engine, frame, prefill = _parallel_cycle(parallel_model, "numpy")
+    used = engine.arena.used
+    steps: list[object] = []
+    chunk, tokens = engine.decode_action(prefill, admit=lambda: steps.append("admit") or True, done=steps.append)
+    assert steps == ["admit", True] and engine.arena.used == used  # one admitted step; placeholders were scratch
+    model = load_reference(parallel_model)
+    table = model.get_input_embeddings().weight.detach().numpy()
+    count = BINS.chunk * BINS.dof
+    sequence = np.concatenate([table[PROMPT], engine.encoder.encode(frame), np.zeros((count, 16), np.float32)])
+    with torch.no_grad():
+        logits = model(inputs_embeds=torch.from_numpy(sequence[None])).logits[0, -count:].numpy()
+    rows = engine.head.bin_rows
+    ours = engine.backend.logits(engine.backend.forward(  # the same pass again, to read its logits
+        prefill.next_position + np.arange(count, dtype=np.int32), engine.arena.allocate(count),
+        embeddings=np.zeros((count, 16), np.float32)).hidden, rows)
+    np.testing.assert_allclose(ours, logits[:, rows], rtol=1e-4, atol=1e-5)
+    expected = np.argmax(logits[:, rows], axis=1)
+    assert tokens == [engine.head.first_bin_token + int(b) for b in expected]
+    assert chunk.shape == (3, 2)
+    np.testing.assert_array_equal(chunk, engine.head.from_bins(expected))
+
+
+def test_a_refused_parallel_step_leaves_no_placeholder_behind(parallel_model):
+    engine, _, prefill = _parallel_cycle(parallel_model, "numpy")
+    used = engine.arena.used
+    assert engine.decode_action(prefill, admit=lambda: False) is None and engine.arena.used == used
+
+
+@pytest.mark.slow  # the simulated CUDA prefill and placeholder pass take ~10 s
+def test_parallel_bins_are_the_same_on_cuda(parallel_model):
+    decoded = {backend: _parallel_cycle(parallel_model, backend) for backend in ("numpy", "cuda")}
+    results = {backend: engine.decode_action(prefill) for backend, (engine, _, prefill) in decoded.items()}
+    assert results["cuda"][1] == results["numpy"][1]
+
+
 # --- what a checkpoint may declare ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("action, message", [
-    (dict(head="bins", chunk=4), "the 'bins' head decodes one action a cycle"),
-    (dict(head="linear", chunk=2), "the 'linear' head decodes one action a cycle"),
+    (dict(head="linear", chunk=2), "the 'linear' head gives one action a cycle"),
     (dict(head="mlp", chunk=0, mlp_hidden=8), "chunk must be an integer from 1 to 1024, got 0"),
     (dict(head="mlp", chunk=True, mlp_hidden=8), "chunk must be an integer from 1 to 1024, got True"),
     (dict(head="mlp", chunk=2.5, mlp_hidden=8), "chunk must be an integer from 1 to 1024, got 2.5"),
@@ -143,14 +200,16 @@ def test_a_missing_or_misshapen_head_tensor_is_named(tmp_path):
         load_checkpoint(out)
 
 
-def test_init_model_writes_a_random_chunked_checkpoint_and_refuses_a_chunk_without_mlp(tmp_path, capsys):
+def test_init_model_writes_random_chunked_checkpoints_and_refuses_a_linear_chunk(tmp_path, capsys):
     from vla_edge_ros.cli import main
 
     assert main(["init-model", "--out", str(tmp_path / "m"), "--layers", "1", "--head", "mlp", "--chunk", "8"]) == 0
     assert "mlp head, 8 actions of 7 a cycle" in capsys.readouterr().out
     action = load_checkpoint(tmp_path / "m").config.action
     assert (action.head, action.chunk, action.dof, action.mlp_hidden) == ("mlp", 8, 7, 256)
-    assert main(["init-model", "--out", str(tmp_path / "b"), "--layers", "1", "--chunk", "8"]) == 2
+    assert main(["init-model", "--out", str(tmp_path / "b"), "--preset", "sim", "--chunk", "8"]) == 2
     err = capsys.readouterr().err
-    assert "a chunk needs the 'mlp' head" in err and len(err.strip().splitlines()) == 1
+    assert "a chunk needs the 'mlp' or 'bins' head" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "b").exists()
+    assert main(["init-model", "--out", str(tmp_path / "p"), "--layers", "1", "--chunk", "4"]) == 0
+    assert "bins head, 4 actions of 7 a cycle" in capsys.readouterr().out

@@ -132,7 +132,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the action head (default: the preset's); mlp: a continuous chunk head, hidden as wide as "
                    "the decoder")
     p.add_argument("--chunk", type=int, default=1, metavar="H",
-                   help="actions a cycle, one control period apart (vla.action.chunk; default 1; more needs --head mlp)")
+                   help="actions a cycle, one control period apart (vla.action.chunk; default 1; more needs the mlp head, "
+                   "or bins decoded in parallel)")
     p.set_defaults(func=cmd_init_model)
 
     p = sub.add_parser("plan", help="print the memory plan of a config against its budget_bytes and edge memory")

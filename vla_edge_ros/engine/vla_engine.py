@@ -2,8 +2,8 @@
 
 The prompt is prefilled once and pinned at the front of the cache. Every ``step`` encodes one
 observation and prefills its ``observation_tokens`` tokens (after any prefix its memory policy asks
-for) after what is already cached, and decodes the action chunk (``model/action_head.py``; H = 1 but
-for the mlp head). An observation is each of the checkpoint's
+for) after what is already cached, and decodes the action chunk (``model/action_head.py``: H = 1, or H
+actions from the mlp head, or H x dof bins decoded in parallel). An observation is each of the checkpoint's
 cameras' frame (``tokens_per_frame`` tokens each, the primary camera's first, then the others in their
 configured order), then the robot's state as one token when the checkpoint reads one
 (``model/state_token.py``); the engine calls that group a frame, and so do the memory policies.
@@ -407,6 +407,8 @@ class VlaEngine:
             return self.head.from_hidden(prefill.hidden), []
         if self.config.action.head == "mlp":
             return self.head.from_preactivation(self.backend.action_mlp(prefill.hidden)), []
+        if self.config.action.chunk > 1:
+            return self._decode_parallel(prefill, admit, done)
         head, dof, policy = self.head, self.config.action.dof, self.policy
         bins = [self.backend.greedy(prefill.hidden, head.bin_rows)]
         scratch = self.arena.allocate(dof - 1)
@@ -432,6 +434,31 @@ class VlaEngine:
         finally:
             self.arena.release(scratch[handed:])
         return head.from_bins(bins), [head.first_bin_token + b for b in bins]
+
+    def _decode_parallel(self, prefill: FramePrefill, admit: Callable[[], object],
+                         done: Callable[[object], None]) -> tuple[np.ndarray, list[int]] | None:
+        """A bins chunk in one admitted forward pass (``model/action_head.py``): H x dof zero embeddings at the
+        positions after the frame, each one's bin the argmax of its logits over the bins. The placeholders are
+        scratch: they leave the cache when the pass ends, whatever the policy (they hold no observation)."""
+        head, count = self.head, self.config.action.chunk * self.config.action.dof
+        scratch = self.arena.allocate(count)
+        try:
+            ticket = admit()
+            if not ticket:
+                return None
+            try:
+                positions = prefill.next_position + np.arange(count, dtype=np.int32)
+                rope = (None if prefill.next_rope_position is None
+                        else text_rope_ids(prefill.next_rope_position, count))
+                out = self.backend.forward(positions, scratch, rope_positions=rope,
+                                           embeddings=np.zeros((count, self.config.hidden_size), dtype=np.float32))
+                logits = require_finite(self.backend.logits(out.hidden, head.bin_rows), "the action logits")
+            finally:
+                done(ticket)
+        finally:
+            self.arena.release(scratch)
+        bins = np.argmax(logits, axis=1)
+        return head.from_bins(bins), [head.first_bin_token + int(b) for b in bins]
 
     def step(self, image: np.ndarray, extra_images: tuple[np.ndarray, ...] = (),
              state: np.ndarray | None = None) -> StepResult:

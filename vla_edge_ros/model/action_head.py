@@ -1,9 +1,15 @@
 """Turning the decoder's output into a chunk of robot actions: [H, dof], H = ``vla.action.chunk``.
 
-``bins`` (OpenVLA-style): each degree of freedom is one token among the last 256 vocabulary ids,
-decoded greedily one after the other; token ``vocab - 256 + b`` means bin ``b`` whose centre is
--1 + (2b + 1) / 256 in [-1, 1]. ``linear``: tanh(W h + b) on the last hidden state, one per dof. Both
-give one action a cycle (H = 1).
+``bins`` (OpenVLA-style): each degree of freedom is one token among the last 256 vocabulary ids; token
+``vocab - 256 + b`` means bin ``b`` whose centre is -1 + (2b + 1) / 256 in [-1, 1]. With H = 1 the dof
+tokens are decoded greedily one after the other, each fed back (OpenVLA). With H > 1 all H x dof are
+decoded in one forward pass, after OpenVLA-OFT's parallel decoding: H x dof placeholder inputs (zero
+embeddings) at the positions after the observation, each position's bin the argmax of its logits over
+the bins, token i * dof + d being action i's dimension d (``VlaEngine.decode_action``). OFT lets the action
+positions attend to each other both ways; here attention stays causal (the backends' one masking rule:
+a token reads every token not after it), so a placeholder reads the ones before it only, and the
+checkpoint must have been trained that way. ``linear``: tanh(W h + b) on the last hidden state, one per
+dof (H = 1).
 
 ``mlp`` (OpenVLA-OFT's continuous chunk head, L1-trained there): the last hidden state h through one
 hidden layer, tanh(fc2 GELU(fc1 h + b1) + b2), H x dof values at once: row i * dof + d of fc2 is action
@@ -49,9 +55,9 @@ class ActionHead:
         scaled = 0.5 * (normalized + 1.0) * (self.q99 - self.q01) + self.q01
         return require_finite(np.where(self.mask, scaled, normalized).astype(np.float32), "the action")
 
-    def from_bins(self, bins: list[int]) -> np.ndarray:
-        """Bins (0..255, one per dof) -> a chunk of one action [1, dof] in robot units."""
-        return self.unnormalize(self.centers[np.asarray(bins, dtype=np.int64)])[None]
+    def from_bins(self, bins: list[int] | np.ndarray) -> np.ndarray:
+        """Bins (0..255, H x dof of them, action by action) -> the chunk [H, dof] in robot units."""
+        return self.unnormalize(self.centers[np.asarray(bins, dtype=np.int64)].reshape(-1, self.config.dof))
 
     def from_hidden(self, hidden: np.ndarray) -> np.ndarray:
         """Linear head on one final-norm hidden state [H] -> a chunk of one action [1, dof] in robot units."""

@@ -60,7 +60,7 @@ class ActionConfig:
     q01: tuple[float, ...] = ()
     q99: tuple[float, ...] = ()
     normalize_mask: tuple[bool, ...] = ()
-    chunk: int = 1  # H: actions per inference, one control period apart (bins and linear: 1)
+    chunk: int = 1  # H: actions per inference, one control period apart (linear: 1)
     mlp_hidden: int = 0  # the mlp head's hidden width (its fc1 rows); only the mlp head has one
 
     def bounds(self) -> tuple[tuple[float, ...], tuple[float, ...], tuple[bool, ...]]:
@@ -169,7 +169,8 @@ class ModelConfig:
 
     @staticmethod
     def _validate_head(action: ActionConfig) -> None:
-        """The head, its chunk length H and (mlp) hidden width: ``bins`` and ``linear`` give one action a cycle."""
+        """The head, its chunk length H and (mlp) hidden width: ``linear`` gives one action a cycle; ``bins`` decodes
+        a chunk of H > 1 in parallel (``action_head.py``)."""
         if action.head not in ACTION_HEADS:
             raise ModelConfigError(f"config.json: vla.action.head must be one of {list(ACTION_HEADS)}, "
                                    f"got {action.head!r}")
@@ -178,9 +179,9 @@ class ModelConfig:
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise ModelConfigError(f"config.json: vla.action.{name} must be an integer from {low} to {high}, "
                                        f"got {value!r:.40}")
-        if action.head != "mlp" and action.chunk != 1:
-            raise ModelConfigError(f"config.json: vla.action.chunk is {action.chunk}, but the {action.head!r} head "
-                                   "decodes one action a cycle (chunk 1); a chunk needs the 'mlp' head")
+        if action.head == "linear" and action.chunk != 1:
+            raise ModelConfigError(f"config.json: vla.action.chunk is {action.chunk}, but the 'linear' head "
+                                   "gives one action a cycle (chunk 1); a chunk needs the 'mlp' or 'bins' head")
         if (action.head == "mlp") != (action.mlp_hidden > 0):
             raise ModelConfigError("config.json: vla.action.mlp_hidden (the mlp head's hidden width) must be set for "
                                    f"the 'mlp' head and only for it, got {action.mlp_hidden} with head {action.head!r}")

@@ -24,8 +24,8 @@ ARENA_BYTES_PER_VALUE = 4  # the arena holds fp32 keys and values on every backe
 
 
 def scratch_tokens(config: ModelConfig) -> int:
-    """Arena slots a decoded action needs beside its frame."""
-    return config.action.dof if config.action.head == "bins" else 0
+    """Arena slots a decoded chunk needs beside its frame: a bins head's tokens (H x dof with parallel decoding)."""
+    return config.action.chunk * config.action.dof if config.action.head == "bins" else 0
 
 
 def kv_bytes_per_token(config: ModelConfig) -> int:
