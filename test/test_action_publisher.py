@@ -511,3 +511,25 @@ def test_a_chunk_is_executed_one_action_a_tick_after_a_live_switch_and_a_bad_one
     assert graph.spin_until(lambda: diagnostics and "rejected" in diagnostics[-1][1].status[0].message)
     status = diagnostics[-1][1].status[0]
     assert status.level == DiagnosticStatus.WARN and "nonfinite: action 3 holds nan" in status.message
+
+
+@needs_ros
+def test_the_horizon_the_reasoning_gate_plans_on_follows_the_live_execution_setting(graph):
+    """What bringup hands the reasoning node: the timeline's horizon with the slot's newest chunk, None in sync (the
+    gate's fixed deadline) and while the publisher is not commanding."""
+    slot = ActionSlot()
+    node = graph.create(slot, control_rate_hz=50.0, execution="auto", action_min=[-1e6], action_max=[1e6])
+    assert node.horizon(10) is None  # unconfigured: nothing is commanded, nothing runs out
+    node.transition("configure")
+    node.transition("activate")
+    obs = time.monotonic_ns()
+    slot.put(np.zeros((10, 2), dtype=np.float32), obs, 0, obs)
+    horizon = node.horizon(10)
+    assert horizon.end_ns == obs + 10 * 20 * MS and horizon.span_ns == 200 * MS  # auto: rtc for 10 actions
+    assert node.horizon(1) is None  # auto with one action a cycle: sync
+    assert node.set_parameters([Parameter("execution_horizon", Parameter.Type.INTEGER, 4)])[0].successful
+    assert node.horizon(10).span_ns == 80 * MS
+    assert node.set_parameters([Parameter("execution", Parameter.Type.STRING, "sync")])[0].successful
+    assert node.horizon(10) is None
+    node.transition("deactivate")
+    assert node.horizon(10) is None

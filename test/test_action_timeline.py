@@ -17,6 +17,7 @@ from vla_edge_ros.config import ConfigError, OutputKnobs, parse_settings
 from vla_edge_ros.runtime.action_output import ActionOutput, Outcome, check_fits_action
 from vla_edge_ros.runtime.action_slot import TimedAction, frozen_chunk
 from vla_edge_ros.runtime.action_timeline import ActionTimeline, ensemble_mean, resolve_execution, rtc_weights
+from vla_edge_ros.runtime.admission import Horizon
 
 MS = 1_000_000
 P = 10 * MS  # the control period
@@ -111,6 +112,30 @@ def test_horizon_left_is_the_time_until_the_plan_runs_out():
     run.tick(20)
     assert run.timeline.horizon_left_ms(round(23 * MS), run.knobs) == 57.0
     assert run.timeline.figures(round(23 * MS), run.knobs)["horizon_left_ms"] == 57.0
+
+
+def test_the_gate_plans_on_what_the_timeline_will_execute():
+    """Horizon: the end of the held plan, a chunk handed over but not yet offered counted as accepted (its own
+    end, execution_horizon included), a rejected one not at all; None in sync (the gate's fixed deadline)."""
+    run = Run(execution="chunk", execution_horizon=6)
+    assert run.timeline.horizon(None, 8, run.knobs, P) == Horizon(None, 60 * MS)  # nothing yet: the span only
+    run.newest = chunk(ramp(0, 8), obs_ms=0, ready_ms=15)
+    assert run.timeline.horizon(run.newest, 8, run.knobs, P).end_ns == 60 * MS  # handed over, not yet ticked
+    run.tick(20)
+    assert run.timeline.horizon(run.newest, 8, run.knobs, P).end_ns == 60 * MS
+    run.newest = chunk(np.full((8, 1), np.nan, dtype=np.float32), obs_ms=20, ready_ms=25)
+    assert run.timeline.horizon(run.newest, 8, run.knobs, P).end_ns == 80 * MS  # as if it will be accepted
+    run.tick(30)  # rejected: the old plan is what runs out
+    assert run.timeline.rejected["nonfinite"] == 1
+    assert run.timeline.horizon(run.newest, 8, run.knobs, P).end_ns == 60 * MS
+    assert run.timeline.horizon(run.newest, 1, knobs(execution="auto"), P) is None  # H = 1: sync
+    assert run.timeline.horizon(run.newest, 8, knobs(execution="sync"), P) is None
+    ensemble = Run(execution="ensemble")
+    ensemble.newest = chunk(ramp(0, 8), obs_ms=0, ready_ms=15)
+    ensemble.tick(20)
+    ensemble.newest = chunk(ramp(0, 8), obs_ms=30, ready_ms=45)
+    ensemble.tick(50)
+    assert ensemble.timeline.horizon(ensemble.newest, 8, ensemble.knobs, P) == Horizon(110 * MS, 80 * MS)
 
 
 def test_a_chunk_that_is_over_by_the_time_it_is_ready_is_rejected_as_late():

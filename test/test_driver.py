@@ -225,6 +225,76 @@ def test_a_model_slower_than_the_control_period_is_executed_from_its_chunks(chun
 
 
 @pytest.fixture(scope="module")
+def chunk16_model(tmp_path_factory):
+    """A 1-layer tiny model with an mlp head giving 16 actions of 7 a cycle."""
+    return write_random_model(tmp_path_factory.mktemp("chunk16") / "m", preset("tiny", layers=1, head="mlp", chunk=16),
+                              seed=3)
+
+
+def _at_control_rate(driver: Driver, ticks: int, rate_hz: float = 30.0) -> tuple[list, list]:
+    """A camera frame and a publisher tick every 1/rate_hz (the simulated robot's schedule), the reasoner's turn at
+    each frame through ``reason_at``: it waits for its start time as the live loop does. (cycles, commands)."""
+    camera = SyntheticCamera(height=48, width=64, seed=4)
+    period = round(1e9 / rate_hz)
+    cycles, commands = [], []
+    for tick in range(ticks):
+        now = tick * period
+        driver.camera(camera.frame(), stamp_ns=tick, arrival_ns=now)
+        cycle = driver.reason_at(now, now + period)
+        if cycle is not None:
+            cycles.append(cycle)
+        commands.append(driver.command(now))
+    return cycles, commands
+
+
+def test_a_250_ms_model_at_30_hz_with_16_action_chunks_is_never_refused_and_never_starves(chunk16_model):
+    """The gate plans on the horizon: each 250 ms cycle starts when the chunk held has its cost plus the 10 ms
+    margin left, so the next chunk is in before it runs out. Today's fixed 33 ms deadline (sync) refuses every
+    cycle once warm and the robot stands still on safe stops."""
+    publisher = {"control_rate_hz": 30.0, "action_min": [-1e6], "action_max": [1e6]}
+    costs = parse_cost("fixed:encode=250ms,decode=1ms")
+    driver = _driver(_settings(chunk16_model, publisher=publisher), costs)
+    cycles, commands = _at_control_rate(driver, 150)  # 5 s
+    stats = driver.gate.snapshot()
+    assert stats.refused == stats.missed == stats.stale == 0 and len(cycles) >= 17
+    assert all(cycle.result.chunk is not None for cycle in cycles)
+    assert stats.horizon.planned == len(cycles) - 1 and stats.horizon.empty == 1  # the first: nothing held
+    assert stats.horizon.slack_min_ms == 0.0 and stats.horizon.predicted_ms == 250.0
+    first = next(i for i, command in enumerate(commands) if command.outcome is Outcome.FRESH)
+    after = commands[first:]
+    assert all(command.outcome is Outcome.FRESH for command in after)
+    assert driver.timeline.starved_ticks == driver.timeline.starvation_events == 0
+    assert sum(a.values != b.values for a, b in zip(after, after[1:])) == len(after) - 1  # 30 distinct a second
+    assert driver.timeline.figures(len(commands) * round(1e9 / 30), driver.knobs)["distinct_commands_hz"] >= 29.0
+
+    sync = _driver(_settings(chunk16_model, publisher={**publisher, "execution": "sync"}), costs)
+    cycles, commands = _at_control_rate(sync, 150)
+    stats = sync.gate.snapshot()
+    warm = len(cycles) - stats.warmup
+    assert stats.refused >= 0.9 * warm and stats.horizon.planned == 0
+    assert sum(command.outcome is Outcome.FRESH for command in commands) < 0.2 * len(commands)
+
+
+def test_a_model_faster_than_its_chunk_waits_for_the_horizon_instead_of_computing_chunks_it_would_drop(
+        chunk16_model):
+    """100 ms cycles, 16 actions of 33 ms: after warm-up each cycle starts when 110 ms of the chunk are left, one
+    every 400 ms, rather than back to back (one every 133 ms at this camera rate), and none starves."""
+    publisher = {"control_rate_hz": 30.0, "action_min": [-1e6], "action_max": [1e6]}
+    costs = parse_cost("fixed:encode=100ms,decode=1ms")
+    driver = _driver(_settings(chunk16_model, publisher=publisher), costs)
+    cycles, commands = _at_control_rate(driver, 150)
+    stats = driver.gate.snapshot()
+    assert stats.refused == stats.missed == 0 and driver.timeline.starved_ticks == 0
+    assert stats.horizon.left_ms == 110.0 and stats.horizon.slack_ms == 0.0
+    starts = [cycle.result.ready_ns - 100 * NS_PER_MS for cycle in cycles]
+    gaps = {round((b - a) / NS_PER_MS) for a, b in zip(starts[3:], starts[4:])}
+    assert gaps == {400} and len(cycles) <= 15
+    eager = _driver(_settings(chunk16_model, publisher=publisher), costs)  # reasoning whenever free
+    _stream(eager, frames=150, frame_hz=30.0, tick_hz=30.0, end_ns=5000 * NS_PER_MS)
+    assert eager.gate.snapshot().kinds["cycle"].completed > 2 * len(cycles)
+
+
+@pytest.fixture(scope="module")
 def two_cameras_and_state(tmp_path_factory):
     """The tiny model seeing two cameras and a 3-joint state per observation (16 + 16 + 1 tokens)."""
     from vla_edge_ros.model.init_model import preset, write_random_model

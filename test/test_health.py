@@ -7,7 +7,7 @@ import re
 import pytest
 
 from vla_edge_ros.config import ConfigError, DiagnosticsKnobs, GateKnobs
-from vla_edge_ros.runtime.admission import AdmissionGate, BlockKind
+from vla_edge_ros.runtime.admission import AdmissionGate, BlockKind, Horizon
 from vla_edge_ros.runtime.event_window import EventWindow
 from vla_edge_ros.runtime.reasoning_health import Level, ReasoningHealth
 
@@ -65,6 +65,19 @@ def test_refusals_over_the_window_turn_warn_then_error_and_say_why():
     for k in range(250, 450):  # the machine got faster: the old refusals leave the window
         judge.record("acted", k * S // 30)
     assert judge.judge(450 * S // 30, gate).level is Level.OK
+
+
+def test_with_chunks_a_refusal_is_explained_against_the_horizon_not_deadline_ms():
+    gate = _gate(predicted_ms=250.0)
+    now = gate.now_ns()
+    assert not gate.start_cycle(now, Horizon(end_ns=now + 200 * MS, span_ns=533 * MS))
+    judge = health()
+    judge.record("refused", now)
+    message = judge.judge(now, gate.snapshot()).message
+    assert "predicted cycle 250.0 ms" in message and "against the chunk's end (200.0 ms left" in message
+    assert "10 ms margin" in message and "33 ms" not in message
+    assert gate.start_cycle(now, Horizon(end_ns=None, span_ns=533 * MS))
+    assert "the new chunk's own end" in judge.judge(now, gate.snapshot()).message
 
 
 def test_any_miss_warns_by_default_and_a_failure_is_an_error_for_a_second():

@@ -20,6 +20,7 @@ from ros_graph import WAIT_S, private_graph  # noqa: E402
 from vla_edge_ros.config import parse_settings  # noqa: E402
 from vla_edge_ros.nodes.reasoning import ReasoningNode  # noqa: E402
 from vla_edge_ros.runtime.action_slot import ActionSlot  # noqa: E402
+from vla_edge_ros.runtime.admission import Horizon  # noqa: E402
 from vla_edge_ros.runtime.frame_buffer import FrameBuffer  # noqa: E402
 from vla_edge_ros.worlds.synthetic import SyntheticCamera  # noqa: E402
 
@@ -128,6 +129,29 @@ def test_an_impossible_deadline_turns_into_refusals_not_misses(reasoning):
     assert started_after == started_before  # no cycle can finish in 1 ms, so none was started ...
     assert turned_away_after - turned_away_before >= 15  # ... each frame taken was refused (or already stale)
     assert node.actions == before_actions and after.missed == before.missed  # ... and nothing ran late
+
+
+def test_with_a_horizon_the_loop_waits_for_its_start_time_before_taking_a_frame(reasoning):
+    """The horizon (bringup hands over the publisher's) says commands are held for 60 s more: once the cycle's cost
+    is learned, the node leaves the newest frame unread instead of computing a chunk now; when the held commands
+    run out (nothing held) it takes it at once, with the new chunk's own end as its deadline."""
+    node, buffer, slot = reasoning
+    camera = Camera(buffer)
+    warmup = node.gate.snapshot().warmup
+    camera.feed_until(lambda: node.gate.snapshot().kinds["cycle"].completed >= warmup)
+    assert node.figures()["deadline"] == "fixed"
+    held = [time.monotonic_ns() + 60 * 10**9]
+    node.horizon = lambda chunk_rows: Horizon(held[0], 10 * 10**9)
+    assert node.figures()["deadline"] == "horizon"
+    time.sleep(0.2)  # a cycle that had already started ends
+    cycles = node.cycles
+    last = camera.write()
+    time.sleep(0.3)
+    assert node.cycles == cycles and buffer.stats().pending == 1  # waiting: the frame is not taken
+    held[0] = None  # every command ran out
+    assert _wait(lambda: slot.latest() is not None and slot.latest().frame_stamp_ns == last, WAIT_S)
+    figures = node.figures()
+    assert figures["horizon_empty_starts"] >= 1 and figures["cycle_predicted_ms"] > 0
 
 
 def test_a_failing_cycle_is_counted_reported_and_survived(reasoning, monkeypatch):

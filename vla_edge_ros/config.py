@@ -25,6 +25,7 @@ from yaml.composer import Composer
 from yaml.nodes import MappingNode, Node
 
 PACKAGE = "vla_edge_ros"
+EXECUTIONS = ("auto", "sync", "chunk", "ensemble", "rtc")  # action_publisher.execution: how chunks become commands
 
 
 class ConfigError(ValueError):
@@ -170,7 +171,7 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               "(real-time chunking: the new chunk's past actions dropped, those due while it was computed frozen, "
               "its overlap with the running plan blended toward it). auto: rtc for a chunked checkpoint, sync "
               "for one action a cycle. A safe stop when every chunk has run out (starvation).",
-              choices=("auto", "sync", "chunk", "ensemble", "rtc"), read_only=False),
+              choices=EXECUTIONS, read_only=False),
         Param("execution_horizon", 0, "The most actions of each chunk that are executed (its first ones); 0: all "
               "of them. A chunk's plan ends there, so a shorter horizon starves sooner unless the next chunk comes "
               "in time.", minimum=0, maximum=1024, read_only=False),
@@ -256,7 +257,13 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
         Param("instruction_topic", "vla/instruction", "std_msgs/String topic of new instructions (relative: in "
               "the node's namespace). Each is checked on arrival; the newest is applied between cycles."),
         Param("deadline_ms", 33.0, "Control deadline: a cycle must produce its action within this long of its "
-              "frame's arrival, or it is not started.", minimum=1.0, maximum=1000.0, read_only=False),
+              "frame's arrival, or it is not started. A chunked checkpoint whose chunks are not executed in sync "
+              "plans on the chunk's horizon instead (horizon_margin_ms).", minimum=1.0, maximum=1000.0,
+              read_only=False),
+        Param("horizon_margin_ms", 10.0, "Chunks (execution other than sync): a cycle's deadline is the moment "
+              "the commands the action timeline holds run out, minus this margin, and the next cycle starts when "
+              "the horizon left falls to its predicted cost plus this margin. Covers the hand-over to the "
+              "publisher and jitter beyond the predicted cost.", minimum=0.0, maximum=1000.0, read_only=False),
         Param("ema_alpha", 0.1, "Weight of the newest measurement in the per-block cost estimate.",
               minimum=0.001, maximum=1.0, read_only=False),
         Param("margin_k", 3.0, "Safety margin: predicted cost = mean + margin_k x mean absolute deviation.",
@@ -669,6 +676,7 @@ class GateKnobs(KnobGroup):
     ema_alpha: float
     margin_k: float
     warmup_cycles: int
+    horizon_margin_ms: float
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,13 @@ def status_line(camera: dict, reasoning: dict, publisher: dict, sim: str = "") -
         f"{reasoning['kv_tokens']} tokens, "
         f"{reasoning['kv_bytes']} B (+{reasoning['memory_state_bytes']} B state) | ")
     publishing = "" if publisher["state"] == "active" else f"publisher {publisher['state']}, "
+    chunks = "" if reasoning.get("deadline") != "horizon" or "horizon_left_ms" not in publisher else (
+        f" | {publisher['execution']}: horizon left {publisher['horizon_left_ms']:.0f} ms, cycle predicted "
+        f"{_ms(reasoning['cycle_predicted_ms'])} ms, starved {publisher['starvation_events']}x, distinct "
+        f"{publisher['distinct_commands_hz']:.1f}/s")
     return (f"in {camera['input_fps']:.1f} fps, dropped {camera['dropped']} (+{camera['buffer_overwritten_unread']} "
             f"unread) | {state}{thinking}{publishing}published {publisher['published']}, safe stops "
-            f"{publisher['safe_stops']}" + (f" | instruction {reasoning['instruction']!r} for "
+            f"{publisher['safe_stops']}" + chunks + (f" | instruction {reasoning['instruction']!r} for "
                                             f"{reasoning['instruction_age_s']:g} s" if reasoning.get("instruction")
                                             else "") + (f" | {sim}" if sim else ""))
 

@@ -37,6 +37,7 @@ from ..config import OutputKnobs
 from ..runtime.action_output import ActionOutput, Command, Outcome, check_fits_action
 from ..runtime.action_slot import ActionSlot
 from ..runtime.action_timeline import ActionTimeline
+from ..runtime.admission import Horizon
 from ..runtime.event_window import EventWindow
 from .diagnostics import ERROR, OK, WARN, DiagnosticsTimer, status
 from .managed_node import ManagedNode
@@ -154,6 +155,16 @@ class ActionPublisher(ManagedNode):
         self._count(command)
         self._log_change(command, timeout_ms)
         self._last, self._last_timeout_ms = command, timeout_ms
+
+    def horizon(self, chunk_rows: int) -> Horizon | None:
+        """What the reasoning node's gate plans a model of ``chunk_rows`` actions a chunk on (called from the
+        reasoning thread): the timeline's horizon with the slot's newest chunk; None while not commanding (nothing
+        runs out) or when execution is sync (the fixed deadline)."""
+        timeline = self._timeline
+        if timeline is None or self._timer is None:
+            return None
+        return timeline.horizon(self._slot.latest(), chunk_rows, self._knobs,
+                                round(1e9 / self._params["control_rate_hz"]))
 
     def _message(self, values: tuple[float, ...]) -> Twist | Float32MultiArray | JointTrajectory:
         kind = self._timeline.output.command_type

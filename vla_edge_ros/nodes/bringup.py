@@ -78,6 +78,7 @@ class Pipeline:
         self.camera = CameraSubscriber(self.buffer, camera, on_frame=self.reasoning.debug_image.add_frame, **where)
         self.publisher = ActionPublisher(self.slot, settings["action_publisher"], dof=self.reasoning.action_dof,
                                          **where)
+        self.reasoning.horizon = self.publisher.horizon  # the gate plans chunks on what the timeline holds
         self.managed = (self.reasoning, self.publisher)  # bringup order; going down runs the other way
         self.nodes = [self.camera, self.reasoning, self.publisher]
         if synthetic_camera:

@@ -13,6 +13,11 @@ active publisher commands a stop from its next tick rather than an answer to an 
 the episode memory when the store is configured to; cleanup drops the engine, and the memory it held
 with it. A failed configure leaves the node unconfigured with the reason (``ManagedNode.failure``).
 
+A chunked model whose chunks the publisher's timeline executes (``action_publisher.execution`` other than sync)
+is planned on the horizon (``runtime/admission.py``): before taking a frame the loop waits until the commands
+the timeline holds come within the predicted cycle, and the cycle's deadline is where they run out
+(``horizon``, handed over by bringup; without it, the fixed ``deadline_ms``).
+
 Live changes reach the engine between cycles, on the reasoning thread: gate knobs at once, memory
 policy knobs (``kv.*``) at the start of the next cycle, and a new ``kv.policy`` at the next episode,
 which the ``~/reset_episode`` service (std_srvs/Trigger) starts: the cache restarts from the pinned
@@ -34,6 +39,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from std_srvs.srv import Trigger
@@ -43,7 +49,7 @@ from ..engine.vla_engine import VlaEngine
 from ..kv_store import BlockStore, load_or_prefill_prompt, save_memory
 from ..memory import build_policy, check_knobs
 from ..runtime.action_slot import ActionSlot
-from ..runtime.admission import AdmissionGate
+from ..runtime.admission import AdmissionGate, Horizon
 from ..runtime.frame_buffer import Frame, FrameBuffer
 from ..runtime.instructions import Instruction, InstructionDesk
 from ..runtime.loader import LoadedEngine, load_engine
@@ -84,6 +90,9 @@ class ReasoningNode(ManagedNode):
         self.store: BlockStore | None = None
         self.gate: AdmissionGate | None = None
         self.reasoner: Reasoner | None = None
+        # what the action timeline holds, for a model of H actions a chunk (bringup hands over the publisher's);
+        # None from it, or without one: the fixed deadline
+        self.horizon: Callable[[int], Horizon | None] = lambda chunk_rows: None
         self._pending_lock = threading.Lock()
         self._pending_knobs: MemoryKnobs | None = None
         self._reset_requested = False
@@ -265,22 +274,26 @@ class ReasoningNode(ManagedNode):
     def _loop(self, stop: threading.Event) -> None:
         while not stop.is_set():
             self._apply_pending()
+            horizon = self.horizon(self.engine.config.action.chunk)
+            if self.gate.start_at_ns(horizon) > self.gate.now_ns():  # the chunk held lasts beyond the next cycle
+                time.sleep(_IDLE_S)
+                continue
             frame = self.buffer.read_latest()
             if frame is None:
                 time.sleep(_IDLE_S)
                 continue
             try:
-                self._cycle(frame, stop)
+                self._cycle(frame, stop, horizon)
             except Exception as exc:  # one bad cycle must not stop the robot's reasoning
                 self.engine_errors += 1
                 self.health.record("failed", time.monotonic_ns())
                 self.get_logger().error(f"reasoning cycle failed, frame skipped: {exc!r}", throttle_duration_sec=5.0)
 
-    def _cycle(self, frame: Frame, stop: threading.Event) -> None:
+    def _cycle(self, frame: Frame, stop: threading.Event, horizon: Horizon | None) -> None:
         self.cycles += 1
         feed = self.debug_image.feed  # the debug image's references: ids and the result, never pixels
         feed.before_cycle(self.engine.policy)
-        result = self.reasoner.cycle(frame)
+        result = self.reasoner.cycle(frame, horizon)
         self.instructions.desk.cycle_done()
         self.health.record(outcome_of(result), time.monotonic_ns())
         if result.invalid:
@@ -311,13 +324,18 @@ class ReasoningNode(ManagedNode):
         if self.engine is None:
             return {"state": self.state}
         stats = self.gate.snapshot()
-        latency = stats.latency
+        latency, horizon = stats.latency, stats.horizon
         memory = self.engine.memory_stats()
         return {
             "state": self.state, "cycles": self.cycles, "actions": self.actions, "refused": stats.refused, "stale": stats.stale,
             "probes": stats.kinds["cycle"].probes, "recoveries": stats.kinds["cycle"].recoveries,
             "missed": stats.missed, "invalid_outputs": self.invalid_outputs, "engine_errors": self.engine_errors,
             "latency_p50_ms": latency.p50_ms, "latency_p99_ms": latency.p99_ms,
+            "cycle_predicted_ms": stats.kinds["cycle"].predicted_ms,
+            "deadline": "horizon" if self.horizon(self.engine.config.action.chunk) is not None else "fixed",
+            "horizon_cycles": horizon.planned, "horizon_empty_starts": horizon.empty,
+            "horizon_left_at_start_ms": horizon.left_ms, "horizon_slack_ms": horizon.slack_ms,
+            "horizon_slack_min_ms": horizon.slack_min_ms,
             "kv_policy": memory.policy, "episodes": self.episodes, "kv_tokens": memory.kv_tokens,
             "kv_capacity_tokens": self.engine.arena.capacity, "kv_bytes": memory.kv_bytes,
             "memory_state_bytes": memory.state_bytes, "frames_kept": memory.frames_kept,

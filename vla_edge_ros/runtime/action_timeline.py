@@ -39,6 +39,10 @@ The modes, after a chunk is accepted (``auto``: rtc for a chunk of H > 1, sync f
   guidance"); a one-shot head (``mlp``) has no denoising steps to guide, so only this inference-time
   blending of the executed plan is implemented: the chunk itself is not made consistent with the prefix.
 
+The admission gate plans on what the timeline holds (``horizon``: where its commands end, read by the
+reasoning thread): a chunked model's next cycle starts when that end comes within the predicted cycle, and
+must be ready by then (``admission.py``).
+
 Starvation: in ``chunk``, ``ensemble`` and ``rtc``, a tick that no accepted chunk holds an action for
 commands the safe stop (outcome STARVED; NONE before the first chunk), counted per tick and per event
 (a run of starved ticks). ``action_timeout_ms`` plays no part there: a chunk's horizon is its timeout.
@@ -64,12 +68,19 @@ import numpy as np
 from ..config import ConfigError, OutputKnobs
 from .action_output import ActionOutput, Command, Outcome, age_outcome
 from .action_slot import TimedAction
+from .admission import Horizon
 from .chunk_safety import REASONS, rejection
 from .clock import NS_PER_MS
 from .event_window import NS_PER_S, EventWindow
 
 TIMELINE_REASONS = REASONS + ("late", "config_error")  # why a chunk can be rejected
 DISTINCT_WINDOW_S = 2.0  # the rate of distinct commands is measured over this window
+
+
+def distinct_command(values: tuple[float, ...] | None, previous: tuple[float, ...] | None) -> bool:
+    """Whether a tick's command (None: nothing sent) is a new one, not the previous tick's again: what the rate of
+    distinct commands counts, live (``figures``) and in evaluation alike. A safe stop after motion is one."""
+    return values is not None and values != previous
 
 
 def resolve_execution(execution: str, chunk_rows: int) -> str:
@@ -247,23 +258,44 @@ class ActionTimeline:
         self.starved_ticks += starved
         self.starvation_events += starved and not self._starved
         self._starved = starved
-        if command.values is not None and command.values != self._last_values:
+        if distinct_command(command.values, self._last_values):
             self._distinct.add("distinct", now_ns)
         self._last_values = command.values
+
+    def _end_ns(self, knobs: OutputKnobs) -> int | None:
+        """When the actions held run out with no new chunk (sync: when the newest action goes stale); None when
+        nothing is held. Reads each reference once: the reasoning thread calls it (``horizon``) while the
+        publisher's thread replaces them."""
+        newest, mode, plan, held = self._newest, self.mode, self._plan, self._held
+        if newest is None:
+            return None
+        if mode == "sync":
+            return newest.ready_ns + round(knobs.action_timeout_ms * NS_PER_MS)
+        if mode == "ensemble":
+            return max((p.end_ns for p in held), default=None)
+        return None if plan is None else plan.end_ns
 
     def horizon_left_ms(self, now_ns: int, knobs: OutputKnobs) -> float:
         """How long the timeline can still command actions without a new chunk (sync: until the newest action
         goes stale), 0 when it cannot."""
-        newest = self._newest
-        if newest is None:
-            return 0.0
-        if self.mode == "sync":
-            end = newest.ready_ns + round(knobs.action_timeout_ms * NS_PER_MS)
-        elif self.mode == "ensemble":
-            end = max((plan.end_ns for plan in self._held), default=now_ns)
-        else:
-            end = now_ns if self._plan is None else self._plan.end_ns
-        return max(0, end - now_ns) / NS_PER_MS
+        end = self._end_ns(knobs)
+        return 0.0 if end is None else max(0, end - now_ns) / NS_PER_MS
+
+    def horizon(self, newest: TimedAction | None, chunk_rows: int, knobs: OutputKnobs,
+                period_ns: int) -> Horizon | None:
+        """What the admission gate plans a model of ``chunk_rows`` actions a chunk on (``admission.py``), with
+        ``newest`` the chunk reasoning handed over last; None when ``execution`` is sync for such chunks (the gate
+        keeps its fixed deadline). A chunk handed over but not yet offered to a tick counts as accepted: its
+        executed part ends s periods after its observation, and it is the newest, so nothing held ends later."""
+        if resolve_execution(knobs.execution, chunk_rows) == "sync":
+            return None
+        span = usable_rows(chunk_rows, knobs.execution_horizon) * period_ns
+        if newest is None:  # none handed over yet, or withdrawn: the timeline stops at its next tick
+            return Horizon(None, span)
+        if newest is not self._seen:
+            return Horizon(newest.obs_ns + usable_rows(newest.chunk.shape[0], knobs.execution_horizon) * period_ns,
+                           span)
+        return Horizon(self._end_ns(knobs), span)
 
     def figures(self, now_ns: int, knobs: OutputKnobs) -> dict[str, object]:
         """The timeline's state and counters as plain values (diagnostics, the status line, summaries)."""

@@ -58,6 +58,29 @@ and an EMA seeded with such an outlier would take dozens of samples to forget it
 while. A configured prior cost was not chosen: a prior measured on other hardware silently refuses
 or overcommits; warm-up is visible.
 
+Chunks: a gate that plans for the horizon. A chunked model's cycle gives H actions, executed one a control
+period by the publisher's action timeline (``action_timeline.py``), so the robot is fine as long as the next
+chunk is ready before the commands the timeline holds run out; a cycle's deadline is that moment, not a
+fixed ``deadline_ms`` after its frame. When the timeline executes chunks (``execution`` other than sync; a
+checkpoint of H = 1 under ``auto`` is sync), whoever drives the gate passes the timeline's ``Horizon`` (where
+its commands end, and how long a new chunk's executed part lasts) to ``start_cycle`` and ``start_at_ns``:
+
+- while commands are held, the deadline is their end ``E`` minus ``horizon_margin_ms`` m: a cycle predicted to
+  finish later cannot finish before starvation and is refused, as a cycle that would miss is today;
+- the reasoner waits until ``start_at_ns``, ``E - m - predicted cycle``, before taking a frame: a chunk computed
+  earlier would replace one that still had time to run, and its frame would be older than it needs to be
+  when the robot acts on it (RTC starts an inference once s actions have run, LeRobot's async client when
+  its queue falls below a fraction of the chunk; here the trigger is the predicted latency itself);
+- with nothing held (before the first chunk, after starvation, or within m of the end), the deadline is the
+  end of the new chunk's own executed part (its frame's receive time + s control periods, minus m): the robot
+  is stopping or stopped, any chunk ready before its own actions are past is better than that, and one
+  ready later would be rejected as late. The first cycles are warm-up cycles as for any kind (admitted unless
+  that deadline has passed), so the first chunk is admitted whatever the model costs, as today.
+
+Without a horizon (H = 1, or ``sync``) nothing of this applies: the deadline is ``deadline_ms`` after the
+frame, exactly as before. ``snapshot().horizon`` counts the cycles planned either way and keeps the horizon
+left, the predicted cycle and their slack at the last start.
+
 Percentiles come from a fixed-edge histogram, not a ring of recent samples: memory is constant, it
 covers the whole never-ending run (a ring's p99 would describe only its last window), and a query
 costs one pass over the buckets. The price is resolution: a percentile is reported as the upper edge
@@ -72,7 +95,7 @@ import threading
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -101,6 +124,14 @@ class Verdict(str, Enum):
     PROBE = "probe"  # started on its mean cost after a run of refusals, to re-measure (see module doc)
     RECOVERY = "recovery"  # started although its mean overran, after a long run of refusals (module doc)
     STALE = "stale"  # the frame was already past its deadline: its cycle is skipped
+
+
+@dataclass(frozen=True)
+class Horizon:
+    """What the action timeline will execute, for a gate that plans on it (see the module doc)."""
+
+    end_ns: int | None  # when the commands it holds run out with no new chunk; None: it holds none
+    span_ns: int  # how long a new chunk's executed part lasts from its observation's time (s control periods)
 
 
 @dataclass(frozen=True)
@@ -233,6 +264,20 @@ class LatencyStats:
     max_ms: float | None
 
 
+@dataclass
+class HorizonStats:
+    """The cycles started on a chunk's horizon, and the last one's plan: the predicted cycle against the horizon."""
+
+    deadline: str = "fixed"  # the last cycle's: fixed (deadline_ms), held (the commands held), own (its chunk's)
+    margin_ms: float = 0.0  # horizon_margin_ms
+    planned: int = 0  # cycles whose deadline was the end of the commands held
+    empty: int = 0  # cycles started with no commands held (first chunk, after starvation): the new chunk's own end
+    left_ms: float | None = None  # the last cycle's horizon left at its start (None: nothing was held)
+    predicted_ms: float | None = None  # what that cycle was predicted to cost (None in warm-up)
+    slack_ms: float | None = None  # left - margin - predicted at that start: below 0 it was refused
+    slack_min_ms: float | None = None  # the least slack of any planned cycle since the gate was made
+
+
 @dataclass(frozen=True)
 class AdmissionStats:
     """A consistent copy of the gate's counters and settings, for diagnostics and the run summary."""
@@ -244,6 +289,7 @@ class AdmissionStats:
     stale: int
     kinds: dict[str, KindStats]
     latency: LatencyStats
+    horizon: HorizonStats = field(default_factory=HorizonStats)
 
     @property
     def missed(self) -> int:
@@ -280,6 +326,7 @@ class AdmissionGate:
         self._counts = {kind: _Counts() for kind in BlockKind}
         self._latency = LatencyHistogram(bucket_edges_ms)
         self._stale = 0
+        self._horizon = HorizonStats()
         self._lock = threading.Lock()
 
     @classmethod
@@ -296,20 +343,57 @@ class AdmissionGate:
     def _set(self, knobs: GateKnobs) -> None:
         self._alpha, self._k = knobs.ema_alpha, knobs.margin_k
         self._deadline_ms, self._warmup = knobs.deadline_ms, knobs.warmup_cycles
+        self._margin_ns = round(knobs.horizon_margin_ms * NS_PER_MS)
 
     def now_ns(self) -> int:
         """The gate's clock (monotonic live, virtual in replay)."""
         return self._clock()
 
-    def start_cycle(self, received_ns: int) -> Decision:
-        """Decide whether to work on a frame received at ``received_ns``; its deadline rides in the Decision."""
+    def start_cycle(self, received_ns: int, horizon: Horizon | None = None) -> Decision:
+        """Decide whether to work on a frame received at ``received_ns``; its deadline rides in the Decision.
+        ``horizon``: what the action timeline executes, when it executes chunks (module doc); None: the fixed
+        ``deadline_ms``."""
         with self._lock:
             now = self._clock()
-            deadline = received_ns + round(self._deadline_ms * NS_PER_MS)
+            if horizon is None:
+                deadline = received_ns + round(self._deadline_ms * NS_PER_MS)
+                self._horizon.deadline = "fixed"
+            else:
+                deadline = self._horizon_deadline(now, received_ns, horizon)
             if now > deadline:
                 self._stale += 1
                 return Decision(BlockKind.CYCLE, Verdict.STALE, now, deadline, None, received_ns)
             return self._decide(BlockKind.CYCLE, now, deadline, received_ns)
+
+    def _horizon_deadline(self, now: int, received_ns: int, horizon: Horizon) -> int:
+        """The cycle's deadline on the horizon (module doc), its plan kept for ``snapshot``."""
+        stats, end = self._horizon, horizon.end_ns
+        estimate = self._estimates[BlockKind.CYCLE]
+        predicted = estimate.predict_ns(self._k) if estimate.count >= self._warmup else None
+        stats.predicted_ms = None if predicted is None else predicted / NS_PER_MS
+        stats.margin_ms = self._margin_ns / NS_PER_MS
+        if end is None or end - self._margin_ns < now:
+            stats.deadline, stats.empty = "own", stats.empty + 1
+            stats.left_ms = stats.slack_ms = None
+            return received_ns + horizon.span_ns - self._margin_ns
+        stats.deadline, stats.planned = "held", stats.planned + 1
+        stats.left_ms = (end - now) / NS_PER_MS
+        stats.slack_ms = None if predicted is None else (end - now - self._margin_ns - predicted) / NS_PER_MS
+        if stats.slack_ms is not None:
+            stats.slack_min_ms = stats.slack_ms if stats.slack_min_ms is None else min(stats.slack_min_ms,
+                                                                                       stats.slack_ms)
+        return end - self._margin_ns
+
+    def start_at_ns(self, horizon: Horizon | None) -> int:
+        """When the next cycle should start (now or later; the reasoner waits until then before taking a frame):
+        once the commands held fall to the predicted cycle plus ``horizon_margin_ms``. At once without a horizon,
+        with nothing held, or while the cycle's cost is still being learned (warm-up)."""
+        with self._lock:
+            now = self._clock()
+            estimate = self._estimates[BlockKind.CYCLE]
+            if horizon is None or horizon.end_ns is None or estimate.count < self._warmup:
+                return now
+            return max(now, horizon.end_ns - self._margin_ns - math.ceil(estimate.predict_ns(self._k)))
 
     def admit(self, kind: BlockKind | str, deadline_ns: int, *, within: Verdict = Verdict.ADMITTED) -> Decision:
         """Decide whether a ``vision_encode``, ``encode_prefill`` or ``decode`` block of a cycle may start now.
@@ -409,7 +493,8 @@ class AdmissionGate:
             hist = self._latency
             latency = LatencyStats(hist.total, hist.percentile_ms(50), hist.percentile_ms(99),
                                    hist.max_ns / NS_PER_MS if hist.total else None)
-            return AdmissionStats(self._deadline_ms, self._alpha, self._k, self._warmup, self._stale, kinds, latency)
+            return AdmissionStats(self._deadline_ms, self._alpha, self._k, self._warmup, self._stale, kinds, latency,
+                                  replace(self._horizon))
 
     def _kind_stats(self, kind: BlockKind) -> KindStats:
         estimate, c = self._estimates[kind], self._counts[kind]

@@ -17,6 +17,13 @@ calls them, in the order its clock says:
                                                         # move the clock; None when no observation waits
     command = driver.command(t)                         # what the publisher sends at tick t
 
+A chunked model whose chunks the timeline executes (``execution`` other than sync) is planned on the
+horizon (``admission.py``): each cycle's deadline is where the commands the timeline holds run out, and the
+reasoner should not start before ``start_at_ns()``, when that end comes within the predicted cycle. The
+caller waits for it, as the live reasoning loop does before it takes a frame: ``reason_at(t, next_t)`` is the
+step above with that wait (frames arriving at t, the next at next_t). ``reason`` itself runs when it is
+called; a caller that reasons before ``start_at_ns`` computes chunks the robot did not need yet.
+
 ``driver.feed`` is the debug image's hand-off (``cycle_view.DebugFeed``), off until ``feed.enabled`` is set:
 ``reason`` calls it around each cycle exactly as the live reasoning thread does.
 
@@ -40,7 +47,7 @@ from ..engine import VlaEngine
 from .action_output import ActionOutput, Command
 from .action_slot import TimedAction, frozen_chunk
 from .action_timeline import ActionTimeline
-from .admission import AdmissionGate
+from .admission import AdmissionGate, Horizon
 from .block_costs import CostModel, VirtualTimer
 from .clock import VirtualClock, WallClock
 from .cycle_view import DebugFeed
@@ -100,13 +107,37 @@ class Driver:
         the newest state for the observations to come; refused, it is counted and its error returned."""
         return self.states.receive(msg, stamp_ns, arrival_ns)
 
+    def horizon(self) -> Horizon | None:
+        """What the gate plans on: the timeline's horizon with the newest chunk handed over, ready or not yet
+        commanded (None: the chunks are executed in sync, or H = 1: the fixed deadline)."""
+        newest = self._pending if self._pending is not None else self._ready
+        return self.timeline.horizon(newest, self.engine.config.action.chunk, self.knobs, self.period_ns)
+
+    def start_at_ns(self) -> int:
+        """When the reasoner should start its next cycle: the clock's now, or later while the commands held last
+        beyond the predicted cycle (``AdmissionGate.start_at_ns``)."""
+        return self.gate.start_at_ns(self.horizon())
+
+    def reason_at(self, now_ns: int, next_ns: int) -> Cycle | None:
+        """The reasoner's turn at ``now_ns``, when an observation arrived, the next one due at ``next_ns``: if it is
+        free by then, it waits for ``start_at_ns`` and reasons on the newest observation, unless that wait lasts
+        until the next one arrives (it is asked again then). None when busy, waiting, or no observation waits."""
+        if self.clock() > now_ns:
+            return None
+        self.clock.wait_until(now_ns)
+        start = self.start_at_ns()
+        if start >= next_ns:
+            return None
+        self.clock.wait_until(start)
+        return self.reason()
+
     def reason(self) -> Cycle | None:
         """One reasoning cycle on the newest observation, now; None when no unread one waits."""
         frame = self.buffer.read_latest()
         if frame is None:
             return None
         self.feed.before_cycle(self.engine.policy)
-        result = self.reasoner.cycle(frame)
+        result = self.reasoner.cycle(frame, self.horizon())
         if result.chunk is not None:
             if self._pending is not None:
                 self._ready = self._pending  # it was ready before this cycle could start

@@ -28,7 +28,7 @@ import numpy as np
 from ..engine.vla_engine import VlaEngine
 from ..model.config import ModelConfig
 from ..numerics.finite import NonFiniteError
-from .admission import AdmissionGate, BlockKind, Verdict
+from .admission import AdmissionGate, BlockKind, Horizon, Verdict
 from .frame_buffer import Frame
 
 
@@ -96,10 +96,12 @@ class Reasoner:
             self.timer.finished(BlockKind.PROMPT)
             self.gate.record(block)
 
-    def cycle(self, frame: Frame) -> CycleResult:
-        """What becomes of observation ``frame``: the gate's verdict, and the action if every block ran."""
+    def cycle(self, frame: Frame, horizon: Horizon | None = None) -> CycleResult:
+        """What becomes of observation ``frame``: the gate's verdict, and the action if every block ran.
+        ``horizon``: what the action timeline holds, when it executes chunks (the gate plans on it); None: the
+        fixed deadline."""
         gate, timer = self.gate, self.timer
-        cycle = gate.start_cycle(frame.receive_ns)
+        cycle = gate.start_cycle(frame.receive_ns, horizon)
         if not cycle:
             return CycleResult(cycle.verdict, None, None, False)
         late: list[bool] = []

@@ -100,18 +100,29 @@ class ReasoningHealth:
             level = max(level, Level.ERROR if shares["missed"] > knobs.missed_error_share else Level.WARN)
             cycle = gate.kinds["cycle"]
             mean = f"{cycle.mean_ms:.1f} ms" if cycle.mean_ms is not None else "unmeasured"
+            deadline = f"{gate.deadline_ms:g} ms" if gate.horizon.deadline == "fixed" else _deadline(gate)
             reasons.append(f"missing the deadline on {shares['missed']:.0%} of frames over the last {window} "
-                           f"(cycle mean {mean}, deadline {gate.deadline_ms:g} ms)")
+                           f"(cycle mean {mean}, deadline {deadline})")
         if not reasons:
             reasons.append(f"acting on {shares['acted']:.0%} of frames within the deadline over the last {window}"
                            if total else "waiting for frames")
         return Health(level, "; ".join(reasons), shares)
 
 
+def _deadline(gate: AdmissionStats) -> str:
+    """The last cycle's deadline in words: the fixed one, or one on a chunk's horizon (``admission.py``)."""
+    horizon = gate.horizon
+    if horizon.deadline == "held" and horizon.left_ms is not None:
+        return f"the chunk's end ({horizon.left_ms:.1f} ms left at the start, less the {horizon.margin_ms:g} ms margin)"
+    if horizon.deadline == "own":
+        return f"the new chunk's own end, less the {horizon.margin_ms:g} ms margin (no chunk held)"
+    return f"the {gate.deadline_ms:g} ms deadline"
+
+
 def _why_refused(gate: AdmissionStats) -> str:
     """The gate's reason in numbers: the predicted cycle cost against the deadline."""
     cycle = gate.kinds["cycle"]
     if cycle.predicted_ms is None:
-        return f"no cycle cost measured yet against the {gate.deadline_ms:g} ms deadline"
+        return f"no cycle cost measured yet against {_deadline(gate)}"
     return (f"predicted cycle {cycle.predicted_ms:.1f} ms (mean {cycle.mean_ms:.1f} + {gate.k:g} x "
-            f"{cycle.deviation_ms:.1f}) against the {gate.deadline_ms:g} ms deadline")
+            f"{cycle.deviation_ms:.1f}) against {_deadline(gate)}")
