@@ -21,6 +21,7 @@ from vla_edge_ros.tools.evaluate import (
     cue_swap,
     evaluate,
     format_table,
+    jerk,
     picks,
     run_episode,
     run_order,
@@ -260,3 +261,60 @@ def test_a_budget_bounds_all_a_policy_holds_and_gives_dms_the_pages_of_the_same_
     assert pool == heads * -(-fifo_slots // 16)  # fifo's bytes at 8 frames, the window inside them
     assert slots == prompt + 32 + episode_frames * tokens + scratch  # and a slot for every frame of the episode
     assert arena_for(config, dms, prompt, None, spec, 16) == (slots, 0)  # all: room for everything, dense pool
+
+
+# --- execution modes side by side: how the robot is commanded -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chunk16_model(tmp_path_factory):
+    """The tiny preset, 1 layer, with an mlp head giving 16 actions of 7 a cycle."""
+    from vla_edge_ros.model.init_model import preset, write_random_model
+
+    return write_random_model(tmp_path_factory.mktemp("chunked") / "m", preset("tiny", layers=1, head="mlp", chunk=16),
+                              seed=2)
+
+
+def test_jerk_is_the_second_difference_of_the_commanded_velocity_over_dt_squared():
+    dt = 0.1
+    assert jerk(np.zeros((5, 2)), dt).tolist() == [0.0, 0.0, 0.0]
+    ramp = np.arange(6, dtype=float)[:, None] * [1.0, -2.0]  # constant acceleration: no jerk
+    assert np.allclose(jerk(ramp, dt), 0.0)
+    bump = np.array([[0, 0], [0, 0], [3, 4], [0, 0], [0, 0]], dtype=float)  # one tick of motion, |v| = 5
+    assert np.allclose(jerk(bump, dt), [500.0, 1000.0, 500.0])
+    assert jerk(np.zeros((2, 2)), dt).size == 0
+
+
+def test_execution_modes_run_side_by_side_and_report_jerk_starvation_and_distinct_commands(chunk16_model, tmp_path):
+    """A 100 ms model with 16-action chunks at 30 Hz: sync refuses every cycle once warm on the 33 ms deadline and
+    changes its command a few times a second; the chunked modes plan on the horizon, are never refused, never
+    starve, and command a new action nearly every tick. The expert's row is the reference: no execution."""
+    costs = parse_cost("fixed:encode=100ms,decode=1ms")
+    settings = _settings(chunk16_model)
+    report = evaluate(settings, TaskSpec(name="reach", time_limit_s=1.0), ["fifo"], [2], episodes=1, seed=0,
+                      costs=costs, out=tmp_path, executions=["sync", "chunk", "rtc"])
+    cells = {c["execution"]: c for c in report["cells"]}
+    assert list(cells) == [None, "sync", "chunk", "rtc"] and cells[None]["variant"] == EXPERT
+    sync, chunk, rtc = cells["sync"], cells["chunk"], cells["rtc"]
+    assert sync["refused"] > 10 and chunk["refused"] == rtc["refused"] == 0 == chunk["missed"]
+    assert chunk["starved_share"] == rtc["starved_share"] == 0.0
+    assert sync["distinct_commands_hz"] < 10 < 25 < chunk["distinct_commands_hz"] <= 30.0
+    assert all(c["jerk_rms"] > 0 for c in (sync, chunk, rtc))
+    expert = cells[None]
+    assert expert["starved_share"] == 0.0 and expert["jerk_rms"] is not None and expert["distinct_commands_hz"] > 0
+    table = format_table(report)
+    assert " exec " in table and "   rtc " in table and "jerk: RMS over ticks" in table
+    default = evaluate(settings, TaskSpec(name="reach", time_limit_s=1.0), ["fifo"], [2], episodes=1, seed=0,
+                       costs=costs, out=tmp_path / "default")
+    assert [c["execution"] for c in default["cells"]] == [None, "rtc"]  # auto: rtc for a chunked checkpoint
+    assert {k: v for k, v in default["cells"][1].items() if k != "execution"} == {
+        k: v for k, v in rtc.items() if k != "execution"}  # the same episodes as the rtc cell, figure for figure
+
+
+def test_the_execution_flag_takes_a_subset_of_the_modes(capsys):
+    args = build_parser().parse_args(["evaluate", "--execution", "sync, rtc", "--cost", "fixed:encode=250ms,decode=5ms"])
+    assert args.execution == ("sync", "rtc") and args.cost.describe() == "fixed:encode=250ms,decode=5ms"
+    assert build_parser().parse_args(["evaluate"]).execution is None
+    with pytest.raises(SystemExit) as exit_info:
+        main(["evaluate", "--execution", "sync,diffusion"])
+    assert exit_info.value.code == 2 and "auto,sync,chunk,ensemble,rtc" in capsys.readouterr().err

@@ -68,9 +68,9 @@ def test_each_observation_holds_the_odometry_of_the_frame_it_was_seen_in(odometr
     truth, seen = {}, []
     cycle = driver.reasoner.cycle
 
-    def spy(frame):
+    def spy(frame, horizon=None):
         seen.append((frame.stamp_ns, frame.state.copy()))
-        return cycle(frame)
+        return cycle(frame, horizon)
 
     driver.reasoner.cycle = spy
     episode = run_episode(env, 4, driver, at_tick=lambda tick, now: truth.__setitem__(now, env.odometry().copy()))

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..config import load_settings
+from ..config import EXECUTIONS, load_settings
 from ..memory import POLICIES
 from ..tools.evaluate import VARIANTS, evaluate, format_table, invalid_line, write_report
 from ..tools.lang_reach import read_templates
@@ -20,7 +20,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     spec = TaskSpec(name=args.task, time_limit_s=args.time_limit_s)
     templates = read_templates(args.instructions) if args.instructions is not None else ()
     report = evaluate(settings, spec, args.policy, args.budgets, args.episodes, args.seed, args.cost, args.out,
-                      record_dir=args.record, templates=templates, workers=args.workers, ray_address=args.ray,
+                      record_dir=args.record, templates=templates, executions=args.execution or (),
+                      workers=args.workers, ray_address=args.ray,
                       resume=args.resume,
                       progress=lambda line: print(line, file=sys.stderr, flush=True),
                       bar=progress_bar("evaluate"))
@@ -53,6 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", type=Path, help="YAML config (model, deadline, action mapping)")
     p.add_argument("--cost", type=cost_model, default=cost_model("measured"),
                    help="block costs: measured (default) or fixed:encode=4ms,decode=1ms (deterministic)")
+    p.add_argument("--execution", type=subset_of(EXECUTIONS), default=None,
+                   help=f"comma-separated action_publisher.execution modes ({','.join(EXECUTIONS)}) run side by side, "
+                        "a cell each per policy and budget (default: the configured one); with a chunked checkpoint "
+                        "the gate plans cycles on the chunk's horizon in every mode but sync")
     p.add_argument("--record", type=Path, help="also write each episode (camera + expert command) as a bag here")
     p.add_argument("--out", type=Path, default=Path("evaluate_report"))
     add_parallel_arguments(p)

@@ -3,10 +3,16 @@
 Per memory policy and memory budget, episodes of a ``worlds.sim`` task run through the runtime's
 ``Driver``, as ``vla-edge replay`` does: the frame buffer, the admission gate and the reasoning cycle,
 on a virtual clock that each block advances by its cost. At every camera tick the robot is driven by
-exactly what the action publisher would send (``ActionOutput.decide``: the newest ready action while
-younger than ``action_timeout_ms``, clipped and mapped to the command type, else a safe stop), read
-as velocities the way the simulated robot reads its command topic.
-The scripted expert runs through the same loop as a reference for what the task allows.
+exactly what the action publisher would send (the action timeline under ``action_publisher.execution``:
+sync holds the newest action while younger than ``action_timeout_ms``, the chunked modes command each
+tick's action of the chunks held; clipped and mapped to the command type, else a safe stop), read as
+velocities the way the simulated robot reads its command topic. A chunked model's reasoner waits for its
+horizon and is judged against it, as live (``Driver.reason_at``). ``--execution`` runs several modes side
+by side. The scripted expert runs through the same loop as a reference for what the task allows.
+
+Each cell reports, beside success and time to reach, how the robot was commanded: the RMS ``jerk`` of the
+commanded velocity, the share of ticks starved (every chunk run out), and distinct commands a second
+(``distinct_command``, the rule the publisher's live figure counts by).
 
 A checkpoint that reads a robot state gets the robot's odometry (``CueReachEnv.odometry``: x, y, yaw, vx, vy,
 wz) with every frame, stamped as the frame is, through the driver's state path as a robot's nav_msgs/Odometry
@@ -60,6 +66,8 @@ from ..memory.aura import fast_weight_bytes
 from ..model.checkpoint import Checkpoint
 from ..model.config import ModelConfig
 from ..model.layout import arena_capacity, kv_bytes_per_token, kv_page_bytes, kv_pages_for
+from ..runtime.action_output import Outcome
+from ..runtime.action_timeline import distinct_command, resolve_execution
 from ..runtime.admission import BlockKind, Verdict
 from ..runtime.block_costs import CostModel
 from ..runtime.clock import VirtualClock
@@ -77,7 +85,7 @@ from .parallel import Job, Unit, UnitsFailed, run_figures, run_units
 
 EXPERT = "expert"
 BAG_START_NS = 1_735_689_600 * 10**9  # recorded episodes start at 2025-01-01, as make-bag's bags do
-SCHEMA = "vla_edge_ros.evaluate/5"
+SCHEMA = "vla_edge_ros.evaluate/6"
 VARIANTS = ("fifo", "cosine", "aura", "aura:surprise", "aura:random", "aura:periodic", "aura:no-write", "dms",
             "dms:novelty")
 MATCHED = ("aura:surprise", "aura:random", "aura:periodic")  # write at the rate the ``aura`` row measured
@@ -88,6 +96,7 @@ AURA_NOTE = ("aura rows run once, at the smallest budget whose bytes hold the pr
 
 # what an episode counts and a cell reports summed over its episodes
 COUNTS = ("actions", "refused", "missed", "invalid", "safe_stops", "memory_writes", "memory_frames")
+MOTION = ("ticks", "starved_ticks", "distinct_commands", "jerk_sq_sum", "jerk_terms")  # summed into motion_figures
 
 
 @dataclass
@@ -113,6 +122,11 @@ class Episode:
     head_held_sum: float = 0.0  # tokens each (layer, KV head) reads beside the prompt, mean over heads (dms)
     seen_sum: int = 0  # frame tokens offered to the memory so far: what an unbounded cache would hold
     goal_colour: str | None = None  # lang-reach: the colour the (last) instruction named
+    ticks: int = 0  # control ticks the robot was commanded on
+    starved_ticks: int = 0  # ticks whose command was the safe stop of a timeline whose chunks had all run out
+    distinct_commands: int = 0  # ticks whose command differed from the tick before (``distinct_command``)
+    jerk_sq_sum: float = 0.0  # the sum of squared jerk magnitudes (``jerk``) over the episode's ticks
+    jerk_terms: int = 0  # how many: ticks - 2
 
 
 @dataclass
@@ -129,6 +143,7 @@ class Cell:
 
     variant: str
     budget_frames: int | None
+    execution: str | None = None  # action_publisher.execution for this cell (None: as configured; the expert)
     gate_rate: float | None = None  # an aura:* row's matched write rate (gate rate, or target_write_rate)
     note: str | None = None
     episodes: list[Episode] = field(default_factory=list)
@@ -140,14 +155,16 @@ class Cell:
     def policy(self) -> str:
         return self.variant.split(":")[0]
 
-    def summary(self, prompt_bytes: int, token_bytes: int, budget_bytes: int | None) -> dict[str, Any]:
+    def summary(self, prompt_bytes: int, token_bytes: int, budget_bytes: int | None, execution: str | None,
+                rate_hz: float) -> dict[str, Any]:
         """The cell's figures; ``prompt_bytes`` (the pinned prompt's KV) is left out of both sides of the
-        compression, which compares what the policy holds with what an unbounded cache would hold."""
+        compression, which compares what the policy holds with what an unbounded cache would hold. ``execution``:
+        the mode its chunks ran in (None: the expert); ``rate_hz``: the control rate its ticks came at."""
         n = len(self.episodes)
         wins = [e for e in self.episodes if e.success]
         low, high = wilson_interval(len(wins), n)
         total = {key: sum(getattr(e, key) for e in self.episodes)
-                 for key in (*COUNTS, "cycles", "bytes_sum", "held_sum", "head_held_sum", "seen_sum")}
+                 for key in (*COUNTS, *MOTION, "cycles", "bytes_sum", "held_sum", "head_held_sum", "seen_sum")}
         cycles = max(total["cycles"], 1)
         held_bytes = total["bytes_sum"] - total["cycles"] * prompt_bytes  # KV beside the prompt + policy state
         peak = max((e.memory_peak_bytes for e in self.episodes), default=0)
@@ -155,9 +172,10 @@ class Cell:
         return {
             "policy": self.policy, "variant": self.variant, "budget_frames": self.budget_frames,
             "budget_bytes": budget_bytes, "within_budget": None if budget_bytes is None else peak <= budget_bytes,
-            "gate_rate": self.gate_rate, "note": self.note, "episodes": n,
+            "execution": execution, "gate_rate": self.gate_rate, "note": self.note, "episodes": n,
             "success_rate": len(wins) / n if n else 0.0, "success_ci95": [low, high],
             "time_to_reach_s": float(np.mean([e.time_s for e in wins])) if wins else None,
+            **motion_figures(total, rate_hz),
             "path_length": float(np.mean([e.path_length for e in wins])) if wins else None,
             **{key: int(total[key]) for key in COUNTS},
             "writes_per_frame": total["memory_writes"] / total["memory_frames"] if total["memory_frames"] else None,
@@ -219,6 +237,26 @@ def _ratio(seen: float, held: float) -> float | None:
     return seen / held if held > 0 else None
 
 
+def jerk(velocities: np.ndarray, dt_s: float) -> np.ndarray:
+    """The jerk of commanded velocities [T, d] sent every ``dt_s``: per tick k in 1..T-2, the magnitude of the
+    second difference |v[k+1] - 2 v[k] + v[k-1]| / dt^2 (the velocity's second derivative, in command units per
+    s^2). What evaluate reports as smoothness (its RMS over a cell's ticks): a command that jumps at each new
+    chunk or stops dead when chunks run out scores high, one that follows a smooth plan low."""
+    v = np.asarray(velocities, dtype=np.float64).reshape(len(velocities), -1)
+    if len(v) < 3:
+        return np.zeros(0)
+    return np.linalg.norm(v[2:] - 2 * v[1:-1] + v[:-2], axis=1) / dt_s**2
+
+
+def motion_figures(total: dict[str, float], rate_hz: float) -> dict[str, float | None]:
+    """A cell's motion from its episodes' sums (``MOTION``): the RMS jerk over every tick, the share of ticks
+    starved, and distinct commands per second of commanded time."""
+    ticks = total["ticks"]
+    return {"jerk_rms": math.sqrt(total["jerk_sq_sum"] / total["jerk_terms"]) if total["jerk_terms"] else None,
+            "starved_share": total["starved_ticks"] / ticks if ticks else None,
+            "distinct_commands_hz": total["distinct_commands"] * rate_hz / ticks if ticks else None}
+
+
 def episode_frames(spec: TaskSpec) -> int:
     """Frames an arena needs to hold a whole episode (the ``all`` budget)."""
     return math.ceil(spec.time_limit_s * spec.rate_hz) + 1
@@ -273,6 +311,8 @@ def run_episode(env: CueReachEnv, seed: int, driver: Driver | None,
     start = driver.clock() if driver else 0
     if driver:
         driver.new_episode()
+    velocities: list[np.ndarray] = []
+    previous: tuple[float, ...] | None = None
     for tick in range(math.ceil(spec.time_limit_s * spec.rate_hz)):
         now = start + tick * period_ns
         if at_tick is not None:
@@ -281,11 +321,12 @@ def run_episode(env: CueReachEnv, seed: int, driver: Driver | None,
             record(now, frame, env.expert_command())
         if driver is None:
             command = env.expert_command()
+            values = tuple(float(v) for v in command)
         else:
             observe(driver, env, frame, now)
-            if driver.clock() <= now:  # the reasoner is free: it takes the newest frame
-                driver.clock.wait_until(now)
-                result = driver.reason().result
+            cycle = driver.reason_at(now, now + period_ns)  # free: it takes the newest frame (chunks: when due)
+            if cycle is not None:
+                result = cycle.result
                 episode.missed += result.missed
                 if result.invalid:
                     episode.invalid += 1
@@ -295,14 +336,22 @@ def run_episode(env: CueReachEnv, seed: int, driver: Driver | None,
                     episode.actions += 1
                 _measure(episode, driver.engine)
             published = driver.command(now)  # what the action publisher sends at this tick
-            command = velocity_command(published.values or ())
+            values = published.values
+            command = velocity_command(values or ())
             episode.safe_stops += published.safe_stop
+            episode.starved_ticks += published.outcome is Outcome.STARVED
+        episode.ticks += 1
+        episode.distinct_commands += distinct_command(values, previous)
+        previous = values
+        velocities.append(command)
         outcome = env.step(command)
         frame = outcome.frame
         episode.time_s, episode.path_length = outcome.time_s, outcome.path_length
         if outcome.done:
             episode.success = outcome.success
             break
+    jerks = jerk(np.asarray(velocities), 1.0 / spec.rate_hz)
+    episode.jerk_sq_sum, episode.jerk_terms = float(np.sum(jerks**2)), len(jerks)
     return episode
 
 
@@ -357,9 +406,9 @@ def cue_swap(spec: TaskSpec, seed: int, start: Callable[[], Driver] | None) -> C
             else:
                 now = begin + tick * period_ns
                 observe(driver, env, frame, now)
-                if driver.clock() <= now:
-                    driver.clock.wait_until(now)
-                    result = driver.reason().result
+                cycle = driver.reason_at(now, now + period_ns)
+                if cycle is not None:
+                    result = cycle.result
                     if tick >= spec.release_frames and result.action is not None:
                         command = velocity_command(driver.command(result.ready_ns).values or ())
             if command is not None:
@@ -421,12 +470,14 @@ class EpisodeSpec:
     seed: int
     gate_rate: float | None = None
     probe: str = "episode"  # or the seed's cue "swap"; lang-reach: "blind" or "switch" (lang_reach.py)
+    execution: str | None = None  # action_publisher.execution (None: as configured)
 
     @property
     def key(self) -> str:
         budget = "all" if self.budget is None else self.budget
         probe = "" if self.probe == "episode" else f"_{self.probe}"
-        return f"{self.variant.replace(':', '-')}_b{budget}_s{self.seed}{probe}"
+        execution = "" if self.execution is None else f"_x{self.execution}"
+        return f"{self.variant.replace(':', '-')}_b{budget}_s{self.seed}{probe}{execution}"
 
 
 def probes_of(spec: TaskSpec) -> tuple[str, ...]:
@@ -460,6 +511,8 @@ def run_unit(state: dict[str, Any], episode: EpisodeSpec) -> dict[str, Any]:
     if cell not in state["engines"]:
         state["engines"][cell] = _cell_runtime(context, episode, state["checkpoint"])
     engine, settings = state["engines"][cell]
+    if episode.execution is not None:  # the engine is the cell's whatever the execution; the publisher's rule is not
+        settings = settings.replace("action_publisher", {"execution": episode.execution})
 
     def start(prompt: np.ndarray | None = None) -> Driver:
         _start_episode(engine, settings["reasoning"], episode.variant, episode.gate_rate, seed, prompt)
@@ -504,16 +557,18 @@ def _switch(env: CueReachEnv, seed: int, driver: Driver | None, instructor: Inst
 
 def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budgets: Sequence[int | None],
              episodes: int, seed: int, costs: CostModel, out: Path, record_dir: Path | None = None, *,
-             templates: tuple[str, ...] = (), workers: int | None = None, ray_address: str | None = None,
-             resume: bool = False,
+             templates: tuple[str, ...] = (), executions: Sequence[str] = (), workers: int | None = None,
+             ray_address: str | None = None, resume: bool = False,
              progress: Callable[[str], None] = lambda line: None,
              bar: Callable[[int, int], None] = lambda done, total: None) -> dict[str, Any]:
     """Every (variant, budget) over the same seeded episodes, plus the expert; returns evaluate.json's content.
 
     Episodes are units (tools/parallel.py): serial, on ``workers`` local processes or on Ray, each result
     written to ``out/units`` as it finishes, with the same report whichever ran where. The aura:* rows run
-    in a second pass, at the write rate the aura row measured in the first. ``templates``: lang-reach's
-    instruction templates (``lang_reach.read_templates``), which it needs and the other tasks refuse."""
+    in a second pass, at the write rate the aura row measured in the first (of the same execution).
+    ``templates``: lang-reach's instruction templates (``lang_reach.read_templates``), which it needs and the
+    other tasks refuse. ``executions``: ``action_publisher.execution`` modes run side by side, a cell each per
+    (variant, budget); none: the configured one."""
     spec.validate()
     if (spec.name == "lang-reach") != bool(templates):
         raise ValueError("lang-reach needs instruction templates (--instructions FILE)" if not templates else
@@ -537,10 +592,13 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
     probes = probes_of(spec)
     context = EvalContext(settings, spec, costs, record_dir, templates, prompt_tokens)
     job = Job(prepare, run_unit, context, identity=_identity(settings, spec, costs, templates))
-    cells = [Cell(EXPERT, None)] + [Cell(v, b) for v in order
-                                    for b in ([aura_budget] if v.startswith("aura") else budgets)]
+    modes = list(dict.fromkeys(executions)) or [None]
+    cells = [Cell(EXPERT, None)] + [Cell(v, b, x) for v in order
+                                    for b in ([aura_budget] if v.startswith("aura") else budgets) for x in modes]
     for cell in cells[1:]:
         _, cell.note = fit_to_budget(settings["reasoning"], cell.variant, cell.budget_frames)
+        if cell.execution != modes[0]:  # the same arena as the first mode's cell, checked there
+            continue
         node = cell_node(settings["reasoning"], cell.variant, cell.budget_frames, None, checkpoint, spec,
                          prompt_tokens)
         site = MemorySite(checkpoint, node["kv_capacity_tokens"], prompt_tokens, node["kv_page_tokens"],
@@ -553,20 +611,23 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
     page_tokens = settings["reasoning"]["kv_page_tokens"]
     token = kv_bytes_per_token(checkpoint.config)
 
+    configured, chunk_rows = settings["action_publisher"]["execution"], checkpoint.config.action.chunk
+
     def report(cell: Cell) -> dict[str, Any]:
-        budget = None if cell.variant == EXPERT else budget_bytes(checkpoint.config, prompt_tokens,
-                                                                 cell.budget_frames, spec, page_tokens)
-        return cell.summary(prompt_tokens * token, token, budget)
+        if cell.variant == EXPERT:
+            return cell.summary(prompt_tokens * token, token, None, None, spec.rate_hz)
+        budget = budget_bytes(checkpoint.config, prompt_tokens, cell.budget_frames, spec, page_tokens)
+        execution = resolve_execution(cell.execution or configured, chunk_rows)
+        return cell.summary(prompt_tokens * token, token, budget, execution, spec.rate_hz)
 
     total = len(probes) * len(cells) * len(seeds)  # an episode and each probe per cell and seed
     summaries, done = [], [0]
     for matched_pass in (False, True):
         todo = [cell for cell in cells if (cell.variant in MATCHED) == matched_pass]
-        if matched_pass and todo:
-            rate, note = next(c for c in cells if c.variant == "aura").matched_rate()
-            for cell in todo:
-                cell.gate_rate, cell.note = rate, "; ".join(filter(None, (note, cell.note))) or None
-        specs = [EpisodeSpec(c.variant, c.budget_frames, s, c.gate_rate, probe) for c in todo
+        for cell in todo if matched_pass else ():
+            rate, note = next(c for c in cells if c.variant == "aura" and c.execution == cell.execution).matched_rate()
+            cell.gate_rate, cell.note = rate, "; ".join(filter(None, (note, cell.note))) or None
+        specs = [EpisodeSpec(c.variant, c.budget_frames, s, c.gate_rate, probe, c.execution) for c in todo
                  for probe in probes for s in seeds]
         units = [Unit(spec.key, spec) for spec in specs]
         base = done[0]
@@ -580,7 +641,8 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
                               f"ones are in {out / 'units'}: --resume runs only what is missing")
         for cell in todo:
             results = {probe: [summary.results[EpisodeSpec(cell.variant, cell.budget_frames, s, cell.gate_rate,
-                                                           probe).key] for s in seeds] for probe in probes}
+                                                           probe, cell.execution).key] for s in seeds]
+                       for probe in probes}
             cell.episodes = [Episode(**result) for result in results["episode"]]
             cell.swaps = [CueSwap(**result) for result in results.get("swap", ())]
             cell.blind = [Episode(**result) for result in results.get("blind", ())]
@@ -612,8 +674,10 @@ def _cell_line(cell: dict[str, Any]) -> str:
     rate = f", matched write rate {cell['gate_rate']:.3f}" if cell["gate_rate"] is not None else ""
     budget = cell["budget_frames"] if cell["budget_frames"] is not None else "all"
     swap = f", cue swap {cell['cue_swap']['rate']:.2f}" if cell["cue_swap"] else ""
-    return (f"{cell['variant']:>13} budget {budget:>4}: success {cell['success_rate']:.2f} of {cell['episodes']}"
-            f"{swap}, {cell['refused']} refused, {cell['missed']} missed{rate}"
+    starved = cell["starved_share"] or 0.0
+    return (f"{cell['variant']:>13} budget {budget:>4} {cell['execution']:>8}: success {cell['success_rate']:.2f} of "
+            f"{cell['episodes']}{swap}, {cell['refused']} refused, {cell['missed']} missed, starved {starved:.1%} "
+            f"of ticks{rate}"
             + (f", {cell['invalid']} INVALID (model output not finite)" if cell["invalid"] else "")
             + (f" ({cell['note']})" if cell["note"] else ""))
 
@@ -706,25 +770,31 @@ def _cell_runtime(context: EvalContext, episode: EpisodeSpec, checkpoint: Checkp
 def format_table(report: dict[str, Any]) -> str:
     """One row per (variant, budget), then the report's notes and any row's own."""
     lines = [f"{report['task']['name']}: {report['episodes']} episodes per cell, cost model {report['cost_model']}",
-             f"{'variant':>13} {'budget':>6} {'success':>8} {'95% CI':>13} {'swap':>5} {'t reach s':>9} "
-             f"{'peak B':>11} {'mean B':>11} {'x tok':>6} {'x bytes':>7} {'w/frame':>7} {'w rate':>6} "
-             f"{'refused':>7} {'missed':>6} {'invalid':>7}"]
+             f"{'variant':>13} {'budget':>6} {'exec':>8} {'success':>8} {'95% CI':>13} {'swap':>5} {'t reach s':>9} "
+             f"{'jerk':>7} {'starved':>7} {'cmd/s':>5} {'peak B':>11} {'mean B':>11} {'x tok':>6} {'x bytes':>7} "
+             f"{'w/frame':>7} {'w rate':>6} {'refused':>7} {'missed':>6} {'invalid':>7}"]
     for c in report["cells"]:
         budget = "all" if c["budget_frames"] is None else str(c["budget_frames"])
         reach = f"{c['time_to_reach_s']:.2f}" if c["time_to_reach_s"] is not None else "-"
+        jerk_rms, starved, distinct = (f"{x:.{d}f}" if x is not None else "-" for x, d in (
+            (c["jerk_rms"], 0), (c["starved_share"], 3), (c["distinct_commands_hz"], 1)))
         rate = f"{c['gate_rate']:.3f}" if c["gate_rate"] is not None else "-"
         swap = f"{c['cue_swap']['rate']:.2f}" if c["cue_swap"] else "-"
         per_frame = f"{c['writes_per_frame']:.3f}" if c["writes_per_frame"] is not None else "-"
         tokens, size = (f"{x:.1f}" if x is not None else "-" for x in (c["compression"]["tokens"],
                                                                       c["compression"]["bytes"]))
-        lines.append(f"{c['variant']:>13} {budget:>6} {c['success_rate']:>8.2f} "
+        lines.append(f"{c['variant']:>13} {budget:>6} {c['execution'] or '-':>8} {c['success_rate']:>8.2f} "
                      f"[{c['success_ci95'][0]:.2f}, {c['success_ci95'][1]:.2f}] {swap:>5} {reach:>9} "
+                     f"{jerk_rms:>7} {starved:>7} {distinct:>5} "
                      f"{c['bytes_held']['peak']:>11,} {round(c['bytes_held']['mean']):>11,} {tokens:>6} {size:>7} "
                      f"{per_frame:>7} {rate:>6} {c['refused']:>7} {c['missed']:>6} {c['invalid']:>7}")
     lines += [_language_line(c, report["task"]["targets"]) for c in report["cells"] if c["language"]]
     lines += [f"note: {note}" for note in report["notes"]]
     lines += [f"error ({c['variant']}): {line}" for c in report["cells"] if (line := invalid_line(c))]
     lines += [f"note ({c['variant']}): {c['note']}" for c in report["cells"] if c["note"]]
+    lines.append("exec: how chunks became commands; jerk: RMS over ticks of the commanded velocity's second "
+                 "difference / dt^2 (command units / s^2); starved: share of ticks stopped because every chunk had run "
+                 "out; cmd/s: commands differing from the tick before, per second")
     lines.append("swap: share of cue swaps whose first action after the release heads for the cued target; "
                  "peak / mean B: memory held (KV with the prompt + policy state); x tok / x bytes: frame tokens seen "
                  "/ tokens held, and their bytes / bytes held beside the prompt (state included)")
@@ -760,7 +830,9 @@ def write_report(report: dict[str, Any], out: Path) -> Path:
     path = out / "evaluate.json"
     path.write_text(json.dumps(report, indent=2) + "\n")
     cells = report["cells"]
-    labels = [f"{c['variant']}\n{'all' if c['budget_frames'] is None else c['budget_frames']}" for c in cells]
+    modes = {c["execution"] for c in cells if c["execution"] is not None}
+    labels = [f"{c['variant']}\n{'all' if c['budget_frames'] is None else c['budget_frames']}"
+              + (f"\n{c['execution']}" if len(modes) > 1 and c["execution"] else "") for c in cells]
     rates = [c["success_rate"] for c in cells]
     errors = [[r - c["success_ci95"][0] for r, c in zip(rates, cells)],
               [c["success_ci95"][1] - r for r, c in zip(rates, cells)]]
