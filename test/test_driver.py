@@ -14,6 +14,7 @@ from vla_edge_ros.runtime.block_costs import parse_cost
 from vla_edge_ros.runtime.clock import NS_PER_MS, VirtualClock
 from vla_edge_ros.runtime.driver import Driver
 from vla_edge_ros.runtime.loader import load_engine
+from vla_edge_ros.runtime.reasoner import decode_blocks
 from vla_edge_ros.model.init_model import preset, write_random_model
 from vla_edge_ros.worlds.synthetic import SyntheticCamera
 
@@ -427,3 +428,15 @@ def test_a_state_topic_for_a_checkpoint_without_a_state_projection_is_refused(ti
     with pytest.raises(ValueError, match="camera_subscriber: state_topic is 'joint_states', but .* reads no robot "
                                          "state \\(it has no state_proj\\)"):
         load_engine(settings)
+
+
+@pytest.mark.parametrize("head, chunk, blocks", [("bins", 1, 6), ("bins", 4, 1), ("linear", 1, 0), ("mlp", 8, 0)])
+def test_decode_blocks_counts_the_decode_blocks_a_cycle_runs(tmp_path, head, chunk, blocks):
+    """What a latency sweep sets a cycle's cost from: one cycle of each head records exactly that many decodes."""
+    config = preset("tiny", layers=1, head=head, chunk=chunk)
+    assert decode_blocks(config) == blocks
+    driver = _driver(_settings(write_random_model(tmp_path / "m", config, seed=1), {"deadline_ms": 1000.0}))
+    driver.camera(SyntheticCamera(height=48, width=64, seed=1).frame(), stamp_ns=0, arrival_ns=0)
+    assert driver.reason().result.chunk is not None
+    assert driver.gate.snapshot().kinds["decode"].completed == blocks
+    assert driver.clock() == 8 * NS_PER_MS + blocks * NS_PER_MS  # COSTS: encode 8 ms, decode 1 ms

@@ -41,6 +41,16 @@ def block_kinds(config: ModelConfig) -> tuple[BlockKind, ...]:
     return first + (BlockKind.ENCODE_PREFILL, BlockKind.DECODE)
 
 
+def decode_blocks(config: ModelConfig) -> int:
+    """Decode blocks one cycle runs (``VlaEngine.decode_action``): none for a continuous head (linear, mlp), one
+    forward pass for a bins chunk (H > 1), dof - 1 steps for sequential bins. With ``block_kinds``, what a fixed
+    cost model makes a cycle cost (a latency sweep sets the encode cost from it)."""
+    action = config.action
+    if action.head in ("linear", "mlp"):
+        return 0
+    return 1 if action.chunk > 1 else action.dof - 1
+
+
 class BlockTimer(Protocol):
     """Told when each admitted block starts and finishes (replay advances its virtual clock here)."""
 
