@@ -525,10 +525,10 @@ def test_the_horizon_the_reasoning_gate_plans_on_follows_the_live_execution_sett
     obs = time.monotonic_ns()
     slot.put(np.zeros((10, 2), dtype=np.float32), obs, 0, obs)
     horizon = node.horizon(10)
-    assert horizon.end_ns == obs + 10 * 20 * MS and horizon.span_ns == 200 * MS  # auto: rtc for 10 actions
+    assert horizon.end_ns == obs + 10 * 20 * MS and horizon.last_ns == 180 * MS  # auto: rtc for 10 actions
     assert node.horizon(1) is None  # auto with one action a cycle: sync
     assert node.set_parameters([Parameter("execution_horizon", Parameter.Type.INTEGER, 4)])[0].successful
-    assert node.horizon(10).span_ns == 80 * MS
+    assert node.horizon(10).last_ns == 60 * MS
     assert node.set_parameters([Parameter("execution", Parameter.Type.STRING, "sync")])[0].successful
     assert node.horizon(10) is None
     node.transition("deactivate")

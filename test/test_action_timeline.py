@@ -118,7 +118,7 @@ def test_the_gate_plans_on_what_the_timeline_will_execute():
     """Horizon: the end of the held plan, a chunk handed over but not yet offered counted as accepted (its own
     end, execution_horizon included), a rejected one not at all; None in sync (the gate's fixed deadline)."""
     run = Run(execution="chunk", execution_horizon=6)
-    assert run.timeline.horizon(None, 8, run.knobs, P) == Horizon(None, 60 * MS)  # nothing yet: the span only
+    assert run.timeline.horizon(None, 8, run.knobs, P) == Horizon(None, 50 * MS)  # nothing yet: when a chunk's last action starts
     run.newest = chunk(ramp(0, 8), obs_ms=0, ready_ms=15)
     assert run.timeline.horizon(run.newest, 8, run.knobs, P).end_ns == 60 * MS  # handed over, not yet ticked
     run.tick(20)
@@ -135,7 +135,7 @@ def test_the_gate_plans_on_what_the_timeline_will_execute():
     ensemble.tick(20)
     ensemble.newest = chunk(ramp(0, 8), obs_ms=30, ready_ms=45)
     ensemble.tick(50)
-    assert ensemble.timeline.horizon(ensemble.newest, 8, ensemble.knobs, P) == Horizon(110 * MS, 80 * MS)
+    assert ensemble.timeline.horizon(ensemble.newest, 8, ensemble.knobs, P) == Horizon(110 * MS, 70 * MS)
 
 
 def test_a_chunk_that_is_over_by_the_time_it_is_ready_is_rejected_as_late():

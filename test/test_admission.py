@@ -369,7 +369,7 @@ def test_with_chunks_the_deadline_is_where_the_held_commands_run_out_minus_the_m
     with the deadline at the chunk's end less horizon_margin_ms (10 ms by default)."""
     gate, clock = cycle_trained(250.0)
     assert gate.start_cycle(clock()).verdict is Verdict.REFUSED  # today's rule: 250 ms > 33 ms
-    held = Horizon(end_ns=clock.after(300), span_ns=533 * NS_PER_MS)
+    held = Horizon(end_ns=clock.after(300), last_ns=500 * NS_PER_MS)
     cycle = gate.start_cycle(clock(), held)
     assert cycle.verdict is Verdict.ADMITTED and cycle.deadline_ns == clock.after(290)
     horizon = gate.snapshot().horizon
@@ -379,7 +379,7 @@ def test_with_chunks_the_deadline_is_where_the_held_commands_run_out_minus_the_m
 
 def test_a_cycle_that_cannot_finish_before_starvation_is_refused():
     gate, clock = cycle_trained(250.0)
-    short = Horizon(end_ns=clock.after(255), span_ns=533 * NS_PER_MS)  # 255 - 10 ms margin < 250 ms
+    short = Horizon(end_ns=clock.after(255), last_ns=500 * NS_PER_MS)  # 255 - 10 ms margin < 250 ms
     assert gate.start_cycle(clock(), short).verdict is Verdict.REFUSED
     assert gate.snapshot().horizon.slack_ms == pytest.approx(-5.0)
     assert gate.snapshot().kinds["cycle"].refused == 1
@@ -387,7 +387,7 @@ def test_a_cycle_that_cannot_finish_before_starvation_is_refused():
 
 def test_the_reasoner_waits_until_the_horizon_left_falls_to_the_predicted_cycle_plus_margin():
     gate, clock = cycle_trained(250.0, horizon_margin_ms=20.0)
-    held = Horizon(end_ns=clock.after(500), span_ns=533 * NS_PER_MS)
+    held = Horizon(end_ns=clock.after(500), last_ns=500 * NS_PER_MS)
     assert gate.start_at_ns(held) == clock.after(500 - 20 - 250)
     clock.advance(230)
     assert gate.start_at_ns(held) == clock()  # now, and admitted with the margin to spare exactly
@@ -397,18 +397,19 @@ def test_the_reasoner_waits_until_the_horizon_left_falls_to_the_predicted_cycle_
     assert gate.start_at_ns(None) == clock()  # no horizon (sync, H = 1): at once, as ever
 
 
-def test_with_nothing_held_the_new_chunks_own_end_is_the_deadline():
-    """Before the first chunk or after starvation the robot is stopping: a chunk ready before its own executed
-    part is past is better than that, so the deadline is the frame's time + s periods - margin."""
+def test_with_nothing_held_the_new_chunks_own_last_action_is_the_deadline():
+    """Before the first chunk or after starvation the robot is stopping: a chunk ready while it still has an action
+    for the next tick is better than that, so the deadline is when its last executed action starts (the frame's
+    time + (s - 1) periods), less the margin."""
     gate, clock = cycle_trained(250.0)
     frame = clock.after(-20)  # received 20 ms ago
-    empty = Horizon(end_ns=None, span_ns=400 * NS_PER_MS)
+    empty = Horizon(end_ns=None, last_ns=400 * NS_PER_MS)
     assert gate.start_at_ns(empty) == clock()
     cycle = gate.start_cycle(frame, empty)
     assert cycle.verdict is Verdict.ADMITTED and cycle.deadline_ns == frame + 390 * NS_PER_MS
-    within_margin = Horizon(end_ns=clock.after(5), span_ns=400 * NS_PER_MS)  # runs out within the 10 ms margin
+    within_margin = Horizon(end_ns=clock.after(5), last_ns=400 * NS_PER_MS)  # runs out within the 10 ms margin
     assert gate.start_cycle(frame, within_margin).deadline_ns == frame + 390 * NS_PER_MS
-    too_short = Horizon(end_ns=None, span_ns=200 * NS_PER_MS)  # its chunk would be past before it is ready
+    too_short = Horizon(end_ns=None, last_ns=200 * NS_PER_MS)  # its chunk would be past before it is ready
     assert gate.start_cycle(frame, too_short).verdict is Verdict.REFUSED
     assert gate.start_cycle(clock.after(-400), empty).verdict is Verdict.STALE
     assert gate.snapshot().horizon.empty == 4 and gate.snapshot().horizon.left_ms is None
@@ -417,7 +418,7 @@ def test_with_nothing_held_the_new_chunks_own_end_is_the_deadline():
 def test_the_first_cycles_are_warm_up_cycles_on_the_horizon_too():
     """No estimate yet: admitted unless the deadline has passed, and the reasoner never waits."""
     gate, clock = make_gate(warmup=3)
-    held = Horizon(end_ns=clock.after(100), span_ns=533 * NS_PER_MS)
+    held = Horizon(end_ns=clock.after(100), last_ns=500 * NS_PER_MS)
     assert gate.start_at_ns(held) == clock()
     assert gate.start_cycle(clock(), held).verdict is Verdict.WARMUP
     assert gate.snapshot().horizon.predicted_ms is None and gate.snapshot().horizon.slack_ms is None
@@ -425,6 +426,6 @@ def test_the_first_cycles_are_warm_up_cycles_on_the_horizon_too():
 
 def test_the_horizon_margin_is_live():
     gate, clock = cycle_trained(250.0)
-    held = Horizon(end_ns=clock.after(300), span_ns=533 * NS_PER_MS)
+    held = Horizon(end_ns=clock.after(300), last_ns=500 * NS_PER_MS)
     gate.configure(knobs(warmup=1, horizon_margin_ms=60.0))
     assert gate.start_cycle(clock(), held).verdict is Verdict.REFUSED  # 300 - 60 < 250

@@ -70,13 +70,13 @@ def test_refusals_over_the_window_turn_warn_then_error_and_say_why():
 def test_with_chunks_a_refusal_is_explained_against_the_horizon_not_deadline_ms():
     gate = _gate(predicted_ms=250.0)
     now = gate.now_ns()
-    assert not gate.start_cycle(now, Horizon(end_ns=now + 200 * MS, span_ns=533 * MS))
+    assert not gate.start_cycle(now, Horizon(end_ns=now + 200 * MS, last_ns=500 * MS))
     judge = health()
     judge.record("refused", now)
     message = judge.judge(now, gate.snapshot()).message
     assert "predicted cycle 250.0 ms" in message and "against the chunk's end (200.0 ms left" in message
     assert "10 ms margin" in message and "33 ms" not in message
-    assert gate.start_cycle(now, Horizon(end_ns=None, span_ns=533 * MS))
+    assert gate.start_cycle(now, Horizon(end_ns=None, last_ns=500 * MS))
     assert "the new chunk's own end" in judge.judge(now, gate.snapshot()).message
 
 

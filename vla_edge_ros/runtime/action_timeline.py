@@ -289,13 +289,13 @@ class ActionTimeline:
         executed part ends s periods after its observation, and it is the newest, so nothing held ends later."""
         if resolve_execution(knobs.execution, chunk_rows) == "sync":
             return None
-        span = usable_rows(chunk_rows, knobs.execution_horizon) * period_ns
+        last = (usable_rows(chunk_rows, knobs.execution_horizon) - 1) * period_ns
         if newest is None:  # none handed over yet, or withdrawn: the timeline stops at its next tick
-            return Horizon(None, span)
+            return Horizon(None, last)
         if newest is not self._seen:
             return Horizon(newest.obs_ns + usable_rows(newest.chunk.shape[0], knobs.execution_horizon) * period_ns,
-                           span)
-        return Horizon(self._end_ns(knobs), span)
+                           last)
+        return Horizon(self._end_ns(knobs), last)
 
     def figures(self, now_ns: int, knobs: OutputKnobs) -> dict[str, object]:
         """The timeline's state and counters as plain values (diagnostics, the status line, summaries)."""

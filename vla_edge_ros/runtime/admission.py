@@ -72,9 +72,9 @@ its commands end, and how long a new chunk's executed part lasts) to ``start_cyc
   when the robot acts on it (RTC starts an inference once s actions have run, LeRobot's async client when
   its queue falls below a fraction of the chunk; here the trigger is the predicted latency itself);
 - with nothing held (before the first chunk, after starvation, or within m of the end), the deadline is the
-  end of the new chunk's own executed part (its frame's receive time + s control periods, minus m): the robot
-  is stopping or stopped, any chunk ready before its own actions are past is better than that, and one
-  ready later would be rejected as late. The first cycles are warm-up cycles as for any kind (admitted unless
+  start of the new chunk's own last executed action (its frame's receive time + (s - 1) control periods),
+  minus m: the robot is stopping or stopped, and a chunk ready by then still has an action for the next
+  tick, which beats the stop; one ready later would find all its actions past and be rejected as late. The first cycles are warm-up cycles as for any kind (admitted unless
   that deadline has passed), so the first chunk is admitted whatever the model costs, as today.
 
 Without a horizon (H = 1, or ``sync``) nothing of this applies: the deadline is ``deadline_ms`` after the
@@ -131,7 +131,7 @@ class Horizon:
     """What the action timeline will execute, for a gate that plans on it (see the module doc)."""
 
     end_ns: int | None  # when the commands it holds run out with no new chunk; None: it holds none
-    span_ns: int  # how long a new chunk's executed part lasts from its observation's time (s control periods)
+    last_ns: int  # from a new chunk's observation to its last executed action: (s - 1) control periods
 
 
 @dataclass(frozen=True)
@@ -375,7 +375,7 @@ class AdmissionGate:
         if end is None or end - self._margin_ns < now:
             stats.deadline, stats.empty = "own", stats.empty + 1
             stats.left_ms = stats.slack_ms = None
-            return received_ns + horizon.span_ns - self._margin_ns
+            return received_ns + horizon.last_ns - self._margin_ns
         stats.deadline, stats.planned = "held", stats.planned + 1
         stats.left_ms = (end - now) / NS_PER_MS
         stats.slack_ms = None if predicted is None else (end - now - self._margin_ns - predicted) / NS_PER_MS
