@@ -17,7 +17,7 @@ from vla_edge_ros.model.init_model import preset
 from vla_edge_ros.model.vision import resize_frame
 from vla_edge_ros.train.demos import perception_samples, record_demo, sample_frames
 from vla_edge_ros.train.rollouts import aura_rollouts
-from vla_edge_ros.train.spec import DEFAULT_PROMPT, AuraSpec, DmsSpec, EpisodeStageSpec, StageSpec, TrainSpec
+from vla_edge_ros.train.spec import AuraSpec, DmsSpec, EpisodeStageSpec, StageSpec, TrainSpec
 from vla_edge_ros.train.stages import (
     aura_actions,
     aura_batches,
@@ -31,6 +31,7 @@ from vla_edge_ros.train.stages import (
 )
 from vla_edge_ros.train.torch_model import DmsMask, VlaModel
 from vla_edge_ros.train.trainer import export, load_weights, train
+from vla_edge_ros.train.wording import DEFAULT_PROMPT, FIXED
 from vla_edge_ros.worlds.sim.world import CueReachEnv, TaskSpec
 
 pytestmark = pytest.mark.train
@@ -66,15 +67,16 @@ def engine_for(model: VlaModel, tmp_path, policy, capacity: int = 1024) -> VlaEn
     return engine
 
 
-def torch_frames(demo, count: int) -> torch.Tensor:
-    return torch.from_numpy(demo.frames[None, :count])
+def first_frames(demo, count: int):
+    """A batch of one sequence: the first ``count`` frames of ``demo``."""
+    return make_batch([demo], [np.arange(count)])
 
 
 def test_the_torch_model_is_the_engine_frame_by_frame(tmp_path, demo):
     model = random_model(0)
     frames = 12
     with torch.no_grad():
-        expected, _ = sequence_actions(model, torch.tensor(PROMPT), torch_frames(demo, frames))
+        expected, _ = sequence_actions(model, first_frames(demo, frames))
     engine = engine_for(model, tmp_path, FifoPolicy())
     actions = np.stack([engine.step(demo.frames[i]).action for i in range(frames)])
     assert np.abs(expected[0].numpy()).max() > 0.05  # the comparison is not between two near-zero outputs
@@ -89,7 +91,7 @@ def test_aura_training_forward_makes_the_policys_writes_and_actions(tmp_path, de
         model.aura.gate.weight.normal_(0.0, 1.0)
         model.aura.gate.bias.fill_(0.0)
         model.aura.out_proj.weight.normal_(0.0, 0.5)
-        expected, writes = aura_actions(model, torch.tensor(PROMPT), torch_frames(demo, frames), 0.5)
+        expected, writes = aura_actions(model, first_frames(demo, frames), 0.5)
     policy = make_policy("aura", {"kv.aura.beta": 0.5, "kv.aura.use_learned_gate": True})
     engine = engine_for(model, tmp_path, policy)
     actions, written = [], []
@@ -105,11 +107,10 @@ def test_aura_training_forward_makes_the_policys_writes_and_actions(tmp_path, de
 def test_dms_training_mask_is_the_policys_delayed_eviction(tmp_path, demo):
     model = random_model(2)
     frames, window = 10, 32
-    prompt = torch.tensor(PROMPT)
     mask = DmsMask.for_frames(len(PROMPT), frames, CONFIG.vision.tokens_per_frame, window)
     with torch.no_grad():
-        expected, keeps = sequence_actions(model, prompt, torch_frames(demo, frames), mask)
-        full, _ = sequence_actions(model, prompt, torch_frames(demo, frames))
+        expected, keeps = sequence_actions(model, first_frames(demo, frames), mask)
+        full, _ = sequence_actions(model, first_frames(demo, frames))
     kept = torch.stack(keeps)[:, 0, len(PROMPT):] > 0.5
     assert kept.any() and not kept.all()  # the gates both kept and evicted
     policy = make_policy("dms", {"kv.dms.window": window, "kv.dms.use_learned_gate": True, "kv.dms.target_ratio": 0.0,
@@ -138,12 +139,16 @@ def test_sampled_frames_keep_order_and_the_start_when_they_keep_the_cue(demo):
 
 
 def test_perception_views_are_labelled_with_the_expert_where_the_robot_stands():
-    frames, commands, where = perception_samples(seed=11, image_size=64, count=5)
+    views = perception_samples(seed=11, image_size=64, count=5)
+    frames, commands, where = views.frames, views.commands, views.where
     assert frames.shape == (5, 64, 64, 3) and commands.shape == (5, 2) and where.shape == (5, 4)
+    assert views.prompt == DEFAULT_PROMPT
     env = CueReachEnv(TaskSpec(name="reach"), 11)
     assert np.allclose(where[:, 2:], env.targets[env.goal])  # one layout, one goal
-    for frame, command, place in zip(frames, commands, where):
-        view = env.place_robot(place[:2])
+    for frame, command, place, state in zip(frames, commands, where, views.states):
+        view = env.place_robot(place[:2], state[3:5])
+        np.testing.assert_array_equal(state, env.odometry())  # where it stands, at the velocity it was given
+        assert np.abs(state[3:5]).max() <= env.spec.max_speed
         np.testing.assert_allclose(command, env.expert_command(), atol=1e-6)
         assert np.abs(frame.astype(int) - resize_frame(view, 64).astype(int)).mean() < 10  # same scene, own noise
     assert len({tuple(np.round(p[:2], 3)) for p in where}) == 5
@@ -155,7 +160,7 @@ def test_behaviour_cloning_fits_a_few_demonstrations(demo):
         for name, param in model.named_parameters():  # from HF's init, as training starts
             param.normal_(0.0, 0.02) if not name.endswith("norm.weight") else param.fill_(1.0)
     losses: list[float] = []
-    behaviour_cloning(model, [demo, demo], torch.tensor(PROMPT), EpisodeStageSpec(steps=40, batch=2, lr=3e-3),
+    behaviour_cloning(model, [demo, demo], EpisodeStageSpec(steps=40, batch=2, lr=3e-3),
                       np.random.default_rng(0), lambda step, figures: losses.append(figures["action"]))
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
 
@@ -176,7 +181,7 @@ def test_the_aura_stage_trains_the_decoder_only_when_asked(demo):
         model = random_model(1)
         before = {name: param.detach().clone() for name, param in model.named_parameters()}
         spec = AuraSpec(2, 2, 1e-2, max_frames=12, train_decoder=train_decoder, bc_batch=2)
-        train_aura(model, demos, torch.tensor(PROMPT), spec, np.random.default_rng(0), lambda *_: None)
+        train_aura(model, demos, FIXED, spec, np.random.default_rng(0), lambda *_: None)
         moved = {name for name, param in model.named_parameters() if not torch.equal(param, before[name])}
         aura = {name for name in before if name.startswith("aura.")}
         assert moved & aura
@@ -235,7 +240,7 @@ def test_cue_write_training_writes_the_labels_then_the_gate_learns_them(demo):
     rows: list[dict[str, float]] = []
     spec = AuraSpec(10, 2, 3e-2, max_frames=10, train_decoder=True, bc_batch=0, decoder_lr=1e-3, cue_writes=True,
                     forced_fraction=0.7, label_weight=1.0, memory_goal=1.0, memory_warmup=2)
-    train_aura(model, demos, torch.tensor(PROMPT), spec, np.random.default_rng(0),
+    train_aura(model, demos, FIXED, spec, np.random.default_rng(0),
                lambda step, figures: rows.append(figures))
     warmup, rows = rows[:2], rows[2:]
     assert all(set(r) == {"loss", "memory_goal"} for r in warmup)  # the memory alone first, no decoder pass
@@ -259,7 +264,7 @@ def test_the_memory_warm_up_writes_the_cue_and_learns_where_it_was(demo):
     encoder_before = next(model.vision.parameters()).detach().clone()
     rows: list[dict[str, float]] = []
     spec = AuraSpec(0, 2, 1e-2, max_frames=10, train_decoder=True, cue_writes=True, memory_goal=1.0, memory_warmup=120)
-    train_aura(model, demos, torch.tensor(PROMPT), spec, np.random.default_rng(1),
+    train_aura(model, demos, FIXED, spec, np.random.default_rng(1),
                lambda step, figures: rows.append(figures))
     assert len(rows) == 120 and all(set(r) == {"loss", "memory_goal"} for r in rows)
     assert np.mean([r["memory_goal"] for r in rows[-10:]]) < 0.3 * np.mean([r["memory_goal"] for r in rows[:10]])
@@ -328,7 +333,7 @@ def test_a_rollout_is_the_aura_policy_driving_the_robot_labelled_by_the_expert(t
         model.aura.gate.weight.normal_(0.0, 1.0)
         model.aura.out_proj.weight.normal_(0.0, 0.5)
     task = TaskSpec(name="cue-reach", hold_s=0.1)
-    [episode] = aura_rollouts(model, torch.tensor(PROMPT), [task], [21], 0.5, max_frames=24)
+    [episode] = aura_rollouts(model, FIXED, [task], [21], 0.5, max_frames=24)
     assert len(episode.frames) == len(episode.commands) == len(episode.where) == 24 and not episode.success
     assert episode.cue_frames == task.frames(task.cue_s)
     policy = make_policy("aura", {"kv.aura.beta": 0.5, "kv.aura.use_learned_gate": True})
@@ -360,7 +365,7 @@ def test_dagger_fills_half_of_each_aura_batch_with_the_policys_own_episodes(monk
     monkeypatch.setattr(stages, "aura_rollouts", rollouts)
     spec = AuraSpec(4, 2, 1e-3, max_frames=10, dagger_episodes=2, dagger_rounds=2)
     model = random_model(3)
-    made = list(aura_batches(model, [demo], torch.tensor(PROMPT), spec, np.random.default_rng(0)))
+    made = list(aura_batches(model, [demo], FIXED, spec, np.random.default_rng(0)))
     assert len(made) == 4 and len(collected) == 2 and all(len(round_) == 2 for round_ in collected)
     for step, batch in enumerate(made):
         pool = [episode for round_ in collected[:1 + step // 2] for episode in round_]
@@ -369,3 +374,79 @@ def test_dagger_fills_half_of_each_aura_batch_with_the_policys_own_episodes(monk
         assert any(np.array_equal(own, episode.frames) for episode in pool)
     with pytest.raises(ValueError, match="half a batch of 8"):  # refused with the spec, before any demonstration
         AuraSpec(500, 8, 3e-3, dagger_episodes=3)
+
+
+TEMPLATES = ("head for the {color} marker, then stop right on it", "{color} one")
+
+
+@pytest.fixture(scope="module")
+def worded(tmp_path_factory):
+    """A model that reads its instruction and the robot's odometry, its tokenizer, and a lang-reach and a reach
+    demonstration worded by it (prompts of different lengths: the batch pads one)."""
+    from vla_edge_ros.model.instruction import InstructionTokenizer
+    from vla_edge_ros.model.tokenizer_files import write_tokenizer
+    from vla_edge_ros.train.demos import odometry_statistics
+    from vla_edge_ros.train.wording import Wording, corpus
+
+    config = replace(CONFIG, state=odometry_statistics(TaskSpec()))
+    directory = tmp_path_factory.mktemp("worded")
+    write_tokenizer(directory, corpus(TEMPLATES), config.vocab_size)
+    wording = Wording(TEMPLATES, DEFAULT_PROMPT, InstructionTokenizer.load(directory, config.vocab_size))
+    demos = [record_demo(TaskSpec(name=name), seed=seed, image_size=config.vision.image_size, wording=wording)
+             for name, seed in (("lang-reach", 8), ("reach", 10))]
+    torch.manual_seed(0)
+    model = VlaModel(config, 32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.uniform_(0.8, 1.2) if name.endswith("norm.weight") else param.normal_(0.0, 0.08)
+        for layer in model.model.layers:
+            layer.self_attn.dms_gate.bias.fill_(0.0)
+        model.aura.gate.weight.normal_(0.0, 1.0)
+        model.aura.out_proj.weight.normal_(0.0, 0.5)
+    export(model, config, directory, TrainSpec(dtype="float32"))
+    return model, directory, demos
+
+
+@pytest.mark.parametrize("policy_name", ["fifo", "aura", "dms"])
+def test_a_model_that_reads_words_and_state_is_the_engine_in_a_padded_batch(worded, policy_name):
+    """Each row of a batch whose prompts differ in length (positions continue after each one's own prompt, no
+    query reads a pad) is what the engine computes for that prompt and those odometry states alone."""
+    model, directory, demos = worded
+    frames, window = 10, 24
+    lengths = [len(demo.prompt) for demo in demos]
+    assert lengths[0] != lengths[1] and demos[0].prompt != DEFAULT_PROMPT
+    assert np.abs(demos[0].states[1:, 3:5]).max() > 0  # the robot moved: velocities are in the states
+    batch = make_batch(demos, [np.arange(frames)] * 2)
+    knobs = {"kv.aura.beta": 0.5, "kv.aura.use_learned_gate": True, "kv.dms.window": window,
+             "kv.dms.use_learned_gate": True, "kv.dms.target_ratio": 0.0, "kv.dms.threshold": 0.0}
+    with torch.no_grad():
+        if policy_name == "aura":
+            expected, _ = aura_actions(model, batch, 0.5)
+        else:
+            mask = (DmsMask.for_frames(batch.prompts.width, frames, model.c.observation_tokens, window)
+                    if policy_name == "dms" else None)
+            expected, _ = sequence_actions(model, batch, mask)
+    for row, demo in enumerate(demos):
+        engine = VlaEngine(load_checkpoint(directory), backend="numpy", kv_capacity_tokens=1024,
+                           policy=make_policy(policy_name, knobs))
+        engine.set_prompt(list(demo.prompt))
+        actions = np.stack([engine.step(demo.frames[i], state=demo.states[i]).action for i in range(frames)])
+        np.testing.assert_allclose(actions.reshape(frames, -1), expected[row].numpy(), atol=3e-5)
+    assert not torch.allclose(expected[0], expected[1], atol=1e-3)
+
+
+def test_a_phase_that_starts_reading_the_state_keeps_everything_else(tmp_path, worded):
+    """From a checkpoint without a state token: the decoder loads, the state projection and the aura memory (its
+    query widened by the state token) start afresh; a checkpoint of another shape is still refused."""
+    export(random_model(0), CONFIG, tmp_path / "plain", TrainSpec(dtype="float32"))
+    model, _, _ = worded
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    load_weights(model, tmp_path / "plain")
+    plain = load_checkpoint(tmp_path / "plain")
+    np.testing.assert_array_equal(model.action_head.weight.detach().numpy(), plain.float32("action_head.weight"))
+    for name, param in model.named_parameters():
+        if name.startswith(("state_proj.", "aura.")):
+            assert torch.equal(param, before[name]), name
+    with torch.no_grad():  # the module fixture's model is shared: give it its weights back
+        for name, param in model.named_parameters():
+            param.copy_(before[name])

@@ -38,7 +38,7 @@ NOT_REPRODUCIBLE = {
     "aura_scored_frames": 16,  # the aura action loss on 16 frames of each episode; today's scores every frame
 }
 # today's knobs that a flat spec predates: off, as they were
-PREDATED = {"aura.dagger_episodes": 0, "aura.dagger_rounds": 4}
+PREDATED = {"aura.dagger_episodes": 0, "aura.dagger_rounds": 4, "instructions": [], "state": False}
 
 
 def dotted(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

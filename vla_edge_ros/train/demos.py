@@ -23,8 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..model.config import StateConfig
 from ..model.vision import resize_frame
-from ..worlds.sim.world import CueReachEnv, TaskSpec
+from ..worlds.sim.world import ODOMETRY, CueReachEnv, TaskSpec
+from .wording import FIXED, Wording
 
 NOISE_SIGMA = 0.3       # stationary std of the OU command noise, per component
 NOISE_THETA = 0.2       # OU mean reversion per step (~5 steps of correlation at 30 Hz)
@@ -44,6 +46,8 @@ class Demo:
     where: np.ndarray      # [F, 4] float32: robot (x, y) and goal (x, y) in world units, privileged
     cue_frames: int        # leading frames that show the cue (every frame in reach)
     success: bool
+    states: np.ndarray     # [F, 6] float32: the robot's odometry at each frame (``CueReachEnv.odometry``)
+    prompt: tuple[int, ...]  # the ids every sequence of the episode starts with (``wording.py``)
 
 
 def excursion(rng: np.random.Generator, release: int) -> tuple[range, np.ndarray]:
@@ -56,21 +60,24 @@ def excursion(rng: np.random.Generator, release: int) -> tuple[range, np.ndarray
     return range(start, start + int(rng.integers(EXCURSION_FRAMES[0], EXCURSION_FRAMES[1] + 1))), direction
 
 
-def record_demo(spec: TaskSpec, seed: int, image_size: int, noise_sigma: float = NOISE_SIGMA) -> Demo:
-    """Run one expert episode with command noise and maybe an excursion; stop at success or after
-    ``DEMO_FRAMES`` frames."""
+def record_demo(spec: TaskSpec, seed: int, image_size: int, wording: Wording = FIXED,
+                noise_sigma: float = NOISE_SIGMA) -> Demo:
+    """Run one expert episode with command noise and maybe an excursion, worded by ``wording``; stop at
+    success or after ``DEMO_FRAMES`` frames."""
     env = CueReachEnv(spec, seed)
     rng = np.random.default_rng([seed, 1])
     detour, direction = excursion(rng, spec.release_frames)
+    prompt = wording.prompt(wording.instruction(env, np.random.default_rng([seed, 3])))
     frame = env.reset()
     noise = np.zeros(2)
-    frames, commands, where = [], [], []
+    frames, commands, where, states = [], [], [], []
     success = False
     for step in range(max(DEMO_FRAMES, spec.release_frames + 1)):
         frames.append(resize_frame(frame, image_size))
         command = env.expert_command()
         commands.append(command)
         where.append(np.concatenate([env.robot, env.targets[env.goal]]))
+        states.append(env.odometry())
         noise += -NOISE_THETA * noise + noise_sigma * np.sqrt(2 * NOISE_THETA) * rng.standard_normal(2)
         outcome = env.step(direction if step in detour else command + noise)
         frame = outcome.frame
@@ -78,7 +85,15 @@ def record_demo(spec: TaskSpec, seed: int, image_size: int, noise_sigma: float =
             success = outcome.success
             break
     return Demo(spec.name, np.stack(frames), np.asarray(commands, np.float32), np.asarray(where, np.float32),
-                cue_frames(spec, len(frames)), success)
+                cue_frames(spec, len(frames)), success, np.stack(states), prompt)
+
+
+def odometry_statistics(spec: TaskSpec) -> StateConfig:
+    """``vla.state``'s normalisation of the world's odometry, from its geometry: a position uniform on [0, 1],
+    each velocity component uniform within +-max_speed, heading and turn rate always 0 (left at mean 0, std 1)."""
+    speed = float(spec.max_speed / np.sqrt(3.0))
+    half = float(np.sqrt(1 / 12))
+    return StateConfig(len(ODOMETRY), (0.5, 0.5, 0.0, 0.0, 0.0, 0.0), (half, half, 1.0, speed, speed, 1.0))
 
 
 def cue_frames(spec: TaskSpec, count: int) -> int:
@@ -86,27 +101,46 @@ def cue_frames(spec: TaskSpec, count: int) -> int:
     return spec.frames(spec.cue_s) if spec.name == "cue-reach" else count
 
 
-def record_demos(specs: list[TaskSpec], episodes: int, seed: int, image_size: int) -> list[Demo]:
+def record_demos(specs: list[TaskSpec], episodes: int, seed: int, image_size: int, wording: Wording = FIXED
+                 ) -> list[Demo]:
     """``episodes`` demonstrations, tasks alternating, episode seeds disjoint from evaluation's (which
     start at 0): ``seed * 1_000_003 + 10**6 + i``."""
-    return [record_demo(specs[i % len(specs)], seed * 1_000_003 + 10**6 + i, image_size) for i in range(episodes)]
+    return [record_demo(specs[i % len(specs)], seed * 1_000_003 + 10**6 + i, image_size, wording)
+            for i in range(episodes)]
 
 
-def perception_samples(seed: int, image_size: int, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``count`` frames of one fresh ``reach`` layout that show what to do (the goal marked, the robot
-    anywhere), [count, S, S, 3], the expert's command for each, [count, 2], and where the robot and
-    the goal are, [count, 4] (as ``Demo.where``): endless layouts, so
-    the encoder learns where things are, not which floor it saw (several views per layout because
-    building a layout costs ~5x rendering a view). The robot may stand anywhere the world lets it, up
-    against a wall too (half of it out of view), where an overshoot leaves it."""
-    env = CueReachEnv(TaskSpec(name="reach"), seed)
-    positions = np.random.default_rng([seed, 2]).uniform(0.0, 1.0, size=(count, 2))
-    frames, commands = [], []
-    for position in positions:
-        frames.append(resize_frame(env.place_robot(position), image_size))
+@dataclass(frozen=True)
+class Views:
+    """Single frames of one layout that show what to do, as ``perception_samples`` makes them."""
+
+    frames: np.ndarray    # [count, S, S, 3] uint8
+    commands: np.ndarray  # [count, 2] the expert's command for each
+    where: np.ndarray     # [count, 4] robot and goal position, as ``Demo.where``
+    states: np.ndarray    # [count, 6] odometry: where the robot stands, and a velocity it might have
+    prompt: tuple[int, ...]
+
+
+def perception_samples(seed: int, image_size: int, count: int, task: str = "reach", wording: Wording = FIXED
+                       ) -> Views:
+    """``count`` views of one fresh layout of ``task`` (``reach``: the goal marked; ``lang-reach``: the
+    instruction names it), the robot anywhere: endless layouts, so the encoder learns where things are, not
+    which floor it saw (several views per layout because building a layout costs ~5x rendering a view). The
+    robot may stand anywhere the world lets it, up against a wall too (half of it out of view), where an
+    overshoot leaves it; its velocity is drawn within the world's speed (the expert's command does not
+    depend on it, so the model learns not to steer by it)."""
+    env = CueReachEnv(TaskSpec(name=task), seed)
+    rng = np.random.default_rng([seed, 2])
+    positions = rng.uniform(0.0, 1.0, size=(count, 2))
+    velocities = rng.uniform(-1.0, 1.0, size=(count, 2)) * env.spec.max_speed
+    prompt = wording.prompt(wording.instruction(env, np.random.default_rng([seed, 3])))
+    frames, commands, states = [], [], []
+    for position, velocity in zip(positions, velocities):
+        frames.append(resize_frame(env.place_robot(position, velocity), image_size))
         commands.append(env.expert_command())
+        states.append(env.odometry())
     where = np.concatenate([positions, np.broadcast_to(env.targets[env.goal], positions.shape)], axis=1)
-    return np.stack(frames), np.asarray(commands, np.float32), where.astype(np.float32)
+    return Views(np.stack(frames), np.asarray(commands, np.float32), where.astype(np.float32), np.stack(states),
+                 prompt)
 
 
 def sample_frames(demo: Demo, rng: np.random.Generator, max_frames: int) -> np.ndarray:

@@ -20,7 +20,8 @@ import torch
 from ..model.vision import resize_frame
 from ..worlds.sim.world import CueReachEnv, TaskSpec
 from .demos import Demo, cue_frames
-from .torch_model import FastWeightState, VlaModel
+from .torch_model import FastWeightState, Prompts, VlaModel
+from .wording import Wording
 
 
 class AuraPass(NamedTuple):
@@ -30,35 +31,40 @@ class AuraPass(NamedTuple):
     memory: torch.Tensor   # [B, (F,) H] the memory token each frame read
 
 
-def aura_frame(model: VlaModel, prompt: torch.Tensor, state: FastWeightState, tokens: torch.Tensor, beta: float,
-               forced: torch.Tensor | None = None) -> tuple[FastWeightState, AuraPass]:
-    """One frame of the aura policy for a batch: prompt embeddings [B, P, H] and the frame's encoder tokens
-    [B, T, H] -> (the fast weights after its write, its ``AuraPass`` row); ``forced`` [B] replaces the
-    gate's decisions where given."""
+def aura_frame(model: VlaModel, prompt: torch.Tensor, prompts: Prompts, state: FastWeightState, tokens: torch.Tensor,
+               beta: float, forced: torch.Tensor | None = None) -> tuple[FastWeightState, AuraPass]:
+    """One observation of the aura policy for a batch: the embeddings [B, P, H] of ``prompts`` and the
+    observation's tokens [B, T, H] -> (the fast weights after its write, its ``AuraPass`` row); ``forced`` [B]
+    replaces the gate's decisions where given."""
     read = model.aura.read(state, tokens)
-    out, _ = model.model(torch.cat([prompt, read[:, None], tokens], dim=1))
+    out, _ = model.model(torch.cat([prompt, read[:, None], tokens], dim=1), prompts=prompts)
     state, write, logit = model.aura.write(state, out[:, -1], beta, forced)
     return state, AuraPass(out[:, -1], write, logit, read)
 
 
-def aura_rollouts(model: VlaModel, prompt_ids: torch.Tensor, tasks: list[TaskSpec], seeds: list[int], beta: float,
+def aura_rollouts(model: VlaModel, wording: Wording, tasks: list[TaskSpec], seeds: list[int], beta: float,
                   max_frames: int) -> list[Demo]:
-    """One episode per seed (tasks alternating), all run in one batch: the aura policy's command, clipped
-    to the robot's [-1, 1], drives the robot; each frame is recorded with the expert's command for it.
-    An episode ends at success or after ``max_frames`` frames."""
+    """One episode per seed (tasks alternating, worded by ``wording`` as a demonstration of that seed is),
+    all run in one batch: the aura policy's command, clipped to the robot's [-1, 1], drives the robot; each
+    frame is recorded with the expert's command for it. An episode ends at success or after ``max_frames``
+    frames."""
     size = model.c.vision.image_size
     envs = [CueReachEnv(tasks[i % len(tasks)], seed) for i, seed in enumerate(seeds)]
+    said = [wording.prompt(wording.instruction(env, np.random.default_rng([seed, 3]))) for env, seed in zip(envs, seeds)]
     frames = [[resize_frame(env.reset(), size)] for env in envs]
+    states = [[env.odometry()] for env in envs]
     labels: list[list[np.ndarray]] = [[] for _ in envs]
     where: list[list[np.ndarray]] = [[] for _ in envs]
     success = [False] * len(envs)
     running = np.ones(len(envs), bool)
     with torch.no_grad():
-        prompt = model.prompt_embeddings(prompt_ids).expand(len(envs), -1, -1)
+        prompts = Prompts.of(said)
+        prompt = model.prompt_embeddings(prompts.ids)
         state = model.aura.empty(len(envs))
         for _ in range(max_frames):
-            pixels = torch.from_numpy(np.stack([episode[-1] for episode in frames]))[:, None]
-            state, step = aura_frame(model, prompt, state, model.vision(pixels)[:, 0], beta)
+            pixels = torch.from_numpy(np.stack([episode[-1] for episode in frames]))
+            odometry = torch.from_numpy(np.stack([episode[-1] for episode in states]))
+            state, step = aura_frame(model, prompt, prompts, state, model.observation_tokens(pixels, odometry), beta)
             commands = np.clip(model.actions(step.hidden).numpy().astype(np.float64), -1.0, 1.0)
             for i in np.flatnonzero(running):
                 env = envs[i]
@@ -69,8 +75,10 @@ def aura_rollouts(model: VlaModel, prompt_ids: torch.Tensor, tasks: list[TaskSpe
                 running[i] = not outcome.done and len(frames[i]) < max_frames
                 if running[i]:
                     frames[i].append(resize_frame(outcome.frame, size))
+                    states[i].append(env.odometry())
             if not running.any():
                 break
     return [Demo(env.spec.name, np.stack(frames[i]), np.asarray(labels[i], np.float32),
-                 np.asarray(where[i], np.float32), cue_frames(env.spec, len(frames[i])), success[i])
+                 np.asarray(where[i], np.float32), cue_frames(env.spec, len(frames[i])), success[i],
+                 np.stack(states[i]), said[i])
             for i, env in enumerate(envs)]

@@ -12,16 +12,14 @@ from dataclasses import MISSING, dataclass, field, replace
 from typing import Any
 
 from ..model.init_model import PRESETS, STORAGE_DTYPES
+from .wording import DEFAULT_PROMPT
 
 STAGES = ("perception", "bc", "aura", "dms")  # in the order they run
-DEFAULT_PROMPT = (151, 9, 402, 77, 1030, 12)  # the default config's instruction tokens
 # training drives the simulator's 2-D velocity: a preset with a linear head of 2 degrees of freedom
 TRAINABLE_PRESETS = tuple(name for name, config in PRESETS.items()
                           if config.action.head == "linear" and config.action.dof == 2)
 
-# The tasks the trainer has demonstrations for: lang-reach needs a sequence's instruction to vary with its goal,
-# which the trainer does not do yet, so a recipe that names it is refused rather than trained blind.
-DEMONSTRATED_TASKS = ("reach", "cue-reach")
+DEMONSTRATED_TASKS = ("reach", "cue-reach", "lang-reach")  # the scripted expert demonstrates each
 
 
 def knob(doc: str, default: Any = MISSING, *, minimum: float | None = None, maximum: float | None = None,
@@ -112,6 +110,11 @@ class TrainSpec:
     dtype: str = knob("storage dtype of model.safetensors", "bfloat16", choices=STORAGE_DTYPES)
     prompt_ids: tuple[int, ...] = knob("instruction tokens every sequence starts with", DEFAULT_PROMPT,
                                        minimum=0, maximum=1_000_000)
+    instructions: tuple[str, ...] = knob(
+        "instruction templates with {color} (train/wording.py): each episode's prompt is one of them, "
+        "chat-templated by the checkpoint's tokenizer (trained on them unless the phase starts from a checkpoint "
+        "with one), lang-reach's naming its goal; empty: every sequence starts with prompt_ids", ())
+    state: bool = knob("the model reads the robot's odometry as one token after each frame (vla.state)", False)
     tasks: tuple[str, ...] = knob("the demonstrations alternate between these tasks", ("reach", "cue-reach"),
                                   choices=DEMONSTRATED_TASKS)
     episodes: int = knob("scripted-expert demonstrations for bc, aura and dms", 1200, minimum=1, maximum=100_000)
@@ -135,6 +138,8 @@ class TrainSpec:
         if self.episodes < self.demo_batch:
             raise ValueError(f"episodes: {self.episodes} demonstrations cannot fill a batch of {self.demo_batch} "
                              f"distinct ones")
+        if "lang-reach" in self.tasks and not self.instructions:
+            raise ValueError("tasks: lang-reach is told its goal in words; give instructions (templates with {color})")
         if self.aura.fresh and "aura" not in self.stages:
             raise ValueError("aura.fresh needs the aura stage: a fresh memory must be trained")
 

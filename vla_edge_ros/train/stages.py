@@ -40,7 +40,8 @@ from ..worlds.sim.world import TaskSpec
 from .demos import Demo, perception_samples, sample_frames
 from .rollouts import AuraPass, aura_frame, aura_rollouts
 from .spec import AuraSpec, DmsSpec, EpisodeStageSpec, StageSpec
-from .torch_model import DmsMask, VlaModel, straight_through
+from .torch_model import DmsMask, Prompts, VlaModel, straight_through
+from .wording import Wording
 
 Progress = Callable[[int, dict[str, float]], None]
 T = TypeVar("T")
@@ -57,6 +58,8 @@ class Batch:
     where: torch.Tensor    # [B, F, 4] robot and goal position, mapped to [-1, 1]
     valid: torch.Tensor    # [B, F] bool
     cue: torch.Tensor      # [B, F] bool: the frame shows the goal's ring (``Demo.cue_frames``), privileged
+    states: torch.Tensor   # [B, F, 6] the robot's odometry at each frame (read by a model with a state token)
+    prompts: Prompts       # each sequence's instruction
 
 
 def make_batch(demos: list[Demo], picks: list[np.ndarray]) -> Batch:
@@ -68,14 +71,17 @@ def make_batch(demos: list[Demo], picks: list[np.ndarray]) -> Batch:
     where = np.zeros((len(demos), length, 4), np.float32)
     valid = np.zeros((len(demos), length), bool)
     cue = np.zeros((len(demos), length), bool)
+    states = np.zeros((len(demos), length, demos[0].states.shape[1]), np.float32)
     for row, (demo, pick) in enumerate(zip(demos, picks)):
         frames[row, :pick.size] = demo.frames[pick]
         labels[row, :pick.size] = demo.commands[pick]
         where[row, :pick.size] = demo.where[pick]
         valid[row, :pick.size] = True
         cue[row, :pick.size] = pick < demo.cue_frames
+        states[row, :pick.size] = demo.states[pick]
     return Batch(torch.from_numpy(frames), torch.from_numpy(labels), torch.from_numpy(2 * where - 1),
-                 torch.from_numpy(valid), torch.from_numpy(cue))
+                 torch.from_numpy(valid), torch.from_numpy(cue), torch.from_numpy(states),
+                 Prompts.of([demo.prompt for demo in demos]))
 
 
 def write_labels(batch: Batch) -> torch.Tensor:
@@ -103,23 +109,23 @@ def masked_mse(predicted: torch.Tensor, target: torch.Tensor, valid: torch.Tenso
     return ((predicted - target) ** 2).sum(-1)[valid].mean()
 
 
-def sequence_hidden(model: VlaModel, prompt_ids: torch.Tensor, frames: torch.Tensor,
-                    dms: DmsMask | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Final-norm hidden states [B, F, H] at each frame's last token of prompt + frames (where the
-    engine reads the action), and the dms gates' keep probabilities."""
-    batch, count = frames.shape[:2]
-    tokens = model.vision(frames).reshape(batch, -1, model.c.hidden_size)
-    prompt = model.prompt_embeddings(prompt_ids).expand(batch, -1, -1)
-    hidden, keeps = model.model(torch.cat([prompt, tokens], dim=1), dms)
-    per_frame = model.c.vision.tokens_per_frame
-    last = prompt_ids.numel() + per_frame * torch.arange(count) + per_frame - 1
+def sequence_hidden(model: VlaModel, batch: Batch, dms: DmsMask | None = None
+                    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Final-norm hidden states [B, F, H] at each observation's last token of prompt + observations (where
+    the engine reads the action), and the dms gates' keep probabilities."""
+    rows, count = batch.frames.shape[:2]
+    tokens = model.observation_tokens(batch.frames, batch.states).reshape(rows, -1, model.c.hidden_size)
+    prompt = model.prompt_embeddings(batch.prompts.ids)
+    hidden, keeps = model.model(torch.cat([prompt, tokens], dim=1), dms, batch.prompts)
+    per_frame = model.c.observation_tokens
+    last = batch.prompts.width + per_frame * torch.arange(count) + per_frame - 1
     return hidden[:, last], keeps
 
 
-def sequence_actions(model: VlaModel, prompt_ids: torch.Tensor, frames: torch.Tensor,
-                     dms: DmsMask | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def sequence_actions(model: VlaModel, batch: Batch, dms: DmsMask | None = None
+                     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Actions [B, F, dof] the engine would decode after each frame, and the dms keep probabilities."""
-    hidden, keeps = sequence_hidden(model, prompt_ids, frames, dms)
+    hidden, keeps = sequence_hidden(model, batch, dms)
     return model.actions(hidden), keeps
 
 
@@ -157,66 +163,74 @@ def _freeze(model: VlaModel, trainable: list[torch.nn.Parameter]) -> None:
         param.requires_grad_(id(param) in keep)
 
 
-def perception_batches(spec: StageSpec, rng: np.random.Generator, image_size: int) -> Iterator[Batch]:
-    """Single frames that show what to do, ``VIEWS_PER_LAYOUT`` from each fresh layout."""
+PERCEPTION_TASKS = {"reach": "reach", "cue-reach": "reach", "lang-reach": "lang-reach"}  # whose layouts show it
+
+
+def perception_batches(spec: StageSpec, rng: np.random.Generator, image_size: int, tasks: tuple[str, ...],
+                       wording: Wording) -> Iterator[Batch]:
+    """Single frames that show what to do, ``VIEWS_PER_LAYOUT`` from each fresh layout, the layouts' tasks
+    alternating over those that show it (``cue-reach``'s cue is ``reach``'s ring; ``lang-reach``'s goal
+    is in its instruction)."""
+    shown_by = tuple(dict.fromkeys(PERCEPTION_TASKS[task] for task in tasks))
     layouts = max(1, spec.batch // VIEWS_PER_LAYOUT)
     for _ in range(spec.steps):
-        samples = [perception_samples(int(seed), image_size, VIEWS_PER_LAYOUT)
-                   for seed in rng.integers(2**31, 2**62, size=layouts)]
-        frames, labels, where = (torch.from_numpy(np.concatenate(parts)[:, None]) for parts in zip(*samples))
+        views = [perception_samples(int(seed), image_size, VIEWS_PER_LAYOUT, shown_by[i % len(shown_by)], wording)
+                 for i, seed in enumerate(rng.integers(2**31, 2**62, size=layouts))]
+        frames, labels, where, states = (torch.from_numpy(np.concatenate(parts)[:, None]) for parts in
+                                         zip(*((v.frames, v.commands, v.where, v.states) for v in views)))
         shown = torch.ones(frames.shape[0], 1, dtype=torch.bool)
-        yield Batch(frames, labels, 2 * where - 1, shown, shown)
+        prompts = Prompts.of([view.prompt for view in views for _ in range(len(view.frames))])
+        yield Batch(frames, labels, 2 * where - 1, shown, shown, states, prompts)
 
 
-def perception(model: VlaModel, prompt_ids: torch.Tensor, spec: StageSpec, rng: np.random.Generator,
+def perception(model: VlaModel, spec: StageSpec, rng: np.random.Generator, tasks: tuple[str, ...], wording: Wording,
                progress: Progress) -> None:
-    _fit_actions(model, prompt_ids, spec, perception_batches(spec, rng, model.c.vision.image_size), progress)
+    _fit_actions(model, spec, perception_batches(spec, rng, model.c.vision.image_size, tasks, wording), progress)
 
 
-def _fit_actions(model: VlaModel, prompt_ids: torch.Tensor, spec: StageSpec, steps: Iterator[Batch],
-                 progress: Progress) -> None:
+def _fit_actions(model: VlaModel, spec: StageSpec, steps: Iterator[Batch], progress: Progress) -> None:
     """Decoder, encoder and head on the action error of every valid frame of ``steps``' batches, plus
     ``WHERE_WEIGHT`` x the error of ``where_head``'s robot and goal positions (see ``VlaModel``)."""
     params = model.decoder_parameters() + list(model.where_head.parameters())
     _freeze(model, params)
-    _fit(params, spec, steps, lambda batch: _action_loss(model, prompt_ids, batch), progress)
+    _fit(params, spec, steps, lambda batch: _action_loss(model, batch), progress)
 
 
-def _action_loss(model: VlaModel, prompt_ids: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+def _action_loss(model: VlaModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
     """Action error + ``WHERE_WEIGHT`` x position error of every valid frame of a frame-history batch."""
-    hidden, _ = sequence_hidden(model, prompt_ids, batch.frames)
+    hidden, _ = sequence_hidden(model, batch)
     action = masked_mse(model.actions(hidden), batch.labels, batch.valid)
     where = masked_mse(model.where_head(hidden), batch.where, batch.valid)
     return action + WHERE_WEIGHT * where, {"action": float(action.detach()), "where": float(where.detach())}
 
 
-def behaviour_cloning(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: EpisodeStageSpec,
-                      rng: np.random.Generator, progress: Progress) -> None:
-    _fit_actions(model, prompt_ids, spec, batches(demos, spec, rng, partial=True), progress)
+def behaviour_cloning(model: VlaModel, demos: list[Demo], spec: EpisodeStageSpec, rng: np.random.Generator,
+                      progress: Progress) -> None:
+    _fit_actions(model, spec, batches(demos, spec, rng, partial=True), progress)
 
 
-def aura_unroll(model: VlaModel, prompt_ids: torch.Tensor, frames: torch.Tensor, beta: float,
-                forced: torch.Tensor | None = None) -> AuraPass:
-    """Every frame of ``frames`` [B, F, S, S, 3] as the aura policy runs it, in order: the memory token read
-    before the frame, the decoder over prompt + memory token + frame, then the write from the frame's last
-    hidden state (``forced`` [B, F] replaces the gate's decisions where given). Later frames read what earlier
+def aura_unroll(model: VlaModel, batch: Batch, beta: float, forced: torch.Tensor | None = None) -> AuraPass:
+    """Every observation of ``batch`` as the aura policy runs it, in order: the memory token read before the
+    observation, the decoder over prompt + memory token + observation, then the write from its last hidden
+    state (``forced`` [B, F] replaces the gate's decisions where given). Later frames read what earlier
     forwards wrote, so the decoder is unrolled through time and the action error of a late frame reaches
     how frame 0 was understood."""
-    batch, count = frames.shape[:2]
-    tokens = model.vision(frames)  # [B, F, T, H]
-    prompt = model.prompt_embeddings(prompt_ids).expand(batch, -1, -1)
-    state = model.aura.empty(batch)
+    count = batch.frames.shape[1]
+    tokens = model.observation_tokens(batch.frames, batch.states)  # [B, F, T, H]
+    prompt = model.prompt_embeddings(batch.prompts.ids)
+    state = model.aura.empty(len(tokens))
     steps = []
     for f in range(count):
-        state, step = aura_frame(model, prompt, state, tokens[:, f], beta, None if forced is None else forced[:, f])
+        state, step = aura_frame(model, prompt, batch.prompts, state, tokens[:, f], beta,
+                                 None if forced is None else forced[:, f])
         steps.append(step)
     return AuraPass(*(torch.stack(parts, dim=1) for parts in zip(*steps)))
 
 
-def aura_actions(model: VlaModel, prompt_ids: torch.Tensor, frames: torch.Tensor, beta: float,
-                 forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def aura_actions(model: VlaModel, batch: Batch, beta: float, forced: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Actions [B, F, dof] of every frame as ``aura_unroll`` runs them, and the writes [B, F]."""
-    run = aura_unroll(model, prompt_ids, frames, beta, forced)
+    run = aura_unroll(model, batch, beta, forced)
     return model.actions(run.hidden), run.writes
 
 
@@ -245,14 +259,14 @@ def _label_loss(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor)
     return torch.stack(parts).mean()
 
 
-def _aura_loss(model: VlaModel, prompt_ids: torch.Tensor, batch: Batch, spec: AuraSpec, step: int, where: bool
+def _aura_loss(model: VlaModel, batch: Batch, spec: AuraSpec, step: int, where: bool
                ) -> tuple[torch.Tensor, dict[str, float]]:
     """The aura episodes' loss: action error on every valid frame (+ the position error when ``where``), the
     one-sided write-rate penalty, and the write-label BCE per ``write_forcing``. Figures: ``write_rate``
     counts the writes made (forced ones too); ``gate_rate`` and ``gate_recall`` are what the gate alone
     decides (of all frames, of the labelled ones)."""
     forced, label_weight = write_forcing(spec, step, spec.steps, batch)
-    hidden, writes, logits, memory = aura_unroll(model, prompt_ids, batch.frames, spec.beta, forced)
+    hidden, writes, logits, memory = aura_unroll(model, batch, spec.beta, forced)
     action = masked_mse(model.actions(hidden), batch.labels, batch.valid)
     rate = writes[batch.valid].mean()
     loss = action + spec.penalty * F.relu(rate - spec.rho)
@@ -277,8 +291,8 @@ def _aura_loss(model: VlaModel, prompt_ids: torch.Tensor, batch: Batch, spec: Au
     return loss, figures
 
 
-def aura_batches(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: AuraSpec,
-                 rng: np.random.Generator) -> Iterator[Batch]:
+def aura_batches(model: VlaModel, demos: list[Demo], wording: Wording, spec: AuraSpec, rng: np.random.Generator
+                 ) -> Iterator[Batch]:
     """The aura stage's whole episodes: demonstrations, or with ``spec.dagger_episodes`` half of each batch
     from the policy's own closed-loop episodes (``rollouts.aura_rollouts``: DAgger, aggregated over
     ``spec.dagger_rounds`` collections with the weights of the time, on fresh layouts). The rollouts'
@@ -293,13 +307,13 @@ def aura_batches(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, s
     for step in range(spec.steps):
         if step % every == 0 and step // every < spec.dagger_rounds:
             seeds = [int(seed) for seed in rng.integers(2**31, 2**62, size=spec.dagger_episodes)]
-            pool += aura_rollouts(model, prompt_ids, tasks, seeds, spec.beta, spec.max_frames)
+            pool += aura_rollouts(model, wording, tasks, seeds, spec.beta, spec.max_frames)
         chosen = [demos[i] for i in rng.choice(len(demos), size=spec.batch - own, replace=False)]
         chosen += [pool[i] for i in rng.choice(len(pool), size=own, replace=False)]
         yield make_batch(chosen, [np.arange(min(len(demo.frames), spec.max_frames)) for demo in chosen])
 
 
-def train_aura(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: AuraSpec, rng: np.random.Generator,
+def train_aura(model: VlaModel, demos: list[Demo], wording: Wording, spec: AuraSpec, rng: np.random.Generator,
                progress: Progress) -> None:
     """The aura memory on the frozen decoder (``spec.train_decoder``: with the decoder, see
     ``_train_aura_and_decoder``), after the memory warm-up when ``spec.memory_warmup`` asks for one. Each
@@ -309,18 +323,18 @@ def train_aura(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spe
     every write is noise and the gate learned never to write, where the sigmoid is flat and it cannot
     recover."""
     if spec.memory_warmup:
-        _warm_memory(model, prompt_ids, spec, demos, rng, progress)
+        _warm_memory(model, spec, demos, rng, progress)
     if spec.train_decoder:
-        _train_aura_and_decoder(model, demos, prompt_ids, spec, rng, progress)
+        _train_aura_and_decoder(model, demos, wording, spec, rng, progress)
         return
     params = [*model.aura.parameters(), *model.memory_goal_head.parameters()]
     _freeze(model, params)
 
     def loss_of(step_batch: tuple[int, Batch]) -> tuple[torch.Tensor, dict[str, float]]:
         step, batch = step_batch
-        return _aura_loss(model, prompt_ids, batch, spec, step, where=False)
+        return _aura_loss(model, batch, spec, step, where=False)
 
-    _fit(params, spec, enumerate(aura_batches(model, demos, prompt_ids, spec, rng)), loss_of, progress)
+    _fit(params, spec, enumerate(aura_batches(model, demos, wording, spec, rng)), loss_of, progress)
 
 
 def cue_pairs(demos: list[Demo], count: int, rng: np.random.Generator) -> Batch:
@@ -330,8 +344,8 @@ def cue_pairs(demos: list[Demo], count: int, rng: np.random.Generator) -> Batch:
     return make_batch(chosen, [np.array([0, rng.integers(1, len(d.frames))]) for d in chosen])
 
 
-def _warm_memory(model: VlaModel, prompt_ids: torch.Tensor, spec: AuraSpec, demos: list[Demo],
-                 rng: np.random.Generator, progress: Progress) -> None:
+def _warm_memory(model: VlaModel, spec: AuraSpec, demos: list[Demo], rng: np.random.Generator,
+                 progress: Progress) -> None:
     """``spec.memory_warmup`` steps of ``aura.*`` alone (and ``memory_goal_head``) on ``cue_pairs``: frame 0
     written, the goal's position regressed from the memory token the later frame reads; two frames per
     episode, not all of them, so a step costs a few decoder passes. Through the action loss alone the
@@ -342,14 +356,14 @@ def _warm_memory(model: VlaModel, prompt_ids: torch.Tensor, spec: AuraSpec, demo
     warmup = StageSpec(steps=spec.memory_warmup, batch=WARMUP_PAIRS, lr=spec.lr)
 
     def loss_of(batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        memory = aura_unroll(model, prompt_ids, batch.frames, spec.beta, write_labels(batch)).memory
+        memory = aura_unroll(model, batch, spec.beta, write_labels(batch)).memory
         goal = F.mse_loss(model.memory_goal_head(memory[:, 1]), batch.where[:, 1, 2:], reduction="sum") / len(memory)
         return goal, {"memory_goal": float(goal.detach())}
 
     _fit(params, warmup, (cue_pairs(demos, WARMUP_PAIRS, rng) for _ in range(warmup.steps)), loss_of, progress)
 
 
-def _train_aura_and_decoder(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: AuraSpec,
+def _train_aura_and_decoder(model: VlaModel, demos: list[Demo], wording: Wording, spec: AuraSpec,
                             rng: np.random.Generator, progress: Progress) -> None:
     """The aura memory and the decoder together (an option, not the default). Each step: the aura episodes
     as ``train_aura`` takes them, with the position error too, plus ``spec.bc_batch`` frame-history
@@ -362,15 +376,15 @@ def _train_aura_and_decoder(model: VlaModel, demos: list[Demo], prompt_ids: torc
     memory = [*model.aura.parameters(), *model.where_head.parameters(), *model.memory_goal_head.parameters()]
     _freeze(model, decoder + memory)
     groups = [{"params": decoder, "lr": spec.decoder_lr}, {"params": memory, "lr": spec.lr}]
-    episodes = aura_batches(model, demos, prompt_ids, spec, rng)
+    episodes = aura_batches(model, demos, wording, spec, rng)
     histories = batches(demos, EpisodeStageSpec(spec.steps, spec.bc_batch, spec.lr, spec.max_frames), rng, partial=True)
     steps = zip(episodes, histories) if spec.bc_batch else ((batch, None) for batch in episodes)
 
     def loss_of(step_pair: tuple[int, tuple[Batch, Batch | None]]) -> tuple[torch.Tensor, dict[str, float]]:
         step, (batch, history) = step_pair
-        loss, figures = _aura_loss(model, prompt_ids, batch, spec, step, where=True)
+        loss, figures = _aura_loss(model, batch, spec, step, where=True)
         if history is not None:
-            bc, bc_figures = _action_loss(model, prompt_ids, history)
+            bc, bc_figures = _action_loss(model, history)
             loss = loss + bc
             figures["bc_action"] = bc_figures["action"]
         return loss, figures
@@ -378,19 +392,18 @@ def _train_aura_and_decoder(model: VlaModel, demos: list[Demo], prompt_ids: torc
     _fit(groups, spec, enumerate(steps), loss_of, progress)
 
 
-def train_dms(model: VlaModel, demos: list[Demo], prompt_ids: torch.Tensor, spec: DmsSpec, rng: np.random.Generator,
-              progress: Progress) -> None:
+def train_dms(model: VlaModel, demos: list[Demo], spec: DmsSpec, rng: np.random.Generator, progress: Progress) -> None:
     params = model.dms_parameters()
     _freeze(model, params)
-    per_frame = model.c.vision.tokens_per_frame
-    prompt = prompt_ids.numel()
+    per_frame = model.c.observation_tokens
 
     def loss_of(batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         count = batch.frames.shape[1]
+        prompt = batch.prompts.width
         with torch.no_grad():
-            teacher, _ = sequence_actions(model, prompt_ids, batch.frames)
+            teacher, _ = sequence_actions(model, batch)
         mask = DmsMask.for_frames(prompt, count, per_frame, spec.window)
-        student, keeps = sequence_actions(model, prompt_ids, batch.frames, mask)
+        student, keeps = sequence_actions(model, batch, mask)
         frame_tokens = batch.valid.repeat_interleave(per_frame, dim=1)  # [B, F * T]
         keep_rate = torch.stack([straight_through(k, k > 0.5)[:, prompt:][frame_tokens].mean() for k in keeps]).mean()
         distill = masked_mse(student, teacher, batch.valid)

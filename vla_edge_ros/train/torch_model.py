@@ -2,8 +2,11 @@
 
 The math is the NumPy reference's (``numerics/ops.py``, ``model/numpy_backend.py``): Qwen2 decoder
 (RMSNorm, rotate-half RoPE, grouped-query attention with q/k/v bias, SwiGLU), the frame encoder
-(normalise, cut into patches, pool per cell, project, add a per-token position embedding) and the
-linear action head tanh(W h + b) on the final-norm hidden state. Module names are the checkpoint's
+(normalise, cut into patches, pool per cell, project, add a per-token position embedding), the state
+token (``model/state_token.py``: normalise, project) after the frame's tokens when the model reads the
+robot's state, and the linear action head tanh(W h + b) on the observation's last final-norm hidden state.
+A batch's instructions differ in length (``Prompts``): each sequence continues right after its own
+prompt, as the engine places it, and nothing reads the pads. Module names are the checkpoint's
 tensor names, so ``state_dict()`` is what ``export`` writes and what the engine loads.
 
 Two learned memory parts sit beside the decoder, each trained on the frozen decoder:
@@ -18,6 +21,7 @@ Two learned memory parts sit beside the decoder, each trained on the frozen deco
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -38,9 +42,12 @@ class RMSNorm(nn.Module):
 
 
 def rope_tables(head_dim: int, theta: float, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [T, D/2] of positions * 1/theta^(2i/D) (fp32, as the engine computes them)."""
+    """cos, sin of positions * 1/theta^(2i/D) (fp32, as the engine computes them): [T, D/2] for positions [T],
+    [B, 1, T, D/2] (one row per sequence, broadcast over heads) for positions [B, T]."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-    angles = positions.float()[:, None] * inv_freq[None, :]
+    angles = positions.float()[..., None] * inv_freq
+    if angles.dim() == 3:
+        angles = angles[:, None]
     return angles.cos(), angles.sin()
 
 
@@ -54,6 +61,53 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def straight_through(soft: torch.Tensor, hard: torch.Tensor) -> torch.Tensor:
     """``hard`` in the forward pass, the gradient of ``soft`` in the backward."""
     return hard.to(soft.dtype) + soft - soft.detach()
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """A batch's prompts: ``ids`` [B, P] with each row's ``lengths`` [B] real tokens, padded at the end.
+
+    A sequence is its padded prompt then what follows (frames, aura's memory token). The engine holds no
+    pads, so a sequence's token after the prompt takes position ``length + k``, not ``P + k``, and no query
+    reads a pad: the same numbers the engine computes for that prompt alone.
+    """
+
+    ids: torch.Tensor
+    lengths: torch.Tensor
+
+    @classmethod
+    def of(cls, rows: Sequence[Sequence[int]]) -> Prompts:
+        """One row per sequence, padded with id 0 (never read); ValueError for an empty row (the engine pins a
+        prompt of at least one token)."""
+        if not all(len(row) for row in rows):
+            raise ValueError("a prompt holds at least one token")
+        lengths = torch.tensor([len(row) for row in rows])
+        ids = torch.zeros(len(rows), int(lengths.max()), dtype=torch.long)
+        for row, tokens in enumerate(rows):
+            ids[row, :len(tokens)] = torch.as_tensor(list(tokens), dtype=torch.long)
+        return cls(ids, lengths)
+
+    @classmethod
+    def same(cls, ids: Sequence[int], batch: int) -> Prompts:
+        """``ids`` for each of ``batch`` sequences."""
+        return cls.of([list(ids)] * batch)
+
+    @property
+    def width(self) -> int:
+        return self.ids.shape[1]
+
+    def positions(self, total: int) -> torch.Tensor:
+        """[B, total] RoPE positions of a sequence of ``total`` tokens that starts with these prompts."""
+        index = torch.arange(total)
+        pads = (self.width - self.lengths)[:, None]
+        return torch.where(index < self.width, index, index - pads)
+
+    def readable(self, total: int) -> torch.Tensor | None:
+        """[B, total] true where a key is a token (not a pad); None when no row is padded."""
+        if bool((self.lengths == self.width).all()):
+            return None
+        index = torch.arange(total)
+        return (index >= self.width) | (index < self.lengths[:, None])
 
 
 @dataclass
@@ -92,9 +146,10 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(c.q_dim, c.hidden_size, bias=False)
         self.dms_gate: nn.Linear | None = None
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dms: DmsMask | None
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Attention output [B, T, H], and the soft keep probabilities [B, T, kv_heads] when ``dms``."""
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dms: DmsMask | None,
+                keys: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attention output [B, T, H], and the soft keep probabilities [B, T, kv_heads] when ``dms``; ``keys``
+        [B, T] (``Prompts.readable``) hides the pads."""
         c = self.c
         batch, tokens, _ = h.shape
         q = self.q_proj(h).view(batch, tokens, c.num_attention_heads, c.head_dim).transpose(1, 2)
@@ -104,14 +159,19 @@ class Attention(nn.Module):
         group = c.num_attention_heads // c.num_key_value_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # query head h reads h // group
         keep_soft = None
-        if dms is None:
+        if dms is None and keys is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif dms is None:
+            causal = torch.ones(tokens, tokens, dtype=torch.bool).tril()
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal & keys[:, None, None, :])
         else:
             alpha = self.dms_gate(h)  # [B, T, kv_heads] eviction logits
             keep_soft = torch.sigmoid(-alpha)
             keep = straight_through(keep_soft, alpha < 0).repeat_interleave(group, dim=2)  # [B, T, Hq]
             readable = torch.where(dms.always, torch.ones(()), keep.transpose(1, 2)[:, :, None, :])
             readable = readable * dms.causal  # [B, Hq, T(query), T(key)]
+            if keys is not None:
+                readable = readable * keys[:, None, None, :]
             scores = (q @ k.transpose(-1, -2)) / c.head_dim ** 0.5
             weights = torch.exp(scores - scores.amax(-1, keepdim=True).detach()) * readable
             out = (weights / weights.sum(-1, keepdim=True)) @ v
@@ -137,8 +197,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = MLP(c)
 
-    def forward(self, x, cos, sin, dms):
-        attn, keep = self.self_attn(self.input_layernorm(x), cos, sin, dms)
+    def forward(self, x, cos, sin, dms, keys):
+        attn, keep = self.self_attn(self.input_layernorm(x), cos, sin, dms, keys)
         x = x + attn
         return x + self.mlp(self.post_attention_layernorm(x)), keep
 
@@ -153,13 +213,18 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, dms: DmsMask | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Final-norm hidden states [B, T, H] of input embeddings x at positions 0..T-1, and the dms
-        gates' soft keep probabilities per layer (empty without ``dms``)."""
-        cos, sin = rope_tables(self.c.head_dim, self.c.rope_theta, torch.arange(x.shape[1]))
+    def forward(self, x: torch.Tensor, dms: DmsMask | None = None, prompts: Prompts | None = None
+                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Final-norm hidden states [B, T, H] of input embeddings x, and the dms gates' soft keep
+        probabilities per layer (empty without ``dms``). Positions 0..T-1, or where ``prompts`` (the
+        first ``prompts.width`` of x) put them."""
+        total = x.shape[1]
+        positions = torch.arange(total) if prompts is None else prompts.positions(total)
+        keys = None if prompts is None else prompts.readable(total)
+        cos, sin = rope_tables(self.c.head_dim, self.c.rope_theta, positions)
         keeps = []
         for layer in self.layers:
-            x, keep = layer(x, cos, sin, dms)
+            x, keep = layer(x, cos, sin, dms, keys)
             if keep is not None:
                 keeps.append(keep)
         return self.norm(x), keeps
@@ -263,7 +328,7 @@ TRAINING_ONLY = ("where_head.", "memory_goal_head.")  # parameter prefixes the c
 
 
 class VlaModel(nn.Module):
-    """Decoder + frame encoder + linear action head, aura memory and dms gates.
+    """Decoder + frame encoder (+ state token) + linear action head, aura memory and dms gates.
 
     ``memory_goal_head`` (training only too) regresses the goal's position from aura's memory token:
     privileged supervision of what the memory holds (``AuraSpec.memory_goal``).
@@ -282,9 +347,10 @@ class VlaModel(nn.Module):
         self.c = c
         self.model = Decoder(c)
         self.vision = FrameEncoder(c)
+        self.state_proj = None if c.state is None else nn.Linear(c.state.dim, c.hidden_size)
         self.action_head = nn.Linear(c.hidden_size, c.action.dof)
         self.where_head = nn.Linear(c.hidden_size, 4)
-        self.aura = AuraMemory(c.vision.tokens_per_frame * c.hidden_size, c.hidden_size, aura_dim, aura_dim)
+        self.aura = AuraMemory(c.observation_tokens * c.hidden_size, c.hidden_size, aura_dim, aura_dim)
         for layer in self.model.layers:
             layer.self_attn.dms_gate = nn.Linear(c.hidden_size, c.num_key_value_heads)
         self.memory_goal_head = nn.Linear(c.hidden_size, 2)
@@ -319,6 +385,18 @@ class VlaModel(nn.Module):
     def prompt_embeddings(self, prompt_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(prompt_ids)
 
+    def observation_tokens(self, frames: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+        """[..., observation_tokens, H]: the frame's encoder tokens [..., S, S, 3], then, when the model reads
+        the robot's state, the token of ``states`` [..., dim] (raw values, normalised here with the config's
+        statistics, as ``model/state_token.py`` does)."""
+        tokens = self.vision(frames)
+        if self.state_proj is None:
+            return tokens
+        state = self.c.state
+        mean = torch.tensor(state.mean or (0.0,) * state.dim, dtype=torch.float32)
+        std = torch.tensor(state.std or (1.0,) * state.dim, dtype=torch.float32)
+        return torch.cat([tokens, self.state_proj((states - mean) / std)[..., None, :]], dim=-2)
+
     def actions(self, hidden: torch.Tensor) -> torch.Tensor:
         """Normalised actions in [-1, 1] from final-norm hidden states."""
         return torch.tanh(self.action_head(hidden))
@@ -328,9 +406,10 @@ class VlaModel(nn.Module):
         return {name: t for name, t in self.state_dict().items() if not name.startswith(TRAINING_ONLY)}
 
     def decoder_parameters(self) -> list[nn.Parameter]:
-        """Everything the behaviour-cloning stage trains: decoder, frame encoder, action head."""
+        """Everything the behaviour-cloning stage trains: decoder, frame encoder, state projection, action head."""
         decoder = [p for name, p in self.model.named_parameters() if ".dms_gate." not in name]
-        return [*decoder, *self.vision.parameters(), *self.action_head.parameters()]
+        state = [] if self.state_proj is None else list(self.state_proj.parameters())
+        return [*decoder, *self.vision.parameters(), *state, *self.action_head.parameters()]
 
     def dms_parameters(self) -> list[nn.Parameter]:
         return [p for layer in self.model.layers for p in layer.self_attn.dms_gate.parameters()]

@@ -9,9 +9,10 @@ the last phase's checkpoint and train_log.json (``train_log.py``) for all of the
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -20,13 +21,18 @@ import torch
 from ..model.checkpoint import load_checkpoint
 from ..model.config import ModelConfig
 from ..model.init_model import AURA_DIM, preset, write_model
+from ..model.instruction import TEMPLATE_FILE, InstructionTokenizer
+from ..model.tokenizer_files import write_tokenizer
 from ..worlds.sim.world import TaskSpec
-from .demos import record_demos
+from .demos import odometry_statistics, record_demos
 from .recipe import Recipe
 from .spec import TrainSpec
 from .stages import behaviour_cloning, perception, train_aura, train_dms
 from .torch_model import VlaModel
 from .train_log import LOG_NAME, PhaseLog, write_log
+from .wording import Wording, corpus
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", TEMPLATE_FILE)
 
 StageProgress = Callable[[str, int, int, dict[str, float]], None]
 
@@ -47,20 +53,21 @@ def train_recipe(recipe: Recipe, out: Path, progress: StageProgress = lambda *ar
 def train(spec: TrainSpec, out: Path, name: str, progress: StageProgress = lambda *args: None) -> PhaseLog:
     """One phase ``name``: every stage ``spec`` runs, the checkpoint written to ``out``."""
     config = preset(spec.preset)
+    if spec.state:
+        config = replace(config, state=odometry_statistics(TaskSpec()))
     torch.manual_seed(spec.seed)
     rng = np.random.default_rng(spec.seed)
     log = PhaseLog(name, asdict(spec))
     model = VlaModel(config, AURA_DIM)
     if spec.init_from is not None:
-        config = load_weights(model, Path(spec.init_from), fresh_memory=spec.aura.fresh)
+        load_weights(model, Path(spec.init_from), fresh_memory=spec.aura.fresh)
+    wording = phase_wording(spec, config, out)
     started = time.perf_counter()
     demos = record_demos([TaskSpec(name=task) for task in spec.tasks], spec.episodes, spec.seed,
-                         config.vision.image_size) if set(spec.stages) - {"perception"} else []
+                         config.vision.image_size, wording) if set(spec.stages) - {"perception"} else []
     log.seconds["demos"] = time.perf_counter() - started
     log.demos = {"episodes": len(demos), "frames": int(sum(len(d.frames) for d in demos)),
                  "expert_success": float(np.mean([d.success for d in demos])) if demos else None}
-    prompt = torch.tensor(spec.prompt_ids)
-
     def run(stage: str, steps: int, body: Callable[[Callable[[int, dict[str, float]], None]], None]) -> None:
         """Stage ``stage`` of ``steps`` steps in all (aura's include its memory warm-up, which runs first)."""
         if stage not in spec.stages:
@@ -76,26 +83,49 @@ def train(spec: TrainSpec, out: Path, name: str, progress: StageProgress = lambd
         log.stages[stage] = rows
         log.seconds[stage] = time.perf_counter() - begin
 
-    run("perception", spec.perception.steps, lambda step: perception(model, prompt, spec.perception, rng, step))
-    run("bc", spec.bc.steps, lambda step: behaviour_cloning(model, demos, prompt, spec.bc, rng, step))
+    run("perception", spec.perception.steps,
+        lambda step: perception(model, spec.perception, rng, spec.tasks, wording, step))
+    run("bc", spec.bc.steps, lambda step: behaviour_cloning(model, demos, spec.bc, rng, step))
     run("aura", spec.aura.memory_warmup + spec.aura.steps,
-        lambda step: train_aura(model, demos, prompt, spec.aura, rng, step))
-    run("dms", spec.dms.steps, lambda step: train_dms(model, demos, prompt, spec.dms, rng, step))
+        lambda step: train_aura(model, demos, wording, spec.aura, rng, step))
+    run("dms", spec.dms.steps, lambda step: train_dms(model, demos, spec.dms, rng, step))
     export(model, config, out, spec)
     return log
 
 
-def load_weights(model: VlaModel, model_dir: Path, fresh_memory: bool = False) -> ModelConfig:
-    """Copy a checkpoint's tensors into ``model`` (all it exports, so every one must be there) and return
-    the checkpoint's config, which must be the one ``model`` was built with. ``where_head`` keeps its
-    fresh initialisation: it is training-only and not exported. So does the aura memory with
-    ``fresh_memory`` (``AuraSpec.fresh``), or when the checkpoint's has another feature layout
-    (``memory/aura.py``; a checkpoint of an earlier ``vla-edge train``): that memory cannot be carried
-    over, and the aura stage trains this one from its start."""
+def phase_wording(spec: TrainSpec, config: ModelConfig, out: Path) -> Wording:
+    """How the phase words its sequences. The tokenizer, when the phase has one, is in ``out`` before any
+    sequence is made: the one of the checkpoint it starts from (its embeddings learned those ids), else a new
+    one trained on the phase's instructions (``wording.corpus``)."""
+    source = None if spec.init_from is None else Path(spec.init_from)
+    if source is not None and (source / "tokenizer.json").is_file():
+        if not spec.instructions:
+            raise ValueError(f"{source} was trained on instructions in words: give the phase its instructions")
+        out.mkdir(parents=True, exist_ok=True)
+        for name in TOKENIZER_FILES:
+            shutil.copyfile(source / name, out / name)
+    elif spec.instructions:
+        write_tokenizer(out, corpus(spec.instructions), config.vocab_size)
+    tokenizer = InstructionTokenizer.load(out, config.vocab_size) if (out / "tokenizer.json").is_file() else None
+    return Wording(spec.instructions, spec.prompt_ids, tokenizer)
+
+
+def load_weights(model: VlaModel, model_dir: Path, fresh_memory: bool = False) -> None:
+    """Copy a checkpoint's tensors into ``model`` (all it exports, so every one must be there); its config
+    must be the one ``model`` was built with, or that one without the state token. ``where_head`` keeps its
+    fresh initialisation: it is training-only and not exported. So do the state projection of a model that
+    starts reading the state, and the aura memory with ``fresh_memory`` (``AuraSpec.fresh``) or when the
+    checkpoint's has another feature layout (``memory/aura.py``; a checkpoint of an earlier ``vla-edge
+    train``, or one without the state token, which widens the query): that memory cannot be carried over,
+    and the aura stage trains this one from its start."""
     checkpoint = load_checkpoint(model_dir)
-    if checkpoint.config != model.c:
-        raise ValueError(f"{model_dir}: its config.json differs from the preset this run trains (TrainSpec.preset)")
+    adds_state = checkpoint.config.state is None and model.c.state is not None
+    if checkpoint.config != (replace(model.c, state=None) if adds_state else model.c):
+        raise ValueError(f"{model_dir}: its config.json differs from the preset this run trains (TrainSpec.preset, "
+                         f"TrainSpec.state)")
     state = model.exported_state()
+    if adds_state:
+        state = {name: tensor for name, tensor in state.items() if not name.startswith("state_proj.")}
     if fresh_memory or any(checkpoint.tensors[name].shape != tuple(tensor.shape) for name, tensor in state.items()
                            if name.startswith("aura.") and name in checkpoint.tensors):
         state = {name: tensor for name, tensor in state.items() if not name.startswith("aura.")}
@@ -109,7 +139,6 @@ def load_weights(model: VlaModel, model_dir: Path, fresh_memory: bool = False) -
                 raise ValueError(f"{model_dir}: {name} has shape {list(stored.shape)}, this run needs "
                                  f"{list(tensor.shape)}")
             tensor.copy_(stored)
-    return checkpoint.config
 
 
 def export(model: VlaModel, config: ModelConfig, out: Path, spec: TrainSpec) -> Path:

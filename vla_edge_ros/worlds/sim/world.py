@@ -1,5 +1,5 @@
-"""A tiny 2-D world with a task that needs memory (``cue-reach``), its no-memory control (``reach``) and a
-task that needs language (``lang-reach``).
+"""A tiny 2-D world with a task that needs memory (``cue-reach``), its no-memory control (``reach``), a
+task that needs language (``lang-reach``) and one where latency matters (``chase``).
 
 The world is the unit square [0, 1]^2 seen from above by a fixed camera (``render``): x runs right
 along image columns, y runs down along image rows, so a command (vx, vy) is in image directions.
@@ -15,6 +15,19 @@ A robot (white disc) must drive onto the goal, one of K targets that all look al
   marks the goal, and the robot may move from the first step: only the instruction says which target to
   reach (``goal_colour`` names it; the harness words the instruction). A harness may reassign ``goal``
   mid-episode and tell the robot so.
+- ``chase``: the goal moves. It wears the ring in every frame (as in ``reach``; the other targets stay put)
+  and slides at a constant ``goal_speed * max_speed`` in a straight line, bouncing off the walls of the
+  box [GOAL_WALL, 1 - GOAL_WALL]^2 (so its square and most of its ring stay in view); it starts where
+  the layout put it, in a direction drawn from the seed. The robot is faster (``goal_speed`` < 1), so it
+  can always catch it, but a robot that steers on an old frame aims where the goal was: at 0.5 x
+  max_speed the goal moves 0.075 (about one ``reach_radius``) in 300 ms, while the robot covers twice that.
+  A policy that predicts a chunk of commands can plan the intercept ahead and still catch it. The
+  direction is redrawn (``CHASE_TRIES``) until the goal's path within the time limit keeps more than
+  2 * ``reach_radius`` from the robot's start, so standing still never catches it. ``targets[goal]`` is
+  where the goal is now; ``goal_position(step)`` where it is at any step. The scripted expert leads the
+  goal: it heads, at the constant velocity that gets there, for the first point of the goal's path that
+  it can reach as soon as the goal does (an intercept, not a pursuit of the goal's current position). The
+  goal and the expert's path may pass over a look-alike, which ``touched_wrong`` then records.
 
 Durations are whole frames: ``round(seconds * rate_hz)``. Commands are clipped per component to
 [-1, 1] (NaN -> 0) and move the robot by ``command * max_speed / rate_hz`` per step; the robot stops
@@ -23,6 +36,9 @@ at the walls. An episode ends on success (robot centre within ``reach_radius`` o
 ``StepOutcome.touched_wrong``. ``odometry`` is the robot's state as a planar robot's odometry reports it
 (position, and the velocity it moved at over the last step). Everything (layout, colours, floor, clutter, noise) follows from the
 seed: layout and noise come from two separate streams spawned from it, and ``reset`` replays both.
+Every task draws the same layout from the layout stream; what only one task needs (lang-reach's colours,
+chase's direction) is drawn after all of that, so adding a task leaves the others' layouts and frames as
+they were.
 """
 
 from __future__ import annotations
@@ -34,11 +50,14 @@ import numpy as np
 
 from . import render
 
-TASKS = ("reach", "cue-reach", "lang-reach")
+TASKS = ("reach", "cue-reach", "lang-reach", "chase")
 PLACEMENT_MARGIN = 0.1     # targets and robot start this far from the walls, so all of them stay in view
 PLACEMENT_TRIES = 10_000   # at the default reach_radius: K <= 5 fit (50 of 50 seeds), K = 6 in 36 of 50
 EXPERT_GAIN = 10.0         # command per world unit of distance: saturated until 0.1 from the goal
 ODOMETRY = ("x", "y", "yaw", "vx", "vy", "wz")  # ``odometry``'s order: runtime/robot_state.py reads an Odometry so
+GOAL_WALL = 0.08           # chase: the goal's centre bounces inside [GOAL_WALL, 1 - GOAL_WALL]; the layout's
+                           # pixel-snapped targets lie within [PLACEMENT_MARGIN - 1 px, 1 - PLACEMENT_MARGIN + 1 px]
+CHASE_TRIES = 1_000        # directions drawn until the goal's path misses the robot's start (about 45 % do)
 
 
 VELOCITY_COMMANDS = ("twist", "float32_multi_array")  # the command types whose values the robot can drive on
@@ -64,6 +83,7 @@ class TaskSpec:
     reach_radius: float = 0.08
     max_speed: float = 0.5
     noise_sigma: float = 4.0
+    goal_speed: float = 0.5  # chase: the goal's speed as a fraction of max_speed (the robot must be faster)
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
@@ -80,6 +100,9 @@ class TaskSpec:
             value = getattr(self, field)
             if not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{field}: need a finite value > 0, got {value!r}")
+        if not math.isfinite(self.goal_speed) or not 0 <= self.goal_speed < 1:
+            raise ValueError(f"goal_speed: need 0 <= goal_speed < 1 (a fraction of max_speed: the robot must be "
+                             f"faster than the goal it chases), got {self.goal_speed!r}")
         for field in ("hold_s", "noise_sigma"):
             value = getattr(self, field)
             if not math.isfinite(value) or value < 0:
@@ -128,15 +151,21 @@ class CueReachEnv:
         # lang-reach draws its colours after everything the other tasks draw: their layouts stay as they were
         self.colours = (rng.permutation(len(render.COLOUR_NAMES))[:spec.targets] if spec.name == "lang-reach"
                         else None)  # each target's index in render.COLOUR_NAMES
-        render.paint_targets(self._plain, self.targets,
-                             colour if self.colours is None else render.TARGET_COLOURS[self.colours])
+        self._colour = colour if self.colours is None else render.TARGET_COLOURS[self.colours]
         self._cue_frames = spec.frames(spec.cue_s)
         self._limit_frames = spec.frames(spec.time_limit_s)
+        self.layout = self.targets.copy()  # where the targets start; chase moves targets[goal] away from it
+        # chase draws its direction after everything the other tasks draw, so their layouts stay as they were
+        self.goal_velocity = _chase_velocity(rng, spec, self.start, self.layout[self.goal]) if spec.name == "chase" \
+            else np.zeros(2)  # world units per second at the start; the walls flip its components
+        if spec.name != "chase":  # a moving goal is painted where it is in each frame instead
+            render.paint_targets(self._plain, self.targets, self._colour)
         self.reset()
 
     def reset(self) -> np.ndarray:
         """Restart the same episode (layout and noise sequence) and return its first frame."""
         self._noise = np.random.default_rng(self._noise_seed)
+        self.targets = self.layout.copy()
         self.robot = self.start.copy()
         self.velocity = np.zeros(2)  # world units per second over the last step
         self._steps = 0
@@ -160,7 +189,7 @@ class CueReachEnv:
     @property
     def cue_visible(self) -> bool:
         """Whether the current frame marks the goal (never in ``lang-reach``: the instruction names it)."""
-        return self.spec.name == "reach" or (self.spec.name == "cue-reach" and self._steps < self._cue_frames)
+        return self.spec.name in ("reach", "chase") or (self.spec.name == "cue-reach" and self._steps < self._cue_frames)
 
     @property
     def held(self) -> bool:
@@ -181,6 +210,7 @@ class CueReachEnv:
             self.velocity = (moved - self.robot) * self.spec.rate_hz
             self.robot = moved
         self._steps += 1
+        self.targets[self.goal] = self.goal_position(self._steps)
         distances = np.linalg.norm(self.targets - self.robot, axis=1)
         reached = distances <= self.spec.reach_radius
         success = bool(reached[self.goal])
@@ -195,27 +225,56 @@ class CueReachEnv:
         vx, vy = self.velocity
         return np.array([x, y, 0.0, vx, vy, 0.0], dtype=np.float32)
 
-    def place_robot(self, position: np.ndarray) -> np.ndarray:
-        """Put the robot at ``position`` (x, y), clipped into the world, and return the camera's view.
+    def place_robot(self, position: np.ndarray, velocity: np.ndarray = (0.0, 0.0)) -> np.ndarray:
+        """Put the robot at ``position`` (x, y), clipped into the world, moving at ``velocity`` (what
+        ``odometry`` says), and return the camera's view.
 
         For training data: single frames with the robot anywhere, not only where some policy drove
         it. Time, path length and the episode's outcome are left as they were."""
         self.robot = np.clip(np.asarray(position, dtype=np.float64), 0.0, 1.0)
+        self.velocity = np.asarray(velocity, dtype=np.float64)
         return self._frame()
+
+    def goal_position(self, step: int | np.ndarray) -> np.ndarray:
+        """Where the goal is after ``step`` steps since reset ([..., 2] for an array of steps): in chase, its start
+        moved at ``goal_velocity`` and folded back at the walls (exact, no error builds up over an episode);
+        elsewhere the layout's."""
+        seconds = np.asarray(step, dtype=np.float64)[..., None] / self.spec.rate_hz
+        return bounced(self.layout[self.goal], self.goal_velocity, seconds)
 
     def expert_command(self) -> np.ndarray:
         """The scripted (privileged: it knows the goal) command: toward the goal, proportional with the
         magnitude saturated at 1, zero within reach_radius / 2. It also points at the goal while the
         robot is held, so demonstrations label the hold with what the cue asked for. The gain is capped
-        so one step never overshoots the goal."""
+        so one step never overshoots the goal. In chase it leads the goal instead (``_intercept``)."""
+        if self.spec.name == "chase":
+            return self._intercept()
         delta = self.targets[self.goal] - self.robot
         if np.linalg.norm(delta) <= self.spec.reach_radius / 2:
             return np.zeros(2)
         command = min(EXPERT_GAIN, self.spec.rate_hz / self.spec.max_speed) * delta
         return command / max(1.0, float(np.linalg.norm(command)))
 
+    def _intercept(self) -> np.ndarray:
+        """Chase's expert: the constant velocity (norm <= 1) that puts the robot on the goal at the first step
+        n at which the goal's path is within n steps of the robot's reach. Steering at where the goal is
+        now would trail behind it; this one meets it. The search ends for sure: the robot crosses the box
+        in ``_reach_steps``."""
+        step = self.spec.max_speed / self.spec.rate_hz  # how far one step at command norm 1 moves the robot
+        ahead = np.arange(1, self._reach_steps() + 1)
+        gaps = self.goal_position(self._steps + ahead) - self.robot  # [n, 2]
+        n = int(np.argmax(np.linalg.norm(gaps, axis=1) <= ahead * step + 1e-12))
+        command = gaps[n] / (ahead[n] * step)
+        return command / max(1.0, float(np.linalg.norm(command)))
+
+    def _reach_steps(self) -> int:
+        """Steps in which the robot can get from anywhere in the world to anywhere (the diagonal, at norm 1)."""
+        return math.ceil(math.sqrt(2) * self.spec.rate_hz / self.spec.max_speed) + 1
+
     def _frame(self) -> np.ndarray:
         image = self._plain.copy()
+        if self.spec.name == "chase":
+            render.paint_targets(image, self.targets, self._colour)
         if self.cue_visible:
             render.paint_ring(image, self.targets[self.goal])
         render.paint_robot(image, self.robot)
@@ -238,6 +297,29 @@ def _layout(rng: np.random.Generator, spec: TaskSpec) -> tuple[np.ndarray, np.nd
             return points[0], points[1:]
     raise ValueError(f"targets: could not place {spec.targets} targets and the robot apart in "
                      f"{PLACEMENT_TRIES} tries; use fewer targets or a smaller reach_radius")
+
+
+def _chase_velocity(rng: np.random.Generator, spec: TaskSpec, robot: np.ndarray, goal: np.ndarray) -> np.ndarray:
+    """The goal's starting velocity in chase: ``goal_speed * max_speed`` in the first direction drawn whose
+    path within the time limit keeps more than 2 * reach_radius from the robot's start ``robot``."""
+    speed = spec.goal_speed * spec.max_speed
+    seconds = np.arange(spec.frames(spec.time_limit_s) + 1)[:, None] / spec.rate_hz
+    for _ in range(CHASE_TRIES):
+        angle = rng.uniform(0.0, 2 * np.pi)
+        velocity = speed * np.array([math.cos(angle), math.sin(angle)])
+        if np.linalg.norm(bounced(goal, velocity, seconds) - robot, axis=1).min() > 2 * spec.reach_radius:
+            return velocity
+    raise ValueError(f"goal_speed: no direction in {CHASE_TRIES} tries keeps the goal's path "
+                     f"{2 * spec.reach_radius} from the robot's start; use a lower goal_speed or time_limit_s")
+
+
+def bounced(start: np.ndarray, velocity: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+    """Where a point leaving ``start`` at ``velocity`` is after ``seconds`` ([..., 1] -> [..., 2]), bouncing off
+    the walls of [GOAL_WALL, 1 - GOAL_WALL]^2: the straight path folded back into the box, per axis a
+    triangle wave, so any step is computed directly and no error builds up over an episode."""
+    width = 1.0 - 2 * GOAL_WALL
+    unfolded = np.mod(np.asarray(start) - GOAL_WALL + np.asarray(velocity) * seconds, 2 * width)
+    return GOAL_WALL + np.where(unfolded <= width, unfolded, 2 * width - unfolded)
 
 
 def path_clearance(start: np.ndarray, targets: np.ndarray) -> float:
