@@ -377,11 +377,19 @@ def test_with_chunks_the_deadline_is_where_the_held_commands_run_out_minus_the_m
         1, 0, 300.0, 250.0, 40.0)
 
 
-def test_a_cycle_that_cannot_finish_before_starvation_is_refused():
+def test_a_cycle_that_cannot_beat_the_held_commands_still_starts_and_one_whose_chunk_would_be_past_is_refused():
+    """Predicted past the held end (255 ms left, 10 ms margin, 250 ms cycle): refusing would only lengthen the stop
+    (the next frame has the same end, a frame period nearer), so it starts, judged by its own chunk's last action
+    and counted late. A cycle whose own chunk would be past when ready is refused."""
     gate, clock = cycle_trained(250.0)
-    short = Horizon(end_ns=clock.after(255), last_ns=500 * NS_PER_MS)  # 255 - 10 ms margin < 250 ms
-    assert gate.start_cycle(clock(), short).verdict is Verdict.REFUSED
-    assert gate.snapshot().horizon.slack_ms == pytest.approx(-5.0)
+    short = Horizon(end_ns=clock.after(255), last_ns=500 * NS_PER_MS)
+    cycle = gate.start_cycle(clock(), short)
+    assert cycle.verdict is Verdict.ADMITTED and cycle.deadline_ns == clock.after(490)
+    horizon = gate.snapshot().horizon
+    assert (horizon.deadline, horizon.planned, horizon.late, horizon.empty) == ("own", 0, 1, 0)
+    assert horizon.slack_ms == pytest.approx(-5.0) and horizon.left_ms == 255.0
+    useless = Horizon(end_ns=clock.after(255), last_ns=240 * NS_PER_MS)  # its last action starts before it is ready
+    assert gate.start_cycle(clock(), useless).verdict is Verdict.REFUSED
     assert gate.snapshot().kinds["cycle"].refused == 1
 
 
@@ -427,5 +435,8 @@ def test_the_first_cycles_are_warm_up_cycles_on_the_horizon_too():
 def test_the_horizon_margin_is_live():
     gate, clock = cycle_trained(250.0)
     held = Horizon(end_ns=clock.after(300), last_ns=500 * NS_PER_MS)
+    assert gate.start_cycle(clock(), held).deadline_ns == clock.after(290)
     gate.configure(knobs(warmup=1, horizon_margin_ms=60.0))
-    assert gate.start_cycle(clock(), held).verdict is Verdict.REFUSED  # 300 - 60 < 250
+    assert gate.start_at_ns(held) == clock()  # 300 - 60 < 250: at once, and late
+    assert gate.start_cycle(clock(), held).deadline_ns == clock.after(440)
+    assert gate.snapshot().horizon.late == 1

@@ -276,6 +276,38 @@ def test_a_250_ms_model_at_30_hz_with_16_action_chunks_is_never_refused_and_neve
     assert sum(command.outcome is Outcome.FRESH for command in commands) < 0.2 * len(commands)
 
 
+class VaryingCosts:
+    """A block timer whose encode blocks cost the next of ``costs_ms`` in turn (decodes cost nothing): a model
+    whose cycle varies, as a loaded machine's does, on the virtual clock."""
+
+    def __init__(self, clock: VirtualClock, costs_ms: list[float]) -> None:
+        self.clock, self.costs_ms, self.count = clock, costs_ms, 0
+
+    def started(self, kind) -> None:
+        pass
+
+    def finished(self, kind) -> None:
+        if kind.value == "encode_prefill":
+            self.clock.now += round(self.costs_ms[self.count % len(self.costs_ms)] * NS_PER_MS)
+            self.count += 1
+
+
+def test_a_cycle_predicted_to_miss_the_held_chunk_still_starts_so_a_varying_model_never_starves(chunk16_model):
+    """Cycles of 140-260 ms: predicted at mean + 3 deviations (about 270 ms), two of them do not fit the 533 ms
+    chunk, so most cycles are predicted to come after the held chunk runs out. They start anyway (late starts),
+    judged by their own chunk: refused, the next frame would have the same end nearer, and the robot would
+    stop until it passed. They are in time, as most cycles are faster than predicted: nothing starves."""
+    publisher = {"control_rate_hz": 30.0, "action_min": [-1e6], "action_max": [1e6]}
+    driver = _driver(_settings(chunk16_model, publisher=publisher), parse_cost("fixed:encode=1ms,decode=1ms"))
+    driver.reasoner.timer = VaryingCosts(driver.clock, [140.0, 260.0, 200.0, 170.0, 230.0, 250.0, 150.0])
+    cycles, commands = _at_control_rate(driver, 300)  # 10 s
+    stats = driver.gate.snapshot()
+    assert stats.refused == 0 and stats.horizon.late > len(cycles) // 2
+    first = next(i for i, command in enumerate(commands) if command.outcome is Outcome.FRESH)
+    assert driver.timeline.starved_ticks == 0 and len(commands) - first > 280
+    assert stats.horizon.slack_min_ms < 0  # predicted to starve, and did not
+
+
 def test_a_model_faster_than_its_chunk_waits_for_the_horizon_instead_of_computing_chunks_it_would_drop(
         chunk16_model):
     """100 ms cycles, 16 actions of 33 ms: after warm-up each cycle starts when 110 ms of the chunk are left, one

@@ -67,17 +67,18 @@ def test_refusals_over_the_window_turn_warn_then_error_and_say_why():
     assert judge.judge(450 * S // 30, gate).level is Level.OK
 
 
-def test_with_chunks_a_refusal_is_explained_against_the_horizon_not_deadline_ms():
+def test_with_chunks_refusals_and_misses_are_explained_against_the_horizon_not_deadline_ms():
     gate = _gate(predicted_ms=250.0)
     now = gate.now_ns()
-    assert not gate.start_cycle(now, Horizon(end_ns=now + 200 * MS, last_ns=500 * MS))
+    assert not gate.start_cycle(now, Horizon(end_ns=None, last_ns=200 * MS))  # its chunk would be past
     judge = health()
     judge.record("refused", now)
     message = judge.judge(now, gate.snapshot()).message
-    assert "predicted cycle 250.0 ms" in message and "against the chunk's end (200.0 ms left" in message
+    assert "predicted cycle 250.0 ms" in message and "against the new chunk's last action" in message
     assert "10 ms margin" in message and "33 ms" not in message
-    assert gate.start_cycle(now, Horizon(end_ns=None, last_ns=500 * MS))
-    assert "the new chunk's own end" in judge.judge(now, gate.snapshot()).message
+    assert gate.start_cycle(now, Horizon(end_ns=now + 300 * MS, last_ns=500 * MS))
+    judge.record("missed", now)
+    assert "deadline the chunk's end (300.0 ms left at the start" in judge.judge(now, gate.snapshot()).message
 
 
 def test_any_miss_warns_by_default_and_a_failure_is_an_error_for_a_second():

@@ -334,6 +334,7 @@ class ReasoningNode(ManagedNode):
             "cycle_predicted_ms": stats.kinds["cycle"].predicted_ms,
             "deadline": "horizon" if self.horizon(self.engine.config.action.chunk) is not None else "fixed",
             "horizon_cycles": horizon.planned, "horizon_empty_starts": horizon.empty,
+            "horizon_late_starts": horizon.late,
             "horizon_left_at_start_ms": horizon.left_ms, "horizon_slack_ms": horizon.slack_ms,
             "horizon_slack_min_ms": horizon.slack_min_ms,
             "kv_policy": memory.policy, "episodes": self.episodes, "kv_tokens": memory.kv_tokens,

@@ -115,7 +115,8 @@ def _deadline(gate: AdmissionStats) -> str:
     if horizon.deadline == "held" and horizon.left_ms is not None:
         return f"the chunk's end ({horizon.left_ms:.1f} ms left at the start, less the {horizon.margin_ms:g} ms margin)"
     if horizon.deadline == "own":
-        return f"the new chunk's own end, less the {horizon.margin_ms:g} ms margin (no chunk held)"
+        return (f"the new chunk's last action, less the {horizon.margin_ms:g} ms margin (the chunk held runs out "
+                "first, or none is held)")
     return f"the {gate.deadline_ms:g} ms deadline"
 
 
