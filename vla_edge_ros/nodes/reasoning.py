@@ -332,7 +332,7 @@ class ReasoningNode(ManagedNode):
             "missed": stats.missed, "invalid_outputs": self.invalid_outputs, "engine_errors": self.engine_errors,
             "latency_p50_ms": latency.p50_ms, "latency_p99_ms": latency.p99_ms,
             "cycle_predicted_ms": stats.kinds["cycle"].predicted_ms,
-            "deadline": "horizon" if self.horizon(self.engine.config.action.chunk) is not None else "fixed",
+            "deadline": "fixed" if horizon.deadline == "fixed" else "horizon",  # the last cycle's
             "horizon_cycles": horizon.planned, "horizon_empty_starts": horizon.empty,
             "horizon_late_starts": horizon.late,
             "horizon_left_at_start_ms": horizon.left_ms, "horizon_slack_ms": horizon.slack_ms,
