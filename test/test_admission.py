@@ -37,7 +37,8 @@ _NAMES = {"alpha": "ema_alpha", "k": "margin_k", "deadline_ms": "deadline_ms", "
 
 
 def knobs(**settings) -> GateKnobs:
-    """Gate knobs by short names (alpha, k, deadline_ms, warmup, horizon_margin_ms); the others keep the schema's defaults."""
+    """Gate knobs by short names (alpha, k, deadline_ms, warmup, horizon_margin_ms); the others keep the schema's
+    defaults."""
     return GateKnobs.of({_NAMES[name]: value for name, value in settings.items()})
 
 

@@ -312,7 +312,8 @@ def test_execution_modes_run_side_by_side_and_report_jerk_starvation_and_distinc
 
 
 def test_the_execution_flag_takes_a_subset_of_the_modes(capsys):
-    args = build_parser().parse_args(["evaluate", "--execution", "sync, rtc", "--cost", "fixed:encode=250ms,decode=5ms"])
+    args = build_parser().parse_args(["evaluate", "--execution", "sync, rtc",
+                                      "--cost", "fixed:encode=250ms,decode=5ms"])
     assert args.execution == ("sync", "rtc") and args.cost.describe() == "fixed:encode=250ms,decode=5ms"
     assert build_parser().parse_args(["evaluate"]).execution is None
     with pytest.raises(SystemExit) as exit_info:

@@ -63,7 +63,7 @@ period by the publisher's action timeline (``action_timeline.py``), so the robot
 chunk is ready before the commands the timeline holds run out; a cycle's deadline is that moment, not a
 fixed ``deadline_ms`` after its frame. When the timeline executes chunks (``execution`` other than sync; a
 checkpoint of H = 1 under ``auto`` is sync), whoever drives the gate passes the timeline's ``Horizon`` (where
-its commands end, and how long a new chunk's executed part lasts) to ``start_cycle`` and ``start_at_ns``:
+its commands end, and when a new chunk's last executed action starts) to ``start_cycle`` and ``start_at_ns``:
 
 - while commands are held and the cycle is predicted to be ready before they run out, its deadline is their end
   ``E`` minus ``horizon_margin_ms`` m (finishing later is a miss, and the robot starves in between);
@@ -83,12 +83,15 @@ deadline, the same ``E`` with a frame period less to reach it, so every frame un
 too, and the chunk that ends the stop starts only after it. On the virtual clock at 30 Hz with 16-action
 chunks and cycles drawn uniformly from 140-260 ms (predicted at mean + 3 deviations, about 270 ms), refusing
 them starved 25.2 % of the ticks after the first chunk (286 refusals, 23.6 distinct commands a second);
-starting them starves 0.1 % (30.0 a second). At 12 actions: 53.6 % against 21.5 %. The first cycles are warm-up cycles as for any kind (admitted unless
-  that deadline has passed), so the first chunk is admitted whatever the model costs, as today.
+starting them starves 0.1 % (30.0 a second). At 12 actions: 53.6 % against 21.5 %.
+
+The first cycles are warm-up cycles as for any kind (admitted unless their deadline has passed, and the
+reasoner does not wait), so the first chunk comes whatever the model costs, as today.
 
 Without a horizon (H = 1, or ``sync``) nothing of this applies: the deadline is ``deadline_ms`` after the
-frame, exactly as before. ``snapshot().horizon`` counts the cycles planned either way and keeps the horizon
-left, the predicted cycle and their slack at the last start.
+frame, exactly as before. ``snapshot().horizon`` counts the cycles judged each way (planned on the held end,
+started with nothing held, started late) and keeps the horizon left, the predicted cycle and their slack at
+the last start.
 
 Percentiles come from a fixed-edge histogram, not a ring of recent samples: memory is constant, it
 covers the whole never-ending run (a ring's p99 would describe only its last window), and a query
