@@ -188,3 +188,31 @@ def test_lang_reach_words_each_episode_with_the_template_its_seed_draws():
         finally:
             default.destroy_node()
             worded.destroy_node()
+
+
+def test_in_chase_the_simulated_robot_s_frames_show_the_goal_moving():
+    """The world node steps chase like any task: each camera period the goal slides on, and the frame shows it."""
+    from sensor_msgs.msg import Image
+
+    with private_graph() as (context, executor):
+        sim = SimWorldNode("chase", image_topic="camera/image_raw", command_topic="vla/command", command_type="twist",
+                           instruction_topic="vla/instruction", context=context)
+        listener = rclpy.create_node("listener", context=context)
+        images = []
+        listener.create_subscription(Image, "/camera/image_raw", images.append, rclpy.qos.qos_profile_sensor_data)
+        executor.add_node(sim)
+        executor.add_node(listener)
+        try:
+            start = sim.env.layout[sim.env.goal].copy()
+            deadline = time.monotonic() + WAIT_S
+            while len(images) < 3:
+                assert time.monotonic() < deadline, "no frames from the chase world"
+                executor.spin_once(timeout_sec=0.05)
+            moved = sim.env.targets[sim.env.goal]
+            assert sim.env.time_s > 0 and not np.array_equal(moved, start)
+            assert np.array_equal(moved, sim.env.goal_position(round(sim.env.time_s * sim.spec.rate_hz)))
+        finally:
+            executor.remove_node(sim)
+            executor.remove_node(listener)
+            sim.destroy_node()
+            listener.destroy_node()

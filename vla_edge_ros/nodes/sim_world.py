@@ -1,7 +1,7 @@
 """The 2-D world as a robot on the graph: its camera on the image topic, its odometry on the odometry topic,
 its wheels on the command topic.
 
-`vla-edge run --sim reach|cue-reach|lang-reach` starts it in place of the synthetic camera, so the loop
+`vla-edge run --sim reach|cue-reach|lang-reach|chase` starts it in place of the synthetic camera, so the loop
 closes through DDS as on a robot: every camera period the world applies the newest command (zero once that
 is older than ``command_timeout_ms``: the robot's own safe stop), steps, and publishes its odometry as
 nav_msgs/Odometry (``CueReachEnv.odometry``: pose x, y and yaw, twist linear x, y and angular z; frame

@@ -30,7 +30,7 @@ A robot (white disc) must drive onto the goal, one of K targets that all look al
   executing. Steering on frames 300 ms old (seeds 0-19, ``test_sim.py``), the lead catches the
   goal in 1.33 s against 1.05 s fresh, the wait for the first answer; pursuing the goal's position
   takes 1.93 s. The goal and the expert's path may pass over a look-alike, which ``touched_wrong`` then
-  records (8 of 200 expert episodes).
+  records (3 of the expert episodes of seeds 0-99).
 
 Durations are whole frames: ``round(seconds * rate_hz)``. Commands are clipped per component to
 [-1, 1] (NaN -> 0) and move the robot by ``command * max_speed / rate_hz`` per step; the robot stops
