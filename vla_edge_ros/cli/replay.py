@@ -111,7 +111,8 @@ def _print_summary(report: dict[str, Any], out: Path) -> None:
         speed = policy["replay"]
         print(f"{name}: replayed {policy['frames']} frames at {speed['frames_per_s']:.1f} frames/s = "
               f"{speed['x_realtime']:.2f}x the bag's real time ({report['bag']['rate_hz']:.1f} Hz)")
-    print(f"wrote {out / 'report.json'}, report.md, predictions_*.csv, decisions_*.txt and plots", flush=True)
+    chunks = ", chunks_*.csv" if any("chunks_file" in policy for policy in report["policies"].values()) else ""
+    print(f"wrote {out / 'report.json'}, report.md, predictions_*.csv{chunks}, decisions_*.txt and plots", flush=True)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -21,7 +21,9 @@ report.json, schema ``vla_edge_ros.replay/3``::
         "tokens_seen", "kv_tokens", "compression_ratio" (tokens seen / tokens kept at the end),
         "action_error": null or {"compared", "max_gap_ms", "l1": [per dim], "rmse": [per dim], "l1_mean", "rmse_mean"},
         "replay": {"wall_s", "frames_per_s", "x_realtime"},
-        "decisions_file", "decisions_sha256", "predictions_file"}}}
+        "decisions_file", "decisions_sha256", "predictions_file",
+        "chunks_file" (only for a model of H > 1 actions a cycle: every action of every chunk beside the
+        recorded command for its moment, ``frame_files.py``)}}}
 
 Every frame is exactly one of deadline hit, missed, refused, stale, invalid, dropped or bad. An invalid
 output is never a deadline hit and never written as an action; report.md flags it, and ``vla-edge replay``
@@ -42,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from .commands import MAX_GAP_MS, RecordedCommands
-from .frame_files import decision_lines, write_predictions
+from .frame_files import decision_lines, write_chunks, write_predictions
 from .plots import PLOTS, write_plots
 from .session import PolicyRun
 
@@ -101,6 +103,7 @@ def summarize(run: PolicyRun, bag_duration_s: float, commands: RecordedCommands,
         "decisions_file": f"decisions_{run.policy}.txt",
         "decisions_sha256": hashlib.sha256(decisions.encode()).hexdigest(),
         "predictions_file": f"predictions_{run.policy}.csv",
+        **({"chunks_file": f"chunks_{run.policy}.csv"} if run.chunk > 1 else {}),
     }
 
 
@@ -114,6 +117,8 @@ def write_report(out: Path, bag: dict[str, Any], config: dict[str, Any], runs: l
         policies[run.policy] = summary = summarize(run, bag["duration_s"], commands, decisions)
         (out / summary["decisions_file"]).write_text(decisions)
         write_predictions(out / summary["predictions_file"], run, commands, bag["start_ns"])
+        if "chunks_file" in summary:
+            write_chunks(out / summary["chunks_file"], run, commands, bag["start_ns"])
     report = {"schema": SCHEMA, "bag": bag, "config": config, "policies": policies}
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "report.md").write_text(markdown(report))
@@ -167,6 +172,9 @@ def markdown(report: dict[str, Any]) -> str:
               "the recorded command it was compared with, the memory's size and the frames it kept and evicted;",
               "- `decisions_<policy>.txt`: the same per frame as one line, byte-identical between two runs under a "
               "fixed cost model;",
+              *(["- `chunks_<policy>.csv`: one row per action of each frame's chunk: the moment it is meant for "
+                 "and the recorded command nearest to it;"] if any("chunks_file" in p for p in policies.values())
+                else []),
               f"- plots: {', '.join(PLOTS)}; `report.json` (schema `{report['schema']}`).", ""]
     return "\n".join(lines)
 

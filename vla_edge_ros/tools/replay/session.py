@@ -4,7 +4,8 @@ The same objects as live, through the runtime's ``Driver``: the frame buffer (so
 arrive while the reasoner is busy overwrite each other and count as dropped), the admission gate,
 the engine and the reasoning cycle. Only the clock differs (``runtime/clock.py``). Every frame's fate
 is one ``FrameRecord``: a line of the decisions file (which a deterministic replay reproduces byte for
-byte: the gate's verdicts, the actions and what the memory kept) and a row of the predictions CSV.
+byte: the gate's verdicts, the actions and what the memory kept) and a row of the predictions CSV; a
+chunked model's (H > 1) whole chunk goes to the chunks CSV.
 With a ``DebugTarget``, each cycle's debug image is written too (``debug_frames.py``).
 """
 
@@ -57,6 +58,7 @@ class FrameRecord:
     ready_ns: int | None = None  # when its action was ready (a missed cycle may have one, late)
     action: np.ndarray | None = None  # clipped as the action publisher would
     memory: MemoryRecord | None = None  # the policy's memory after its cycle (None: no cycle ran)
+    chunk: np.ndarray | None = None  # a chunked model's actions [H, dof], clipped; row 0 is ``action`` (H = 1: None)
 
     @property
     def latency_ms(self) -> float | None:
@@ -71,6 +73,8 @@ class PolicyRun:
     policy: str
     frames: list[FrameRecord] = field(default_factory=list)  # in arrival order
     action_dims: int = 0
+    chunk: int = 1  # H, the actions a cycle gives (``vla.action.chunk``)
+    control_period_ns: int = 0  # action i of a chunk is meant for the frame's arrival + i periods
     write_unit: str = "frames"  # what ``MemoryRecord.writes`` and ``evictions`` count
     figure_names: tuple[str, ...] = ()  # the policy's own figures in ``MemoryRecord.figures``
     buffer_dropped: int = 0  # the frame buffer's own count of frames overwritten unread
@@ -100,12 +104,14 @@ class PolicyRun:
     def to_json(self) -> dict:
         """Plain JSON values (a unit's result file), from which ``from_json`` rebuilds this run exactly."""
         frames = [{**record.__dict__, "action": None if record.action is None else record.action.tolist(),
+                   "chunk": None if record.chunk is None else record.chunk.tolist(),
                    "memory": None if record.memory is None else record.memory.__dict__} for record in self.frames]
         return {**self.__dict__, "frames": frames}
 
     @classmethod
     def from_json(cls, data: dict) -> PolicyRun:
         frames = [FrameRecord(**{**f, "action": None if f["action"] is None else np.asarray(f["action"]),
+                                 "chunk": None if f.get("chunk") is None else np.asarray(f["chunk"]),
                                  "memory": None if f["memory"] is None else MemoryRecord(**{
                                      k: tuple(v) if isinstance(v, list) else v for k, v in f["memory"].items()})})
                   for f in data["frames"]]
@@ -133,8 +139,9 @@ def replay_policy(frames: Iterable[RecordedFrame], settings: Settings, policy: s
     layout = layout_for(size, node["debug_image.width"], publisher["command_type"])
     copies = FrameCopies()
     view = MemoryView(engine.policy)
-    run = PolicyRun(policy, action_dims=engine.config.action.dof, write_unit=view.write_unit,
-                    figure_names=view.figure_names)
+    horizon = engine.config.action.chunk
+    run = PolicyRun(policy, action_dims=engine.config.action.dof, chunk=horizon, control_period_ns=driver.period_ns,
+                    write_unit=view.write_unit, figure_names=view.figure_names)
     arrivals: list[int] = []
     records: dict[int, FrameRecord] = {}  # frame index -> what became of it; absent: overwritten unread
     pending: dict[int, int] = {}  # the buffer's unread frame: its sequence number -> frame index
@@ -161,11 +168,11 @@ def replay_policy(frames: Iterable[RecordedFrame], settings: Settings, policy: s
             clock.wait_until(following.arrival_ns)
             continue
         index = pending.pop(cycle.frame.seq)
-        action = cycle.result.action
+        chunk = None if cycle.result.chunk is None else np.stack(
+            [clip(row, publisher["action_min"], publisher["action_max"]) for row in cycle.result.chunk])
         records[index] = FrameRecord(
             index, arrivals[index], _outcome(cycle), _detail(cycle), clock(), cycle.result.ready_ns,
-            None if action is None else clip(action, publisher["action_min"], publisher["action_max"]),
-            view.after_cycle(index))
+            None if chunk is None else chunk[0], view.after_cycle(index), chunk if horizon > 1 else None)
         if pictures is not None:
             pictures.add(index, _picture(driver, cycle, copies, indices, layout, node["deadline_ms"]))
         progress(len(arrivals))
