@@ -14,6 +14,7 @@ from vla_edge_ros.engine.vla_engine import VlaEngine
 from vla_edge_ros.memory import FifoPolicy, make_policy
 from vla_edge_ros.model.checkpoint import load_checkpoint
 from vla_edge_ros.model.init_model import preset
+from vla_edge_ros.model.instruction import InstructionTokenizer
 from vla_edge_ros.model.vision import resize_frame
 from vla_edge_ros.train.demos import perception_samples, record_demo, sample_frames
 from vla_edge_ros.train.rollouts import aura_rollouts
@@ -383,7 +384,6 @@ TEMPLATES = ("head for the {color} marker, then stop right on it", "{color} one"
 def worded(tmp_path_factory):
     """A model that reads its instruction and the robot's odometry, its tokenizer, and a lang-reach and a reach
     demonstration worded by it (prompts of different lengths: the batch pads one)."""
-    from vla_edge_ros.model.instruction import InstructionTokenizer
     from vla_edge_ros.model.tokenizer_files import write_tokenizer
     from vla_edge_ros.train.demos import odometry_statistics
     from vla_edge_ros.train.wording import Wording, corpus
@@ -413,6 +413,8 @@ def test_a_model_that_reads_words_and_state_is_the_engine_in_a_padded_batch(word
     query reads a pad) is what the engine computes for that prompt and those odometry states alone."""
     model, directory, demos = worded
     frames, window = 10, 24
+    roles = InstructionTokenizer.load(directory, model.c.vocab_size).tokenizer.encode("user").ids
+    assert len(roles) == 1  # the chat template's words are in the tokenizer's corpus
     lengths = [len(demo.prompt) for demo in demos]
     assert lengths[0] != lengths[1] and demos[0].prompt != DEFAULT_PROMPT
     assert np.abs(demos[0].states[1:, 3:5]).max() > 0  # the robot moved: velocities are in the states

@@ -28,9 +28,13 @@ FIELD = "{color}"  # where a template's goal colour goes (tools/lang_reach.py's 
 MAX_TOKENS = 64  # reasoning.instruction_max_tokens' default: a template longer than that is refused
 
 
+CHAT_ROLES = ("system", "user", "assistant")  # the words the chat template writes around an instruction
+
+
 def corpus(templates: Sequence[str]) -> list[str]:
-    """The texts the tokenizer is trained on: every template with every colour."""
-    return [template.replace(FIELD, colour) for template in templates for colour in render.COLOUR_NAMES]
+    """The texts the tokenizer is trained on: every template with every colour, and the chat template's role
+    names (otherwise spelled out letter by letter in every prompt)."""
+    return [*CHAT_ROLES, *(template.replace(FIELD, colour) for template in templates for colour in render.COLOUR_NAMES)]
 
 
 @dataclass(frozen=True)
