@@ -526,9 +526,12 @@ def test_the_horizon_the_reasoning_gate_plans_on_follows_the_live_execution_sett
     slot.put(np.zeros((10, 2), dtype=np.float32), obs, 0, obs)
     horizon = node.horizon(10)
     assert horizon.end_ns == obs + 10 * 20 * MS and horizon.last_ns == 180 * MS  # auto: rtc for 10 actions
+    assert horizon.switch_ns == obs + 5 * 20 * MS  # rtc: the next chunk wanted by s = ceil(10 / 2)
     assert node.horizon(1) is None  # auto with one action a cycle: sync
     assert node.set_parameters([Parameter("execution_horizon", Parameter.Type.INTEGER, 4)])[0].successful
-    assert node.horizon(10).last_ns == 60 * MS
+    assert node.horizon(10).switch_ns == obs + 4 * 20 * MS and node.horizon(10).last_ns == 180 * MS
+    assert node.set_parameters([Parameter("execution", Parameter.Type.STRING, "chunk")])[0].successful
+    assert node.horizon(10).last_ns == 60 * MS and node.horizon(10).switch_ns is None  # chunk: the plan ends at s
     assert node.set_parameters([Parameter("execution", Parameter.Type.STRING, "sync")])[0].successful
     assert node.horizon(10) is None
     node.transition("deactivate")

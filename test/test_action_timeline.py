@@ -16,8 +16,10 @@ import yaml
 from vla_edge_ros.config import ConfigError, OutputKnobs, parse_settings
 from vla_edge_ros.runtime.action_output import ActionOutput, Outcome, check_fits_action
 from vla_edge_ros.runtime.action_slot import TimedAction, frozen_chunk
-from vla_edge_ros.runtime.action_timeline import ActionTimeline, ensemble_mean, resolve_execution, rtc_weights
+from vla_edge_ros.runtime.action_timeline import (ActionTimeline, ensemble_mean, execution_rows, held_rows,
+                                                  resolve_execution, rtc_weights)
 from vla_edge_ros.runtime.admission import Horizon
+from vla_edge_ros.tools.evaluate import jerk
 
 MS = 1_000_000
 P = 10 * MS  # the control period
@@ -135,7 +137,9 @@ def test_the_gate_plans_on_what_the_timeline_will_execute():
     ensemble.tick(20)
     ensemble.newest = chunk(ramp(0, 8), obs_ms=30, ready_ms=45)
     ensemble.tick(50)
-    assert ensemble.timeline.horizon(ensemble.newest, 8, ensemble.knobs, P) == Horizon(110 * MS, 70 * MS)
+    # blending: the commands run out after H = 8 actions of the newest chunk, the next should take over at s = 4,
+    # and a new chunk can be taken over until its last (8th) action
+    assert ensemble.timeline.horizon(ensemble.newest, 8, ensemble.knobs, P) == Horizon(110 * MS, 70 * MS, 70 * MS)
 
 
 def test_a_chunk_that_is_over_by_the_time_it_is_ready_is_rejected_as_late():
@@ -225,6 +229,93 @@ def test_rtc_weights_match_the_paper_and_are_monotone():
     assert weights[0] == 1.0 and weights[-1] == 0.0 and np.all(np.diff(weights) <= 0)
 
 
+# --- the execution horizon: the next chunk at s, the old chunk's last H - s actions to blend over ------------------
+
+def test_the_execution_horizon_is_half_the_chunk_when_the_mode_blends_and_the_whole_chunk_otherwise():
+    assert [execution_rows(mode, 8, 0) for mode in ("sync", "chunk", "ensemble", "rtc")] == [8, 8, 4, 4]
+    assert [execution_rows("rtc", 7, 0), execution_rows("ensemble", 2, 0)] == [4, 1]
+    assert execution_rows("ensemble", 1, 0) == 1
+    assert [execution_rows(mode, 8, 6) for mode in ("chunk", "rtc")] == [6, 6] and execution_rows("rtc", 8, 20) == 8
+    assert [held_rows(mode, 8, 3) for mode in ("chunk", "ensemble", "rtc")] == [3, 8, 8]
+
+
+@pytest.mark.parametrize("execution", ["ensemble", "rtc"])
+def test_a_blending_mode_wants_the_next_chunk_at_s_and_goes_on_to_the_chunk_s_end_when_it_is_late(execution):
+    """The gate is asked for the next chunk by action s = 4 of 8 (switch_ns); the rest of the chunk is held, so a
+    late chunk does not starve the robot before action 8. chunk mode with s = 4 ends there (the test above)."""
+    run = Run(execution=execution)
+    run.newest = chunk(ramp(0, 8), obs_ms=0, ready_ms=5)
+    assert run.timeline.horizon(run.newest, 8, run.knobs, P) == Horizon(80 * MS, 70 * MS, 40 * MS)
+    assert [run.values(t) for t in range(10, 80, 10)] == [(float(i),) for i in range(1, 8)]
+    assert run.timeline.horizon(run.newest, 8, run.knobs, P) == Horizon(80 * MS, 70 * MS, 40 * MS)
+    assert run.tick(80).outcome is Outcome.STARVED
+    explicit = Run(execution=execution, execution_horizon=6)
+    explicit.newest = chunk(ramp(0, 8), obs_ms=0, ready_ms=5)
+    assert explicit.timeline.horizon(explicit.newest, 8, explicit.knobs, P).switch_ns == 60 * MS
+
+
+def every_s_ticks(execution: str, chunks: list[np.ndarray], **values) -> np.ndarray:
+    """Commands under ``execution`` of chunks of 8 actions (P = 10 ms) handed over one every 4 ticks: chunk k
+    observed at 95 + 40 k ms and ready 4 ms later (d = 1 action), so taken over at the tick of 100 + 40 k ms,
+    which is the end of the previous chunk's execution horizon (s = 4 of 8 in the blending modes by default).
+    One command a tick from 100 ms until the last chunk runs out."""
+    run = Run(execution=execution, **values)
+    commands = []
+    for k, rows in enumerate(chunks):
+        run.newest = chunk(rows, obs_ms=95 + 40 * k, ready_ms=99 + 40 * k)
+        ticks = 8 if k == len(chunks) - 1 else 4
+        commands += [run.values(t)[0] for t in range(100 + 40 * k, 100 + 40 * k + 10 * ticks, 10)]
+    assert run.timeline.starved_ticks == 0 and run.timeline.accepted == len(chunks)
+    return np.asarray(commands)
+
+
+def test_with_h_8_and_a_chunk_every_s_4_ticks_rtc_differs_from_chunk_over_the_overlap_exactly_by_the_weights():
+    """Chunk k is taken over at its action 0 (index floor(5 / 10)), which was due while it was computed (d = 1):
+    frozen. The previous plan holds its times up to the previous chunk's 8th action, 4 actions after its
+    execution horizon: e = 4, the overlap H - s, blended with the soft mask; chunk commands chunk k alone.
+    ensemble commands the mean of the two chunks covering each tick (chunk k and k - 1, whose actions 4-7
+    overlap chunk k's 0-3)."""
+    rng = np.random.default_rng(3)
+    chunks = [rng.uniform(-1, 1, (8, 1)).astype(np.float32) for _ in range(6)]
+    rtc, plain, ensemble = (every_s_ticks(mode, chunks) for mode in ("rtc", "chunk", "ensemble"))
+    weights = [soft(i, 1, 4) for i in range(4)]
+    np.testing.assert_allclose(weights, [1.0, 0.48760, 0.18880, 0.04130], atol=5e-5)
+    np.testing.assert_array_equal(plain[:4], chunks[0][:4, 0])
+    np.testing.assert_allclose(rtc[:4], plain[:4])  # nothing to blend with
+    for k in range(1, len(chunks)):
+        for i in range(4):
+            tick = 4 * k + i
+            old, new = float(chunks[k - 1][4 + i, 0]), float(chunks[k][i, 0])
+            assert plain[tick] == new
+            assert rtc[tick] - plain[tick] == pytest.approx(weights[i] * (old - new), abs=1e-9)
+            assert ensemble[tick] == pytest.approx(ensemble_mean([np.array([old]), np.array([new])], 0.01)[0])
+    np.testing.assert_allclose(rtc[-4:], chunks[-1][4:, 0])  # past the overlap, the last chunk alone
+    np.testing.assert_allclose(ensemble[-4:], chunks[-1][4:, 0])
+
+
+def test_a_chunk_that_disagrees_with_the_running_plan_is_commanded_more_smoothly_by_rtc_and_ensemble():
+    """Chunks that sample one smooth path (a velocity command, 0.5 sin(2 pi t / 0.8 s)), with chunk 3 and those after
+    it shifted by 0.6 (a new plan, discontinuous with the old), or every chunk shifted by its own random offset (a
+    model that disagrees with itself): chunk jumps where the chunks meet, rtc and ensemble ease over the overlap.
+    Jerk is evaluate's (RMS over ticks of the second difference / dt^2)."""
+    rng = np.random.default_rng(5)
+
+    def path(k: int, offset: float) -> np.ndarray:
+        t = (95 + 40 * k + 10 * np.arange(8)) / 1000.0
+        return (0.5 * np.sin(2 * np.pi * t / 0.8) + offset).astype(np.float32)[:, None]
+
+    for offsets in ([0.0] * 3 + [0.6] * 5, rng.uniform(-0.3, 0.3, 8)):  # jerk rtc / chunk 0.41, ensemble 0.71-0.74
+        chunks = [path(k, offset) for k, offset in enumerate(offsets)]
+        rms = {mode: float(np.sqrt(np.mean(jerk(every_s_ticks(mode, chunks)[:, None], 0.01) ** 2)))
+               for mode in ("chunk", "ensemble", "rtc")}
+        assert rms["rtc"] < 0.6 * rms["chunk"] and rms["ensemble"] < 0.8 * rms["chunk"], rms
+    same = [path(k, 0.0) for k in range(8)]  # chunks that agree: every mode commands the path itself
+    smooth = {mode: every_s_ticks(mode, same) for mode in ("chunk", "ensemble", "rtc")}
+    np.testing.assert_allclose(smooth["rtc"], smooth["chunk"], atol=1e-6)
+    np.testing.assert_allclose(smooth["ensemble"], smooth["chunk"], atol=1e-6)
+
+
+
 # --- chunk safety --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("execution", ["sync", "chunk", "ensemble", "rtc"])
@@ -254,6 +345,59 @@ def test_a_chunk_that_jumps_from_the_running_command_is_rejected_and_the_old_one
     run.newest = chunk(np.full((8, 1), 0.6), obs_ms=20, ready_ms=25)  # within 0.5 of 0.3: accepted
     assert run.timeline.accepted == 1
     assert run.values(30)[0] >= 0.3 and run.timeline.accepted == 2
+
+
+def test_ensemble_checks_the_blend_it_commands_not_only_the_new_chunk():
+    """Two chunks that each keep within max_step 0.3: the old one at rest, the new one rising 0.3 a tick from 0. Their
+    mean rises 0.15 a tick, but where the old chunk ends the mean jumps to the new chunk's action alone: 0.6 in
+    one tick. Checking the new chunk alone would let that step through; the blend is what is checked, so the
+    chunk is rejected and the old one goes on. Limits loose enough for the step let it through, as blended."""
+    rising = (0.3 * np.clip(np.arange(8) - 1, 0, None)).astype(np.float32)[:, None]  # 0, 0, 0.3, ..., 1.8
+    for max_step, accepted in ((0.3, 1), (0.7, 2)):
+        run = Run(execution="ensemble", safety_max_step=[max_step])
+        run.newest = chunk(np.zeros((8, 1)), obs_ms=0, ready_ms=5)
+        run.tick(40)
+        run.newest = chunk(rising, obs_ms=40, ready_ms=45)
+        commands = [run.values(t) for t in range(50, 120, 10)]
+        assert run.timeline.accepted == accepted
+        if accepted == 1:  # the old chunk to its end, then a stop
+            assert run.timeline.rejected["step"] == 1
+            assert "step 0.6015 in dimension 0 (at executed action 2)" in run.timeline.last_rejection
+            assert commands[:3] == [(0.0,)] * 3 and commands[3:] == [None] * 4
+        else:
+            steps = [abs(b[0] - a[0]) for a, b in zip(commands, commands[1:])]
+            assert max(steps) == steps[2] == pytest.approx(0.6, abs=0.01)
+
+
+@pytest.mark.parametrize("execution", ["ensemble", "rtc"])
+def test_what_a_blending_mode_commands_keeps_every_limit_from_tick_to_tick_over_a_long_stream(execution):
+    """Random chunks (random walks from a random offset, some steep), one every 4 ticks, some late: between two
+    consecutive ticks commanding actions the change is within max_step (max_jump at a tick where a new chunk
+    takes over) and, for positions, the second difference within max_acceleration dt^2 wherever no chunk took
+    over inside it. What is commanded, blended, is what was checked."""
+    rng = np.random.default_rng(11)
+    max_jump, max_step, max_acceleration = 0.4, 0.12, 600.0  # positions: 0.06 second difference at 10 ms
+    run = Run(execution=execution, safety_values_are="positions", safety_max_jump=[max_jump],
+              safety_max_step=[max_step], safety_max_acceleration=[max_acceleration])
+    ticks = []  # (values, taken over at this tick)
+    for cycle in range(150):
+        obs = 100 + 40 * cycle - 5
+        bends = rng.uniform(-1, 1, (8, 2)) * rng.choice([0.01, 0.03, 0.09])
+        rows = (rng.uniform(-0.3, 0.3) + np.cumsum(np.cumsum(bends, axis=0), axis=0)).astype(np.float32)
+        late = 20 * (cycle % 7 == 3)  # now and then a chunk is ready two ticks after the switch
+        run.newest = chunk(rows, obs_ms=obs, ready_ms=obs + late + 4)
+        for t in range(100 + 40 * cycle, 140 + 40 * cycle, 10):
+            before = run.timeline.accepted
+            command = run.tick(t)
+            ticks.append((np.array(command.values) if command.outcome is Outcome.FRESH else None,
+                          run.timeline.accepted > before))
+    assert 20 < run.timeline.accepted < 130 and run.timeline.rejected["step"] + run.timeline.rejected["jump"] > 10
+    for (a, _), (b, took_over) in zip(ticks, ticks[1:]):
+        if a is not None and b is not None:
+            assert np.abs(b - a).max() <= (max_jump if took_over else max_step) + 1e-6
+    for (a, _), (b, over_b), (c, over_c) in zip(ticks, ticks[1:], ticks[2:]):
+        if a is not None and b is not None and c is not None and not (over_b or over_c):
+            assert np.abs(c - 2 * b + a).max() <= max_acceleration * 0.01**2 + 1e-6
 
 
 def test_after_a_stop_there_is_no_running_command_to_jump_from():

@@ -441,3 +441,30 @@ def test_the_horizon_margin_is_live():
     assert gate.start_at_ns(held) == clock()  # 300 - 60 < 250: at once, and late
     assert gate.start_cycle(clock(), held).deadline_ns == clock.after(440)
     assert gate.snapshot().horizon.late == 1
+
+
+def test_a_blending_mode_is_planned_on_the_execution_horizon_and_a_slower_cycle_on_the_held_end():
+    """rtc / ensemble hold the chunk to its end E (500 ms left) but want the next chunk by the end of the execution
+    horizon S (300 ms left), so that the rest of the chunk is the overlap it blends over: the reasoner waits until
+    S - margin - predicted and the cycle's deadline is S - margin. A cycle predicted past S but before E is planned
+    on E (shortened: it blends over less); one past E starts late, by its own chunk's last action."""
+    gate, clock = cycle_trained(250.0)
+    blending = Horizon(end_ns=clock.after(500), last_ns=700 * NS_PER_MS, switch_ns=clock.after(300))
+    assert blending.target_ns == clock.after(300)
+    assert gate.start_at_ns(blending) == clock.after(300 - 10 - 250)
+    clock.advance(40)
+    cycle = gate.start_cycle(clock(), blending)
+    assert cycle.verdict is Verdict.ADMITTED and cycle.deadline_ns == blending.switch_ns - 10 * NS_PER_MS
+    horizon = gate.snapshot().horizon
+    assert (horizon.deadline, horizon.planned, horizon.shortened, horizon.left_ms, horizon.slack_ms) == (
+        "switch", 1, 0, 460.0, 200.0)  # left and slack: to E, where the robot would starve
+    clock.advance(100)  # 160 ms left to S, 360 to E
+    cycle = gate.start_cycle(clock(), blending)
+    assert cycle.verdict is Verdict.ADMITTED and cycle.deadline_ns == blending.end_ns - 10 * NS_PER_MS
+    horizon = gate.snapshot().horizon
+    assert (horizon.deadline, horizon.planned, horizon.shortened, horizon.late) == ("held", 2, 1, 0)
+    clock.advance(200)  # 160 ms left to E
+    frame = clock()
+    assert gate.start_cycle(frame, blending).deadline_ns == frame + 690 * NS_PER_MS
+    assert gate.snapshot().horizon.late == 1
+    assert Horizon(clock.after(100), 0, clock.after(300)).target_ns == clock.after(100)  # never past E

@@ -248,11 +248,15 @@ def _at_control_rate(driver: Driver, ticks: int, rate_hz: float = 30.0) -> tuple
     return cycles, commands
 
 
-def test_a_250_ms_model_at_30_hz_with_16_action_chunks_is_never_refused_and_never_starves(chunk16_model):
-    """The gate plans on the horizon: each 250 ms cycle starts when the chunk held has its cost plus the 10 ms
-    margin left, so the next chunk is in before it runs out. Today's fixed 33 ms deadline (sync) refuses every
-    cycle once warm and the robot stands still on safe stops."""
-    publisher = {"control_rate_hz": 30.0, "action_min": [-1e6], "action_max": [1e6]}
+@pytest.mark.parametrize("execution", ["chunk", "auto"])
+def test_a_250_ms_model_at_30_hz_with_16_action_chunks_is_never_refused_and_never_starves(chunk16_model, execution):
+    """The gate plans on the horizon. chunk: each 250 ms cycle starts when the chunk held has its cost plus the 10 ms
+    margin left, so the next chunk is in before it runs out. auto (rtc) wants the next chunk by the end of the
+    execution horizon, 8 actions (267 ms) after the held chunk's frame, which two 250 ms cycles cannot meet: each
+    cycle starts as soon as the previous chunk is in and the next frame arrives, planned on the held chunk's end
+    (shortened), and is in before the 16th action. Today's fixed 33 ms deadline (sync) refuses every cycle once
+    warm and the robot stands still on safe stops."""
+    publisher = {"control_rate_hz": 30.0, "action_min": [-1e6], "action_max": [1e6], "execution": execution}
     costs = parse_cost("fixed:encode=250ms,decode=1ms")
     driver = _driver(_settings(chunk16_model, publisher=publisher), costs)
     cycles, commands = _at_control_rate(driver, 150)  # 5 s
@@ -260,14 +264,19 @@ def test_a_250_ms_model_at_30_hz_with_16_action_chunks_is_never_refused_and_neve
     assert stats.refused == stats.missed == stats.stale == 0 and len(cycles) >= 17
     assert all(cycle.result.chunk is not None for cycle in cycles)
     assert stats.horizon.planned == len(cycles) - 1 and stats.horizon.empty == 1  # the first: nothing held
-    assert stats.horizon.slack_min_ms == 0.0 and stats.horizon.predicted_ms == 250.0
+    if execution == "chunk":
+        assert stats.horizon.slack_min_ms == 0.0 and stats.horizon.shortened == 0
+    else:
+        assert stats.horizon.shortened == stats.horizon.planned and stats.horizon.slack_min_ms > 0
+    assert stats.horizon.predicted_ms == 250.0
     first = next(i for i, command in enumerate(commands) if command.outcome is Outcome.FRESH)
     after = commands[first:]
     assert all(command.outcome is Outcome.FRESH for command in after)
     assert driver.timeline.starved_ticks == driver.timeline.starvation_events == 0
     assert sum(a.values != b.values for a, b in zip(after, after[1:])) == len(after) - 1  # 30 distinct a second
     assert driver.timeline.figures(len(commands) * round(1e9 / 30), driver.knobs)["distinct_commands_hz"] >= 29.0
-
+    if execution == "auto":
+        return
     sync = _driver(_settings(chunk16_model, publisher={**publisher, "execution": "sync"}), costs)
     cycles, commands = _at_control_rate(sync, 150)
     stats = sync.gate.snapshot()
@@ -310,9 +319,9 @@ def test_a_cycle_predicted_to_miss_the_held_chunk_still_starts_so_a_varying_mode
 
 def test_a_model_faster_than_its_chunk_waits_for_the_horizon_instead_of_computing_chunks_it_would_drop(
         chunk16_model):
-    """100 ms cycles, 16 actions of 33 ms: after warm-up each cycle starts when 110 ms of the chunk are left, one
-    every 400 ms, rather than back to back (one every 133 ms at this camera rate), and none starves."""
-    publisher = {"control_rate_hz": 30.0, "action_min": [-1e6], "action_max": [1e6]}
+    """chunk, 100 ms cycles, 16 actions of 33 ms: after warm-up each cycle starts when 110 ms of the chunk are left,
+    one every 400 ms, rather than back to back (one every 133 ms at this camera rate), and none starves."""
+    publisher = {"control_rate_hz": 30.0, "action_min": [-1e6], "action_max": [1e6], "execution": "chunk"}
     costs = parse_cost("fixed:encode=100ms,decode=1ms")
     driver = _driver(_settings(chunk16_model, publisher=publisher), costs)
     cycles, commands = _at_control_rate(driver, 150)
@@ -472,3 +481,37 @@ def test_decode_blocks_counts_the_decode_blocks_a_cycle_runs(tmp_path, head, chu
     assert driver.reason().result.chunk is not None
     assert driver.gate.snapshot().kinds["decode"].completed == blocks
     assert driver.clock() == 8 * NS_PER_MS + blocks * NS_PER_MS  # COSTS: encode 8 ms, decode 1 ms
+
+
+def test_rtc_asks_for_the_next_chunk_by_the_end_of_the_execution_horizon_and_blends_over_the_rest(chunk16_model):
+    """auto (rtc), 100 ms cycles, 16 actions at 30 Hz, execution_horizon left at 0: s = 8. After warm-up each cycle
+    starts 110 ms before the held chunk's 8th action (267 ms after its frame), so every chunk is ready 10 ms before
+    it, and the held chunk's last 8 actions are the overlap the new one is blended toward: every tick then commands
+    a blend, not the newest chunk's own action as chunk would. A cycle every 4 frames, none refused or missed, no
+    starved tick."""
+    publisher = {"control_rate_hz": 30.0, "action_min": [-1e6], "action_max": [1e6]}
+    driver = _driver(_settings(chunk16_model, publisher=publisher), parse_cost("fixed:encode=100ms,decode=1ms"))
+    cycles, commands = _at_control_rate(driver, 150)
+    stats = driver.gate.snapshot()
+    period = round(1e9 / 30)
+    assert stats.refused == stats.missed == 0 and driver.timeline.starved_ticks == 0 and len(cycles) >= 30
+    assert stats.horizon.deadline == "switch" and stats.horizon.shortened == 0
+    warm = cycles[3:]
+    for previous, cycle in zip(warm, warm[1:]):
+        switch = previous.frame.receive_ns + 8 * period
+        assert cycle.result.ready_ns == switch - 10 * NS_PER_MS
+    starts = [cycle.result.ready_ns - 100 * NS_PER_MS for cycle in warm]
+    assert {round((b - a) / NS_PER_MS) for a, b in zip(starts, starts[1:])} == {133}
+    blended = own = 0
+    for tick, command in enumerate(commands):
+        t = tick * period
+        ready = [cycle for cycle in cycles if cycle.result.ready_ns <= t]
+        if len(ready) < 6:
+            continue
+        newest = ready[-1]
+        action = newest.result.chunk[(t - newest.frame.receive_ns) // period]
+        if command.values == tuple(float(v) for v in action):
+            own += 1
+        else:
+            blended += 1
+    assert blended > 100 and own == 0

@@ -79,6 +79,9 @@ def test_with_chunks_refusals_and_misses_are_explained_against_the_horizon_not_d
     assert gate.start_cycle(now, Horizon(end_ns=now + 300 * MS, last_ns=500 * MS))
     judge.record("missed", now)
     assert "deadline the chunk's end (300.0 ms left at the start" in judge.judge(now, gate.snapshot()).message
+    assert gate.start_cycle(now, Horizon(end_ns=now + 600 * MS, last_ns=500 * MS, switch_ns=now + 300 * MS))  # rtc
+    assert ("deadline the end of the execution horizon, less the 10 ms margin (the chunk held had 600.0 ms left"
+            in judge.judge(now, gate.snapshot()).message)
 
 
 def test_any_miss_warns_by_default_and_a_failure_is_an_error_for_a_second():

@@ -172,9 +172,12 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               "its overlap with the running plan blended toward it). auto: rtc for a chunked checkpoint, sync "
               "for one action a cycle. A safe stop when every chunk has run out (starvation).",
               choices=EXECUTIONS, read_only=False),
-        Param("execution_horizon", 0, "The most actions of each chunk that are executed (its first ones); 0: all "
-              "of them. A chunk's plan ends there, so a shorter horizon starves sooner unless the next chunk comes "
-              "in time.", minimum=0, maximum=1024, read_only=False),
+        Param("execution_horizon", 0, "s: how many of each chunk's actions, from its observation, are executed "
+              "before the next chunk should take over; the reasoning gate starts the next cycle so that its chunk is "
+              "ready by then. chunk: the chunk's plan ends there (a shorter s starves sooner unless the next chunk "
+              "comes in time). rtc and ensemble: the rest of the chunk (H - s actions) is the overlap the next chunk "
+              "is blended over, and what runs when it is late. 0: H in chunk, ceil(H / 2) in rtc and ensemble.",
+              minimum=0, maximum=1024, read_only=False),
         Param("ensemble_decay", 0.01, "ensemble: chunk j of those holding an action for the tick (0 the oldest) "
               "weighs exp(-ensemble_decay * j), as ACT weighs them; above 0 favours older chunks (smoother), below "
               "0 newer ones.", minimum=-10.0, maximum=10.0, read_only=False),
@@ -260,10 +263,11 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               "frame's arrival, or it is not started. A chunked checkpoint whose chunks are not executed in sync "
               "plans on the chunk's horizon instead (horizon_margin_ms).", minimum=1.0, maximum=1000.0,
               read_only=False),
-        Param("horizon_margin_ms", 10.0, "Chunks (execution other than sync): a cycle's deadline is the moment "
-              "the commands the action timeline holds run out, minus this margin, and the next cycle starts when "
-              "the horizon left falls to its predicted cost plus this margin. Covers the hand-over to the "
-              "publisher and jitter beyond the predicted cost.", minimum=0.0, maximum=1000.0, read_only=False),
+        Param("horizon_margin_ms", 10.0, "Chunks (execution other than sync): the next chunk is wanted this long "
+              "before the end of the held chunk's execution horizon (rtc, ensemble) or of the commands the action "
+              "timeline holds (chunk): that moment is a cycle's deadline, and the next cycle starts when the time "
+              "to it falls to its predicted cost plus this margin. Covers the hand-over to the publisher and jitter "
+              "beyond the predicted cost.", minimum=0.0, maximum=1000.0, read_only=False),
         Param("ema_alpha", 0.1, "Weight of the newest measurement in the per-block cost estimate.",
               minimum=0.001, maximum=1.0, read_only=False),
         Param("margin_k", 3.0, "Safety margin: predicted cost = mean + margin_k x mean absolute deviation.",

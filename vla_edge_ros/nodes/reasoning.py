@@ -14,9 +14,10 @@ the episode memory when the store is configured to; cleanup drops the engine, an
 with it. A failed configure leaves the node unconfigured with the reason (``ManagedNode.failure``).
 
 A chunked model whose chunks the publisher's timeline executes (``action_publisher.execution`` other than sync)
-is planned on the horizon (``runtime/admission.py``): before taking a frame the loop waits until the commands
-the timeline holds come within the predicted cycle, and the cycle's deadline is where they run out
-(``horizon``, handed over by bringup; without it, the fixed ``deadline_ms``).
+is planned on the horizon (``runtime/admission.py``): before taking a frame the loop waits until the moment the
+next chunk should take over (the end of the held chunk's execution horizon in rtc and ensemble, where the
+commands the timeline holds run out in chunk) comes within the predicted cycle, and that moment is the cycle's
+deadline (``horizon``, handed over by bringup; without it, the fixed ``deadline_ms``).
 
 Live changes reach the engine between cycles, on the reasoning thread: gate knobs at once, memory
 policy knobs (``kv.*``) at the start of the next cycle, and a new ``kv.policy`` at the next episode,
@@ -333,8 +334,8 @@ class ReasoningNode(ManagedNode):
             "latency_p50_ms": latency.p50_ms, "latency_p99_ms": latency.p99_ms,
             "cycle_predicted_ms": stats.kinds["cycle"].predicted_ms,
             "deadline": "fixed" if horizon.deadline == "fixed" else "horizon",  # the last cycle's
-            "horizon_cycles": horizon.planned, "horizon_empty_starts": horizon.empty,
-            "horizon_late_starts": horizon.late,
+            "horizon_cycles": horizon.planned, "horizon_shortened": horizon.shortened,
+            "horizon_empty_starts": horizon.empty, "horizon_late_starts": horizon.late,
             "horizon_left_at_start_ms": horizon.left_ms, "horizon_slack_ms": horizon.slack_ms,
             "horizon_slack_min_ms": horizon.slack_min_ms,
             "kv_policy": memory.policy, "episodes": self.episodes, "kv_tokens": memory.kv_tokens,

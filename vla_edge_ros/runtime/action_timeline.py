@@ -14,8 +14,31 @@ next chunk is computed while this one executes. The timeline is what the publish
 
 Indices. At time t a chunk's index is floor((t - t_obs) / P): the action whose period holds t. The tick at
 which a chunk is first offered is its take-over tick, k0 its index there: actions [0, k0) are already
-in the past. ``execution_horizon`` s (0 or above H: H) keeps only actions [0, s) of each chunk, so a
-chunk's plan ends at t_obs + s P.
+in the past.
+
+The execution horizon s (``execution_horizon``; above H: H) is how many of a chunk's actions, counted from its
+observation, are executed before the next chunk should take over: the admission gate starts the next inference
+so that it is ready by t_obs + s P (``horizon``, ``admission.py``). What the rest of the chunk is for depends on
+the mode:
+
+- ``chunk``: nothing: its plan is A[k0:s] and ends at t_obs + s P (a starved tick after it). 0 (the default)
+  is s = H, the whole chunk.
+- ``rtc`` and ``ensemble``: the actions A[s:H] are held too. They are the overlap the next chunk is blended
+  toward (RTC's H - s actions of the previous chunk; ACT's ensemble of every chunk covering a tick), and, when
+  the next chunk is late, what the robot goes on executing: these modes starve only past t_obs + H P. 0 (the
+  default) is s = ceil(H / 2): the next chunk is asked for half a chunk early, leaving half of the old one
+  (8 ticks of 16, 267 ms at 30 Hz) to blend over. With one reasoning thread a chunk can be ready by s only if
+  s P holds two cycles (its own, and the one before it, whose chunk must be in before its frame is taken),
+  the margin m and the age of the frame when taken: s = 8 of 16 at 30 Hz serves a cycle of up to
+  (267 - 10) / 2, about 128 ms. A slower model does not starve for it: its cycles run back to back, each
+  next chunk takes over later and the overlap shrinks toward H P - 2 cycles (with H = 16 at 30 Hz, one tick
+  or none at 250 ms: two cycles and the wait for a frame put the next chunk 500-517 ms after the held chunk's
+  frame, in its last action; no s gives more). A larger s asks less of the model and leaves less overlap; a
+  smaller one asks for chunks more often (a cycle every s P - m - cycle, down to a frame: every 133 ms for a
+  100 ms model with H = 16 and s = 8, 2.8 times as many cycles as ``chunk``, which waits for the chunk's end).
+  H / 2 is what LeRobot's async-inference examples use (``chunk_size_threshold`` 0.5). In the RTC paper s
+  counts from the chunk's observation to the *start* of the next inference (so d <= s <= H - d); here the
+  next chunk is to be *ready* by s, so that all of A[s:H] is overlap.
 
 The modes, after a chunk is accepted (``auto``: rtc for a chunk of H > 1, sync for H = 1):
 
@@ -23,15 +46,18 @@ The modes, after a chunk is accepted (``auto``: rtc for a chunk of H > 1, sync f
   (since r), then STALE: the rule from before chunks, exactly. Only A[0] is checked and executed.
 - ``chunk``: the newest chunk at once: the plan becomes A[k0:s], the previous plan is dropped.
 - ``ensemble`` (ACT's temporal ensembling): every accepted chunk that holds an action for the tick (its
-  index in [0, s)) takes part, oldest first; chunk j of them weighs exp(-m j), m = ``ensemble_decay``, and
-  the tick commands the weighted mean. m > 0 favours older chunks, as ACT's 0.01 does.
+  index in [0, H): each chunk's whole span, as ACT averages every prediction made for a step; within s
+  instead, a chunk ready by the previous one's s would share no tick with it) takes part, oldest first; chunk
+  j of them weighs exp(-m j), m = ``ensemble_decay``, and the tick commands the weighted mean. m > 0 favours
+  older chunks, as ACT's 0.01 does.
 - ``rtc`` (real-time chunking, Black, Galliker and Levine, arXiv 2506.07339): the new chunk is stitched
   onto the plan being executed, on the new chunk's indices i from k0:
     - i < k0: already in the past, dropped (the robot executed the previous plan there);
     - k0 <= i < d, d = ceil((r - t_obs) / P) the inference delay in actions: due while the chunk was being
       computed, so committed to the previous plan: frozen (weight 1 on the previous plan);
-    - d <= i < e, e the end of the overlap with the previous plan: blended W_i prev + (1 - W_i) A[i], with
-      the paper's soft mask W_i = c_i (exp(c_i) - 1) / (exp(1) - 1), c_i = (e - i) / (e - d + 1), which
+    - d <= i < e, e the end of the overlap with the previous plan (where it ends: the previous chunk's H-th
+      action, so H - s actions after the switch when the chunk came at s): blended W_i prev + (1 - W_i) A[i],
+      with the paper's soft mask W_i = c_i (exp(c_i) - 1) / (exp(1) - 1), c_i = (e - i) / (e - d + 1), which
       decays from nearly 1 to nearly 0 over the overlap;
     - i >= e: A[i] alone (the previous plan holds nothing there).
   The previous plan is sampled at the new chunk's times (the action it would command then). The paper's
@@ -39,18 +65,27 @@ The modes, after a chunk is accepted (``auto``: rtc for a chunk of H > 1, sync f
   guidance"); a one-shot head (``mlp``) has no denoising steps to guide, so only this inference-time
   blending of the executed plan is implemented: the chunk itself is not made consistent with the prefix.
 
-The admission gate plans on what the timeline holds (``horizon``: where its commands end, read by the
-reasoning thread): a chunked model's next cycle starts when that end comes within the predicted cycle, and
-must be ready by then (``admission.py``).
+What chunk, ensemble and rtc command is computed when a chunk is accepted, as a plan on the new chunk's grid
+(ensemble samples every chunk at the new chunk's times, as rtc samples the previous plan), and each tick
+commands the plan's action for its time: what is commanded is what was checked. A live change of
+``execution`` (between those three), ``execution_horizon`` or ``ensemble_decay`` applies from the next chunk;
+to or from sync at once.
+
+The admission gate plans on what the timeline holds (``horizon``: where its commands end, and where the
+execution horizon ends, read by the reasoning thread): a chunked model's next cycle starts when the execution
+horizon's end comes within the predicted cycle, and must be ready by then (``admission.py``).
 
 Starvation: in ``chunk``, ``ensemble`` and ``rtc``, a tick that no accepted chunk holds an action for
 commands the safe stop (outcome STARVED; NONE before the first chunk), counted per tick and per event
 (a run of starved ticks). ``action_timeout_ms`` plays no part there: a chunk's horizon is its timeout.
 
-Chunk safety judges what would be executed: A[0] (sync), A[k0:s] (chunk, ensemble), the stitched plan
-(rtc), against the command being executed (the action the last tick commanded; none after a stop). A
-chunk that fails is rejected and the timeline goes on with what it held, down to a stop when that runs
-out. A chunk offered when all its executable actions are past is rejected as ``late``.
+Chunk safety judges what would be commanded from the take-over tick on, if no other chunk came: A[0] (sync),
+A[k0:s] (chunk), the ensembled plan (ensemble), the stitched plan (rtc), against the command being executed
+(the action the last tick commanded; none after a stop). A blend of two sequences that each pass is not
+safe by itself (ensemble's weights change where a chunk starts or ends, and a step of the mean there can
+exceed every chunk's own steps), so the blend is what is checked. A chunk that fails is rejected and the
+timeline goes on with what it held, down to a stop when that runs out. A chunk offered when all its
+executable actions are past is rejected as ``late``.
 
 A cleared slot (``None``: reasoning stopped, or no chunk yet) drops everything held: the next tick is a
 stop, never the rest of an old chunk. One thread owns a timeline (the publisher's timer, or the offline
@@ -83,6 +118,9 @@ def distinct_command(values: tuple[float, ...] | None, previous: tuple[float, ..
     return values is not None and values != previous
 
 
+BLENDING = ("ensemble", "rtc")  # the modes that blend a new chunk with what the timeline holds
+
+
 def resolve_execution(execution: str, chunk_rows: int) -> str:
     """The mode ``execution`` means for chunks of ``chunk_rows`` actions: auto is rtc for H > 1, sync for H = 1."""
     if execution == "auto":
@@ -90,9 +128,19 @@ def resolve_execution(execution: str, chunk_rows: int) -> str:
     return execution
 
 
-def usable_rows(chunk_rows: int, horizon: int) -> int:
-    """How many of a chunk's first actions are executed under ``execution_horizon`` (0: all)."""
-    return chunk_rows if horizon == 0 else min(chunk_rows, horizon)
+def execution_rows(mode: str, chunk_rows: int, horizon: int) -> int:
+    """The execution horizon s of chunks of ``chunk_rows`` actions in ``mode`` (resolved) under ``execution_horizon``
+    ``horizon``: the actions, from the chunk's observation, executed before the next chunk should take over. 0:
+    ceil(H / 2) when the mode blends (the rest is the overlap, module doc), H otherwise."""
+    if horizon > 0:
+        return min(chunk_rows, horizon)
+    return max(1, -(-chunk_rows // 2)) if mode in BLENDING else chunk_rows
+
+
+def held_rows(mode: str, chunk_rows: int, horizon: int) -> int:
+    """How many of a chunk's first actions the timeline may command: all H when the mode blends (those beyond s
+    are the overlap, and the reserve when the next chunk is late), s otherwise."""
+    return chunk_rows if mode in BLENDING else execution_rows(mode, chunk_rows, horizon)
 
 
 @dataclass(frozen=True)
@@ -146,6 +194,18 @@ def ensemble_mean(actions: list[np.ndarray], decay: float) -> np.ndarray:
     return (weights[:, None] * np.asarray(actions, dtype=np.float64)).sum(axis=0) / weights.sum()
 
 
+def ensemble_plan(held: list[Plan], own: Plan, first: int, decay: float) -> np.ndarray:
+    """What ensemble commands from ``own``'s action ``first`` on, at ``own``'s times, until it ends: the mean
+    (``ensemble_mean``) of every plan in ``held`` (older chunks, oldest first) holding an action then, and
+    ``own``'s action, newest. ``own`` ends last, so it holds an action for each of those times."""
+    times = own.start_ns + np.arange(first, len(own.values)) * own.period_ns
+    rows = []
+    for t, action in zip(times.tolist(), own.values[first:]):
+        covering = [a for a in (plan.at(t) for plan in held) if a is not None]
+        rows.append(ensemble_mean([*covering, action], decay))
+    return np.asarray(rows, dtype=np.float64).reshape(len(rows), own.values.shape[1])
+
+
 @dataclass(frozen=True)
 class Pick:
     """What the timeline holds for one tick: the action (FRESH) or why there is none."""
@@ -171,8 +231,8 @@ class ActionTimeline:
     def _clear(self) -> None:
         self._seen: TimedAction | None = None  # the latest chunk offered, accepted or not
         self._newest: TimedAction | None = None  # the newest accepted chunk
-        self._held: list[Plan] = []  # each accepted chunk's executable part A[0:s] on its own grid, oldest first
-        self._plan: Plan | None = None  # what chunk and rtc execute
+        self._held: list[Plan] = []  # each accepted chunk, all H actions on its own grid, oldest first (ensemble)
+        self._plan: Plan | None = None  # what chunk, ensemble and rtc command, from the newest chunk's take-over
         self._executing: np.ndarray | None = None  # the action the last tick commanded; None after a stop
         self._last_values: tuple[float, ...] | None = None
         self._starved = False
@@ -204,14 +264,19 @@ class ActionTimeline:
 
     def _offer(self, chunk: TimedAction, now_ns: int, knobs: OutputKnobs, period_ns: int) -> None:
         values = chunk.chunk
-        mode = resolve_execution(knobs.execution, values.shape[0])
-        own = Plan(values[:usable_rows(values.shape[0], knobs.execution_horizon)], chunk.obs_ns, period_ns)
+        rows = values.shape[0]
+        mode = resolve_execution(knobs.execution, rows)
+        whole = Plan(values, chunk.obs_ns, period_ns)
+        own = Plan(values[:held_rows(mode, rows, knobs.execution_horizon)], chunk.obs_ns, period_ns)
         first = max(0, own.index(now_ns))
+        held = [plan for plan in self._held if plan.end_ns > now_ns]
         if mode == "sync":
             executed = values[:1]
         elif mode == "rtc":
             delay = max(0, -(-(chunk.ready_ns - chunk.obs_ns) // period_ns))
             executed = rtc_stitch(self._plan, own, first, delay)
+        elif mode == "ensemble":
+            executed = ensemble_plan(held, own, first, knobs.ensemble_decay)
         else:
             executed = own.values[first:]
         try:
@@ -229,9 +294,9 @@ class ActionTimeline:
         self.accepted += 1
         self.mode = mode
         self._newest = chunk
-        self._held = [plan for plan in self._held if plan.end_ns > now_ns] + [own]
+        self._held = held + [whole]
         plan_values = own.values[first:] if mode == "sync" else executed
-        self._plan = Plan(np.asarray(plan_values, dtype=np.float32), own.start_ns + first * period_ns, period_ns) \
+        self._plan = Plan(np.asarray(plan_values, dtype=np.float64), own.start_ns + first * period_ns, period_ns) \
             if len(plan_values) else None
 
     def _pick(self, now_ns: int, knobs: OutputKnobs) -> Pick:
@@ -244,11 +309,7 @@ class ActionTimeline:
         if mode == "sync":
             outcome, age_ms = age_outcome(newest, now_ns, knobs.action_timeout_ms)
             return Pick(outcome, newest.values if outcome is Outcome.FRESH else None, age_ms)
-        if mode == "ensemble":
-            held = [action for action in (plan.at(now_ns) for plan in self._held) if action is not None]
-            values = ensemble_mean(held, knobs.ensemble_decay) if held else None
-        else:
-            values = None if self._plan is None else self._plan.at(now_ns)
+        values = None if self._plan is None else self._plan.at(now_ns)
         if values is None:
             return Pick(Outcome.STARVED, None, age_ms)
         return Pick(Outcome.FRESH, np.asarray(values, dtype=np.float64), age_ms)
@@ -266,13 +327,11 @@ class ActionTimeline:
         """When the actions held run out with no new chunk (sync: when the newest action goes stale); None when
         nothing is held. Reads each reference once: the reasoning thread calls it (``horizon``) while the
         publisher's thread replaces them."""
-        newest, mode, plan, held = self._newest, self.mode, self._plan, self._held
+        newest, mode, plan = self._newest, self.mode, self._plan
         if newest is None:
             return None
         if mode == "sync":
             return newest.ready_ns + round(knobs.action_timeout_ms * NS_PER_MS)
-        if mode == "ensemble":
-            return max((p.end_ns for p in held), default=None)
         return None if plan is None else plan.end_ns
 
     def horizon_left_ms(self, now_ns: int, knobs: OutputKnobs) -> float:
@@ -285,17 +344,24 @@ class ActionTimeline:
                 period_ns: int) -> Horizon | None:
         """What the admission gate plans a model of ``chunk_rows`` actions a chunk on (``admission.py``), with
         ``newest`` the chunk reasoning handed over last; None when ``execution`` is sync for such chunks (the gate
-        keeps its fixed deadline). A chunk handed over but not yet offered to a tick counts as accepted: its
-        executed part ends s periods after its observation, and it is the newest, so nothing held ends later."""
-        if resolve_execution(knobs.execution, chunk_rows) == "sync":
+        keeps its fixed deadline). A chunk handed over but not yet offered to a tick counts as accepted: what the
+        timeline holds ends s periods (H when the mode blends) after its observation, and it is the newest, so
+        nothing held ends later. The switch, where the next chunk should take over, is the newest chunk's
+        execution horizon (s periods after its observation) when the mode blends; in chunk it is the end."""
+        mode = resolve_execution(knobs.execution, chunk_rows)
+        if mode == "sync":
             return None
-        last = (usable_rows(chunk_rows, knobs.execution_horizon) - 1) * period_ns
+        last = (held_rows(mode, chunk_rows, knobs.execution_horizon) - 1) * period_ns
         if newest is None:  # none handed over yet, or withdrawn: the timeline stops at its next tick
             return Horizon(None, last)
         if newest is not self._seen:
-            return Horizon(newest.obs_ns + usable_rows(newest.chunk.shape[0], knobs.execution_horizon) * period_ns,
-                           last)
-        return Horizon(self._end_ns(knobs), last)
+            end = newest.obs_ns + held_rows(mode, newest.chunk.shape[0], knobs.execution_horizon) * period_ns
+        else:
+            end, newest = self._end_ns(knobs), self._newest
+        if newest is None or mode not in BLENDING:
+            return Horizon(end, last)
+        return Horizon(end, last, newest.obs_ns + execution_rows(mode, newest.chunk.shape[0],
+                                                                  knobs.execution_horizon) * period_ns)
 
     def figures(self, now_ns: int, knobs: OutputKnobs) -> dict[str, object]:
         """The timeline's state and counters as plain values (diagnostics, the status line, summaries)."""

@@ -62,20 +62,27 @@ Chunks: a gate that plans for the horizon. A chunked model's cycle gives H actio
 period by the publisher's action timeline (``action_timeline.py``), so the robot is fine as long as the next
 chunk is ready before the commands the timeline holds run out; a cycle's deadline is that moment, not a
 fixed ``deadline_ms`` after its frame. When the timeline executes chunks (``execution`` other than sync; a
-checkpoint of H = 1 under ``auto`` is sync), whoever drives the gate passes the timeline's ``Horizon`` (where
-its commands end, and when a new chunk's last executed action starts) to ``start_cycle`` and ``start_at_ns``:
+checkpoint of H = 1 under ``auto`` is sync), whoever drives the gate passes the timeline's ``Horizon`` to
+``start_cycle`` and ``start_at_ns``: where its commands end (``E``), where the next chunk should take over
+(``S``, the end of the execution horizon: s actions of the newest chunk; ``E`` itself in ``chunk``, whose plan
+ends there) and when a new chunk's last executable action starts. In the blending modes (``rtc``,
+``ensemble``) the newest chunk's actions beyond s are held too: they are the overlap the next chunk is blended
+over (RTC's H - s), and the robot's reserve when that chunk is late. So:
 
-- while commands are held and the cycle is predicted to be ready before they run out, its deadline is their end
-  ``E`` minus ``horizon_margin_ms`` m (finishing later is a miss, and the robot starves in between);
-- the reasoner waits until ``start_at_ns``, ``E - m - predicted cycle``, before taking a frame: a chunk computed
-  earlier would replace one that still had time to run, and its frame would be older than it needs to be
-  when the robot acts on it (RTC starts an inference once s actions have run, LeRobot's async client when
-  its queue falls below a fraction of the chunk; here the trigger is the predicted latency itself);
+- the reasoner waits until ``start_at_ns``, ``S - m - predicted cycle`` (m: ``horizon_margin_ms``), before taking
+  a frame, so that the next chunk is ready by ``S``: a chunk computed earlier would replace one that still had
+  time to run, from an older frame than needed (RTC starts an inference at the execution horizon s, LeRobot's
+  async client when its queue falls below a fraction of the chunk; here the chunk is to be *ready* by s);
+- a cycle predicted to be ready by ``S - m`` has that as its deadline;
+- one predicted to be ready after it but before ``E - m`` (a model too slow for s: the next chunk takes over
+  later and blends over fewer actions) has ``E - m`` as its deadline, counted ``shortened``; finishing after
+  either deadline is a miss (after ``E - m`` the robot starves in between);
 - with nothing held (before the first chunk, after starvation, or within m of the end), or when the cycle is
   predicted to be ready only after the held commands run out, the deadline is the start of the new chunk's
-  own last executed action (its frame's receive time + (s - 1) control periods), minus m: a chunk ready by
-  then still has an action for the next tick, so it is started (counted ``late`` when commands were still
-  held); one predicted later would find all its actions past and be rejected as late, so it is refused.
+  own last executable action (its frame's receive time + (H - 1) control periods in the blending modes,
+  (s - 1) in ``chunk``), minus m: a chunk ready by then still has an action for the next tick, so it is
+  started (counted ``late`` when commands were still held); one predicted later would find all its actions
+  past and be rejected as late, so it is refused.
 
 Why a cycle that cannot beat the held commands is not refused, unlike one that cannot meet ``deadline_ms``:
 refusing it does not keep the robot from stopping, it makes the stop longer. The next frame brings no new
@@ -89,9 +96,9 @@ The first cycles are warm-up cycles as for any kind (admitted unless their deadl
 reasoner does not wait), so the first chunk comes whatever the model costs, as today.
 
 Without a horizon (H = 1, or ``sync``) nothing of this applies: the deadline is ``deadline_ms`` after the
-frame, exactly as before. ``snapshot().horizon`` counts the cycles judged each way (planned on the held end,
-started with nothing held, started late) and keeps the horizon left, the predicted cycle and their slack at
-the last start.
+frame, exactly as before. ``snapshot().horizon`` counts the cycles judged each way (planned on the held
+commands, of which those past ``S``; started with nothing held; started late) and keeps the horizon left (to
+``E``), the predicted cycle and their slack at the last start.
 
 Percentiles come from a fixed-edge histogram, not a ring of recent samples: memory is constant, it
 covers the whole never-ending run (a ring's p99 would describe only its last window), and a query
@@ -143,7 +150,15 @@ class Horizon:
     """What the action timeline will execute, for a gate that plans on it (see the module doc)."""
 
     end_ns: int | None  # when the commands it holds run out with no new chunk; None: it holds none
-    last_ns: int  # from a new chunk's observation to its last executed action: (s - 1) control periods
+    last_ns: int  # from a new chunk's observation to its last executable action: (H - 1) or (s - 1) control periods
+    switch_ns: int | None = None  # when the next chunk should take over (the execution horizon's end); None: end_ns
+
+    @property
+    def target_ns(self) -> int | None:
+        """When the next chunk should be ready: the execution horizon's end, never after the commands run out."""
+        if self.end_ns is None or self.switch_ns is None:
+            return self.end_ns
+        return min(self.switch_ns, self.end_ns)
 
 
 @dataclass(frozen=True)
@@ -280,9 +295,11 @@ class LatencyStats:
 class HorizonStats:
     """The cycles started on a chunk's horizon, and the last one's plan: the predicted cycle against the horizon."""
 
-    deadline: str = "fixed"  # the last cycle's: fixed (deadline_ms), held (the commands held), own (its chunk's)
+    deadline: str = "fixed"  # the last cycle's: fixed (deadline_ms), switch (the execution horizon's end), held (the
+    #                          commands held), own (its chunk's)
     margin_ms: float = 0.0  # horizon_margin_ms
-    planned: int = 0  # cycles predicted to be ready before the commands held run out: that end is their deadline
+    planned: int = 0  # cycles predicted to be ready before the commands held run out: on the switch or the held end
+    shortened: int = 0  # of those, the ones predicted after the execution horizon's end: their deadline is the held end
     empty: int = 0  # cycles judged with no commands held (first chunk, after starvation): by their chunk's own end
     late: int = 0  # cycles judged when the commands held would run out first: by their chunk's own end, not refused
     left_ms: float | None = None  # the last cycle's horizon left at its start (None: nothing was held)
@@ -391,9 +408,14 @@ class AdmissionGate:
         if stats.slack_ms is not None:
             stats.slack_min_ms = stats.slack_ms if stats.slack_min_ms is None else min(stats.slack_min_ms,
                                                                                        stats.slack_ms)
-        if held is not None and held >= now + (predicted or 0):
-            stats.deadline, stats.planned = "held", stats.planned + 1
-            return held
+        if held is not None:
+            switch = horizon.target_ns - self._margin_ns
+            if switch >= now + (predicted or 0):
+                stats.deadline, stats.planned = ("switch" if switch < held else "held"), stats.planned + 1
+                return switch
+            if held >= now + (predicted or 0):
+                stats.deadline, stats.planned, stats.shortened = "held", stats.planned + 1, stats.shortened + 1
+                return held
         if stats.left_ms is None:
             stats.empty += 1
         else:
@@ -403,14 +425,15 @@ class AdmissionGate:
 
     def start_at_ns(self, horizon: Horizon | None) -> int:
         """When the next cycle should start (now or later; the reasoner waits until then before taking a frame):
-        once the commands held fall to the predicted cycle plus ``horizon_margin_ms``. At once without a horizon,
-        with nothing held, or while the cycle's cost is still being learned (warm-up)."""
+        once the time to the horizon's target (the execution horizon's end, or where the commands held run out)
+        falls to the predicted cycle plus ``horizon_margin_ms``. At once without a horizon, with nothing held, or
+        while the cycle's cost is still being learned (warm-up)."""
         with self._lock:
             now = self._clock()
             estimate = self._estimates[BlockKind.CYCLE]
             if horizon is None or horizon.end_ns is None or estimate.count < self._warmup:
                 return now
-            return max(now, horizon.end_ns - self._margin_ns - math.ceil(estimate.predict_ns(self._k)))
+            return max(now, horizon.target_ns - self._margin_ns - math.ceil(estimate.predict_ns(self._k)))
 
     def admit(self, kind: BlockKind | str, deadline_ns: int, *, within: Verdict = Verdict.ADMITTED) -> Decision:
         """Decide whether a ``vision_encode``, ``encode_prefill`` or ``decode`` block of a cycle may start now.

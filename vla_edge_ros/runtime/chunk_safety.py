@@ -1,8 +1,10 @@
 """The checks a chunk of actions passes before any of it is used (``action_publisher.chunk_safety.*``).
 
-A chunk is judged on what would be executed of it (``action_timeline.py`` decides that: the actions from
-the tick it takes over, up to the execution horizon, and for ``rtc`` after blending), in this order, and
-the first check that fails names the chunk's rejection:
+A chunk is judged on what would be commanded of it (``action_timeline.py`` decides that: the actions from
+the tick it takes over to the end of what the timeline holds of it, the execution horizon in ``chunk``, the
+whole chunk in ``rtc`` and ``ensemble``, and in those two as blended with the chunks before it: a blend of
+sequences that each pass need not pass), in this order, and the first check that fails names the chunk's
+rejection:
 
 - ``nonfinite``: any NaN or infinity anywhere in the chunk, executed part or not: a head that produced one
   is broken, and no other value of its output is trusted;

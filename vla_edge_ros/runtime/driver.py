@@ -18,8 +18,9 @@ calls them, in the order its clock says:
     command = driver.command(t)                         # what the publisher sends at tick t
 
 A chunked model whose chunks the timeline executes (``execution`` other than sync) is planned on the
-horizon (``admission.py``): each cycle's deadline is where the commands the timeline holds run out, and the
-reasoner should not start before ``start_at_ns()``, when that end comes within the predicted cycle. The
+horizon (``admission.py``): each cycle's deadline is where the next chunk should take over (the end of the
+held chunk's execution horizon in rtc and ensemble, where the commands the timeline holds run out in chunk),
+and the reasoner should not start before ``start_at_ns()``, when that moment comes within the predicted cycle. The
 caller waits for it, as the live reasoning loop does before it takes a frame: ``reason_at(t, next_t)`` is the
 step above with that wait (frames arriving at t, the next at next_t). ``reason`` itself runs when it is
 called; a caller that reasons before ``start_at_ns`` computes chunks the robot did not need yet.

@@ -112,6 +112,9 @@ class ReasoningHealth:
 def _deadline(gate: AdmissionStats) -> str:
     """The last cycle's deadline in words: the fixed one, or one on a chunk's horizon (``admission.py``)."""
     horizon = gate.horizon
+    if horizon.deadline == "switch" and horizon.left_ms is not None:
+        return (f"the end of the execution horizon, less the {horizon.margin_ms:g} ms margin (the chunk held had "
+                f"{horizon.left_ms:.1f} ms left at the start)")
     if horizon.deadline == "held" and horizon.left_ms is not None:
         return f"the chunk's end ({horizon.left_ms:.1f} ms left at the start, less the {horizon.margin_ms:g} ms margin)"
     if horizon.deadline == "own":
