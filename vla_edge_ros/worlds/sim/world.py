@@ -32,16 +32,17 @@ A robot (white disc) must drive onto the goal, one of K targets that all look al
   takes 1.93 s. The goal and the expert's path may pass over a look-alike, which ``touched_wrong`` then
   records (3 of the expert episodes of seeds 0-99).
 
-Durations are whole frames: ``round(seconds * rate_hz)``. Commands are clipped per component to
-[-1, 1] (NaN -> 0) and move the robot by ``command * max_speed / rate_hz`` per step; the robot stops
-at the walls. An episode ends on success (robot centre within ``reach_radius`` of the goal's) or at
+Durations are whole frames: ``round(seconds * rate_hz)``. Commands are clipped per component to [-1, 1]
+(NaN -> 0) and move the robot by ``command * max_speed / rate_hz`` per step; the robot stops at the
+walls. An episode ends on success (robot centre within ``reach_radius`` of the goal's) or at
 ``time_limit_s``; touching a wrong target does not end it (a policy may recover), it is recorded in
 ``StepOutcome.touched_wrong``. ``odometry`` is the robot's state as a planar robot's odometry reports it
-(position, and the velocity it moved at over the last step). Everything (layout, colours, floor, clutter, noise) follows from the
-seed: layout and noise come from two separate streams spawned from it, and ``reset`` replays both.
-Every task draws the same layout from the layout stream; what only one task needs (lang-reach's colours,
-chase's direction) is drawn after all of that, so adding a task leaves the others' layouts and frames as
-they were.
+(position, and the velocity it moved at over the last step). ``expert_chunk`` (a chunked head's label)
+and ``expert_plan`` give the expert's next commands without changing the episode. Everything (layout,
+colours, floor, clutter, noise) follows from the seed: layout and noise come from two separate streams
+spawned from it, and ``reset`` replays both. Every task draws the same layout from the layout stream;
+what only one task needs (lang-reach's colours, chase's direction) is drawn after all of that, so adding
+a task leaves the others' layouts and frames as they were.
 """
 
 from __future__ import annotations
@@ -199,6 +200,10 @@ class CueReachEnv:
         """Whether the next ``step`` ignores its command (cue and hold of ``cue-reach``)."""
         return self._steps < self.spec.release_frames
 
+    def _moved(self, robot: np.ndarray, command: np.ndarray) -> np.ndarray:
+        """Where a robot at ``robot`` is after one step of ``command`` (clipped already): the walls stop it."""
+        return np.clip(robot + command * self.spec.max_speed / self.spec.rate_hz, 0.0, 1.0)
+
     def step(self, command: np.ndarray) -> StepOutcome:
         """Apply ``command`` (vx, vy) for one frame period and return what the camera sees after it."""
         if self._done:
@@ -208,7 +213,7 @@ class CueReachEnv:
             raise ValueError(f"a command is (vx, vy), got shape {command.shape}")
         command = np.clip(np.nan_to_num(command, nan=0.0), -1.0, 1.0)
         if not self.held:
-            moved = np.clip(self.robot + command * self.spec.max_speed / self.spec.rate_hz, 0.0, 1.0)
+            moved = self._moved(self.robot, command)
             self.path_length += float(np.linalg.norm(moved - self.robot))
             self.velocity = (moved - self.robot) * self.spec.rate_hz
             self.robot = moved
@@ -238,6 +243,15 @@ class CueReachEnv:
         self.velocity = np.asarray(velocity, dtype=np.float64)
         return self._frame()
 
+    def set_step(self, step: int) -> None:
+        """Put the episode's clock at ``step`` steps since reset, the goal where its path has it then (it moves in
+        chase only); the robot stays where it is. For training views: a chase goal anywhere on its path, the
+        expert leading it from there. What follows from the clock (the cue, the hold, the time limit) follows."""
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        self._steps = int(step)
+        self.targets[self.goal] = self.goal_position(self._steps)
+
     def goal_position(self, step: int | np.ndarray) -> np.ndarray:
         """Where the goal is after ``step`` steps since reset ([..., 2] for an array of steps): in chase, its start
         moved at ``goal_velocity`` and folded back at the walls (exact, no error builds up over an episode);
@@ -250,22 +264,69 @@ class CueReachEnv:
         magnitude saturated at 1, zero within reach_radius / 2. It also points at the goal while the
         robot is held, so demonstrations label the hold with what the cue asked for. The gain is capped
         so one step never overshoots the goal. In chase it leads the goal instead (``_intercept``)."""
+        return self._expert(self.robot, self._steps)
+
+    def expert_chunk(self, steps: int) -> np.ndarray:
+        """[steps, 2]: for each of the next ``steps`` ticks k (0: now), the expert's command at tick now + k for the
+        robot where it will be then if it keeps the velocity it moves at now (``coasted``), the goal where its
+        path has it then. The label of a chunked action head (``train/demos.py``), a pure function: the episode is
+        left as it was, and the chunk runs on past the episode's end as the world would.
+
+        Why not the expert's own plan (``expert_plan``: its commands executed from now): a chunk is commanded only
+        from when it is ready, d ticks after its frame, and until then the robot executes the chunk before it
+        (``rtc`` freezes those actions). A plan puts its response to what the frame shows into its first actions,
+        which are never executed, and its later ones assume that response happened: a robot that started late
+        (nothing to execute before the first chunk) stays short of a still goal, or trails a moving one, by what
+        the plan meant to correct in d ticks, chunk after chunk. Measured on the expert itself behind the
+        runtime's gate (``test/test_sim.py``), that stalls reach and chase at 300 ms; action k of this chunk is
+        instead what the expert would command if its command reached the robot k ticks late, the robot going on
+        as it goes, which is what the robot does while the chunk is computed: whatever d turns out to be, the
+        first action executed is the expert's for that moment. Action 0 is ``expert_command``."""
+        if steps < 1:
+            raise ValueError(f"a chunk is at least one step, got {steps}")
+        return np.stack([self._expert(robot, self._steps + k) for k, robot in enumerate(self.coasted(steps))])
+
+    def coasted(self, steps: int) -> np.ndarray:
+        """[steps, 2]: where the robot is after k = 0 .. steps - 1 more ticks at the velocity it moves at now
+        (``odometry``'s), in the world's dynamics: stopped by the walls, still while held."""
+        moving = np.maximum(0, self._steps + np.arange(steps) - max(self._steps, self.spec.release_frames))
+        return np.clip(self.robot + moving[:, None] * self.velocity / self.spec.rate_hz, 0.0, 1.0)
+
+    def expert_plan(self, steps: int) -> np.ndarray:
+        """[steps, 2]: the expert's commands over the next ``steps`` ticks from the state now, each one executed
+        without noise in this world's dynamics (the walls stop the robot, the chase goal moves on its path, the
+        cue-reach hold ignores commands while it lasts); the episode is left as it was. A state feedback in a
+        deterministic world, so the plan from a state this plan reaches later is the rest of this one. Not the
+        chunk label: see ``expert_chunk``."""
+        if steps < 1:
+            raise ValueError(f"a plan is at least one step, got {steps}")
+        robot, tick = self.robot.copy(), self._steps
+        plan = np.empty((steps, 2))
+        for k in range(steps):
+            plan[k] = command = self._expert(robot, tick)
+            if tick >= self.spec.release_frames:  # ``held``, at that tick
+                robot = self._moved(robot, command)
+            tick += 1
+        return plan
+
+    def _expert(self, robot: np.ndarray, tick: int) -> np.ndarray:
+        """``expert_command`` for a robot at ``robot`` after ``tick`` steps (the goal where it is then)."""
         if self.spec.name == "chase":
-            return self._intercept()
-        delta = self.targets[self.goal] - self.robot
+            return self._intercept(robot, tick)
+        delta = self.targets[self.goal] - robot
         if np.linalg.norm(delta) <= self.spec.reach_radius / 2:
             return np.zeros(2)
         command = min(EXPERT_GAIN, self.spec.rate_hz / self.spec.max_speed) * delta
         return command / max(1.0, float(np.linalg.norm(command)))
 
-    def _intercept(self) -> np.ndarray:
+    def _intercept(self, robot: np.ndarray, tick: int) -> np.ndarray:
         """Chase's expert: the constant velocity (norm <= 1) that puts the robot on the goal at the first step
         n at which the goal's path is within n steps of the robot's reach. Steering at where the goal is
         now would trail behind it; this one meets it. The search ends for sure: the robot crosses the box
         in ``_reach_steps``."""
         step = self.spec.max_speed / self.spec.rate_hz  # how far one step at command norm 1 moves the robot
         ahead = np.arange(1, self._reach_steps() + 1)
-        gaps = self.goal_position(self._steps + ahead) - self.robot  # [n, 2]
+        gaps = self.goal_position(tick + ahead) - robot  # [n, 2]
         n = int(np.argmax(np.linalg.norm(gaps, axis=1) <= ahead * step + 1e-12))
         command = gaps[n] / (ahead[n] * step)
         return command / max(1.0, float(np.linalg.norm(command)))
