@@ -38,13 +38,15 @@ from vla_edge_ros.worlds.sim.world import CueReachEnv, TaskSpec
 pytestmark = pytest.mark.train
 PROMPT = DEFAULT_PROMPT
 CONFIG = preset("sim", layers=2)
+CHUNKED = replace(CONFIG, action=replace(CONFIG.action, head="mlp", chunk=8, mlp_hidden=48))  # OFT's chunk head
+HEADS = {"linear": CONFIG, "mlp": CHUNKED}
 SHIPPED = Path(__file__).resolve().parents[1] / "models" / "sim"
 
 
-def random_model(seed: int, gate_bias: float = 0.0) -> VlaModel:
+def random_model(seed: int, gate_bias: float = 0.0, config=CONFIG) -> VlaModel:
     """Weights large enough that every part of the forward pass moves the action (HF's 0.02 barely does)."""
     torch.manual_seed(seed)
-    model = VlaModel(CONFIG, 32)
+    model = VlaModel(config, 32)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -62,7 +64,7 @@ def demo():
 
 
 def engine_for(model: VlaModel, tmp_path, policy, capacity: int = 1024) -> VlaEngine:
-    export(model, CONFIG, tmp_path, TrainSpec(dtype="float32"))
+    export(model, model.c, tmp_path, TrainSpec(dtype="float32"))
     engine = VlaEngine(load_checkpoint(tmp_path), backend="numpy", kv_capacity_tokens=capacity, policy=policy)
     engine.set_prompt(list(PROMPT))
     return engine
@@ -73,19 +75,23 @@ def first_frames(demo, count: int):
     return make_batch([demo], [np.arange(count)])
 
 
-def test_the_torch_model_is_the_engine_frame_by_frame(tmp_path, demo):
-    model = random_model(0)
+@pytest.mark.parametrize("head", HEADS)
+def test_the_torch_model_is_the_engine_frame_by_frame(tmp_path, demo, head):
+    """Every action of every frame's chunk (one action for the linear head, 8 for the mlp head)."""
+    model = random_model(0, config=HEADS[head])
     frames = 12
     with torch.no_grad():
         expected, _ = sequence_actions(model, first_frames(demo, frames))
     engine = engine_for(model, tmp_path, FifoPolicy())
-    actions = np.stack([engine.step(demo.frames[i]).action for i in range(frames)])
+    chunks = np.stack([engine.step(demo.frames[i]).chunk for i in range(frames)])
+    assert chunks.shape == (frames, HEADS[head].action.chunk, 2) == expected[0].shape
     assert np.abs(expected[0].numpy()).max() > 0.05  # the comparison is not between two near-zero outputs
-    np.testing.assert_allclose(actions, expected[0].numpy(), atol=2e-5)
+    np.testing.assert_allclose(chunks, expected[0].numpy(), atol=2e-5)
 
 
-def test_aura_training_forward_makes_the_policys_writes_and_actions(tmp_path, demo):
-    model = random_model(1)
+@pytest.mark.parametrize("head", HEADS)
+def test_aura_training_forward_makes_the_policys_writes_and_actions(tmp_path, demo, head):
+    model = random_model(1, config=HEADS[head])
     frames = 14
     with torch.no_grad():  # a gate that both writes and declines, and a read that moves the action
         torch.manual_seed(1)
@@ -98,15 +104,16 @@ def test_aura_training_forward_makes_the_policys_writes_and_actions(tmp_path, de
     actions, written = [], []
     for i in range(frames):
         before = policy.writes
-        actions.append(engine.step(demo.frames[i]).action)
+        actions.append(engine.step(demo.frames[i]).chunk)
         written.append(policy.writes > before)
     assert 0 < sum(written) < frames  # the gate both wrote and declined
     np.testing.assert_array_equal(written, writes[0].numpy() > 0.5)
     np.testing.assert_allclose(np.stack(actions), expected[0].numpy(), atol=2e-5)
 
 
-def test_dms_training_mask_is_the_policys_delayed_eviction(tmp_path, demo):
-    model = random_model(2)
+@pytest.mark.parametrize("head", HEADS)
+def test_dms_training_mask_is_the_policys_delayed_eviction(tmp_path, demo, head):
+    model = random_model(2, config=HEADS[head])
     frames, window = 10, 32
     mask = DmsMask.for_frames(len(PROMPT), frames, CONFIG.vision.tokens_per_frame, window)
     with torch.no_grad():
@@ -117,7 +124,7 @@ def test_dms_training_mask_is_the_policys_delayed_eviction(tmp_path, demo):
     policy = make_policy("dms", {"kv.dms.window": window, "kv.dms.use_learned_gate": True, "kv.dms.target_ratio": 0.0,
                                  "kv.dms.threshold": 0.0})
     engine = engine_for(model, tmp_path, policy)
-    actions = np.stack([engine.step(demo.frames[i]).action for i in range(frames)])
+    actions = np.stack([engine.step(demo.frames[i]).chunk for i in range(frames)])
     assert not np.allclose(expected.numpy(), full.numpy(), atol=1e-3)  # evictions changed the actions
     np.testing.assert_allclose(actions, expected[0].numpy(), atol=2e-5)
 
@@ -432,8 +439,8 @@ def test_a_model_that_reads_words_and_state_is_the_engine_in_a_padded_batch(word
         engine = VlaEngine(load_checkpoint(directory), backend="numpy", kv_capacity_tokens=1024,
                            policy=make_policy(policy_name, knobs))
         engine.set_prompt(list(demo.prompt))
-        actions = np.stack([engine.step(demo.frames[i], state=demo.states[i]).action for i in range(frames)])
-        np.testing.assert_allclose(actions.reshape(frames, -1), expected[row].numpy(), atol=3e-5)
+        actions = np.stack([engine.step(demo.frames[i], state=demo.states[i]).chunk for i in range(frames)])
+        np.testing.assert_allclose(actions, expected[row].numpy(), atol=3e-5)
     assert not torch.allclose(expected[0], expected[1], atol=1e-3)
 
 
@@ -452,3 +459,93 @@ def test_a_phase_that_starts_reading_the_state_keeps_everything_else(tmp_path, w
     with torch.no_grad():  # the module fixture's model is shared: give it its weights back
         for name, param in model.named_parameters():
             param.copy_(before[name])
+
+
+# --- chunks: the mlp head, its labels, a phase that changes the head --------------------------------------------
+
+def replayed(spec: TaskSpec, seed: int, tick: int, where: np.ndarray, state: np.ndarray) -> CueReachEnv:
+    """The world of ``seed`` at step ``tick`` with the robot where a recorded frame had it, moving as it did."""
+    env = CueReachEnv(spec, seed)
+    env.set_step(tick)
+    env.place_robot(where[:2], state[3:5])
+    return env
+
+
+@pytest.mark.parametrize("task", ["chase", "cue-reach"])
+def test_each_frame_is_labelled_with_the_experts_chunk_for_the_state_it_shows(task):
+    """Demonstrations (noisy, so the robot moves as the expert would not) and perception views alike: a frame's
+    label is ``expert_chunk`` of the world in that state (one formula), its first action the expert's command."""
+    spec = TaskSpec(name=task, hold_s=0.3)
+    demo = record_demo(spec, seed=7, image_size=64, chunk=12)
+    assert demo.chunks.shape == (len(demo.frames), 12, 2) and demo.success
+    for i in range(0, len(demo.frames), 5):
+        env = replayed(spec, 7, i, demo.where[i], demo.states[i])
+        np.testing.assert_allclose(demo.chunks[i], env.expert_chunk(12), atol=1e-5)
+        np.testing.assert_allclose(demo.commands[i], env.expert_command(), atol=1e-5)
+    assert np.abs(np.diff(demo.chunks[5:], axis=1)).max() > 0.01  # the chunks are not one command repeated
+
+
+def test_chase_views_put_the_goal_on_its_path_and_label_the_experts_chunk():
+    views = perception_samples(seed=4, image_size=64, count=6, task="chase", chunk=10)
+    env = CueReachEnv(TaskSpec(name="chase"), 4)
+    path = env.goal_position(np.arange(TaskSpec(name="chase").frames(8.0)))
+    goals = views.where[:, 2:]
+    assert len({tuple(np.round(g, 4)) for g in goals}) >= 4  # one goal, in several places on its path
+    for k in range(6):
+        ticks = np.flatnonzero(np.linalg.norm(path - goals[k], axis=1) < 1e-6)  # where its path has it (maybe twice)
+        chunks = [replayed(TaskSpec(name="chase"), 4, int(t), views.where[k], views.states[k]).expert_chunk(10)
+                  for t in ticks]
+        assert any(np.allclose(views.chunks[k], chunk, atol=1e-5) for chunk in chunks), k
+    reach = perception_samples(seed=4, image_size=64, count=6)  # a head of one action: the labels as before
+    assert reach.chunks.shape == (6, 1, 2) and np.allclose(reach.where[:, 2:], reach.where[0, 2:])
+
+
+def test_the_mlp_head_is_trained_on_the_l1_error_of_the_whole_chunk():
+    from vla_edge_ros.train.stages import action_error
+
+    predicted, target = torch.zeros(1, 2, 8, 2), torch.zeros(1, 2, 8, 2)
+    target[0, 0, 7] = torch.tensor([0.5, -0.5])  # the last action of frame 0's chunk: it counts, as L1
+    target[0, 1] = 3.0  # frame 1 is not valid (padding)
+    valid = torch.tensor([[True, False]])
+    assert float(action_error(random_model(0, config=CHUNKED), predicted, target, valid)) == pytest.approx(1.0 / 8)
+    linear = random_model(0)
+    assert float(action_error(linear, predicted[:, :, :1], target[:, :, 7:], valid)) == pytest.approx(0.5)  # MSE
+
+
+def test_a_phase_that_changes_the_head_keeps_everything_else(tmp_path):
+    """From a linear-head checkpoint into an mlp-head model: the decoder, encoder and memory load, the chunk
+    head keeps its fresh initialisation; a chunk of 8 needs the mlp head."""
+    linear = random_model(0)
+    export(linear, CONFIG, tmp_path / "linear", TrainSpec(dtype="float32"))
+    model = random_model(1, config=CHUNKED)
+    fresh = {name: p.detach().clone() for name, p in model.named_parameters() if name.startswith("action_head.")}
+    load_weights(model, tmp_path / "linear")
+    stored = load_checkpoint(tmp_path / "linear")
+    for name, param in model.exported_state().items():
+        if name.startswith("action_head."):
+            assert torch.equal(param, fresh[name]), name
+        else:
+            np.testing.assert_array_equal(param.numpy(), stored.float32(name), err_msg=name)
+    with pytest.raises(ValueError, match="needs head: mlp"):
+        TrainSpec(chunk=8)
+
+
+def test_a_chunked_phase_on_chase_writes_a_checkpoint_the_engine_decodes_chunks_from(tmp_path):
+    """``head: mlp, chunk: 6`` from models/sim (a linear head): config.json declares the chunk, every policy
+    decodes [6, 2], and the losses are the chunk's."""
+    spec = TrainSpec(tasks=("reach", "chase"), episodes=4, head="mlp", chunk=6, mlp_hidden=32,
+                     stages=("perception", "bc"), init_from=str(SHIPPED), perception=StageSpec(2, 8, 1e-3),
+                     bc=EpisodeStageSpec(2, 2, 1e-3, 12))
+    log = train(spec, tmp_path, "chunk")
+    assert set(log.stages) == {"perception", "bc"} and log.demos["episodes"] == 4
+    checkpoint = load_checkpoint(tmp_path)
+    assert (checkpoint.config.action.head, checkpoint.config.action.chunk, checkpoint.config.action.mlp_hidden) == (
+        "mlp", 6, 32)
+    assert checkpoint.tensors["action_head.fc2.weight"].shape == (12, 32)
+    assert (log.spec["head"], log.spec["chunk"], log.spec["mlp_hidden"]) == ("mlp", 6, 32)
+    assert all(np.isfinite(row["action"]) for rows in log.stages.values() for row in rows)
+    for policy in (make_policy(name, {"kv.dms.window": 32}) for name in ("fifo", "aura", "dms")):
+        engine = VlaEngine(checkpoint, backend="numpy", kv_capacity_tokens=256, policy=policy)
+        engine.set_prompt(list(PROMPT))
+        chunk = engine.step(np.zeros((96, 96, 3), np.uint8)).chunk
+        assert chunk.shape == (6, 2) and np.isfinite(chunk).all()

@@ -38,7 +38,8 @@ NOT_REPRODUCIBLE = {
     "aura_scored_frames": 16,  # the aura action loss on 16 frames of each episode; today's scores every frame
 }
 # today's knobs that a flat spec predates: off, as they were
-PREDATED = {"aura.dagger_episodes": 0, "aura.dagger_rounds": 4, "instructions": [], "state": False}
+PREDATED = {"aura.dagger_episodes": 0, "aura.dagger_rounds": 4, "instructions": [], "state": False, "head": "linear",
+            "chunk": 1, "mlp_hidden": 128}
 
 
 def dotted(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -118,6 +119,9 @@ def recipe_file(tmp_path: Path, text: str) -> Path:
     ("phases: [{name: a, aura: {rho: 1.5}}]", "aura.rho=1.5 is above the maximum 1"),
     ("phases: [{name: a, aura: {dagger_episodes: 3}}]", "aura.dagger_episodes: 3 episodes a round cannot fill half"),
     ("phases: [{name: a, aura: {memory_warmup: 10}}]", "aura.memory_warmup needs aura.cue_writes"),
+    ("phases: [{name: a, chunk: 8}]", "chunk: the linear head gives one action a cycle, got chunk 8"),
+    ("phases: [{name: a, head: bins}]", "head must be one of ['linear', 'mlp']"),
+    ("phases: [{name: a, tasks: [chase, fetch]}]", "tasks[1] must be one of ['reach', 'cue-reach', 'lang-reach',"),
     ("phases: [{name: a, aura: 5}]", "aura must be a mapping of its knobs"),
     ("phases: [{name: a}, {name: b, init_from: x}]", "phase 2 (b): init_from: only the first phase"),
     ("phases: [{name: a}, {name: a}]", "phase 2: name 'a' is taken"),

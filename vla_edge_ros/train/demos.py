@@ -3,12 +3,19 @@
 An episode is driven by the expert's command plus temporally correlated noise (an Ornstein-Uhlenbeck
 process), and every frame is labelled with the clean expert command for the state it shows: the
 policy then sees states off the expert's straight line and learns how to come back (DART, Laskey
-et al. 2017). Half the episodes also take one *excursion*: for a few frames after the release the
-robot is driven in a random direction at full speed (past the goal, into a wall), still labelled with
-the expert's command. Small noise alone never shows such states, and the policy trained on it, having
-overshot a goal near a wall, kept driving into the wall: its frame history said "moving that way" and
-nothing in the data said otherwise. Frames are stored at the model's image size, resized exactly as
-the engine resizes.
+et al. 2017). A chunked head's label is the world's ``CueReachEnv.expert_chunk`` for that state: for each
+of the next H ticks the expert's command then, for the robot going on at the velocity it moves at now (the
+noise-free expert, the walls, the chase goal's path and the cue-reach hold all in it; why not the expert's
+own plan: its docstring). One formula labels the demonstrations, the perception views and the DAgger
+rollouts (``rollouts.py``), and its first action is the expert's command, the label of a head of one action.
+It is defined past an episode's end (the world goes on), so no label is masked: a demonstration stops
+recording at success, the expert's chunk does not.
+
+Half the episodes also take one *excursion*: for a few frames after the release the robot is driven in a
+random direction at full speed (past the goal, into a wall), still labelled with the expert's command.
+Small noise alone never shows such states, and the policy trained on it, having overshot a goal near a
+wall, kept driving into the wall: its frame history said "moving that way" and nothing in the data said
+otherwise. Frames are stored at the model's image size, resized exactly as the engine resizes.
 
 A training sequence is a subset of an episode's frames in their order, re-numbered contiguously as
 the engine's compaction re-numbers what a memory policy kept: all of them (an unbounded cache), a
@@ -42,12 +49,17 @@ class Demo:
 
     task: str
     frames: np.ndarray     # [F, S, S, 3] uint8
-    commands: np.ndarray   # [F, 2] float32 in [-1, 1]
+    chunks: np.ndarray     # [F, H, 2] float32 in [-1, 1]: the expert's chunk for each frame (``expert_chunk``)
     where: np.ndarray      # [F, 4] float32: robot (x, y) and goal (x, y) in world units, privileged
     cue_frames: int        # leading frames that show the cue (every frame in reach)
     success: bool
     states: np.ndarray     # [F, 6] float32: the robot's odometry at each frame (``CueReachEnv.odometry``)
     prompt: tuple[int, ...]  # the ids every sequence of the episode starts with (``wording.py``)
+
+    @property
+    def commands(self) -> np.ndarray:
+        """[F, 2]: the expert's command at each frame (each chunk's first action)."""
+        return self.chunks[:, 0]
 
 
 def excursion(rng: np.random.Generator, release: int) -> tuple[range, np.ndarray]:
@@ -61,21 +73,22 @@ def excursion(rng: np.random.Generator, release: int) -> tuple[range, np.ndarray
 
 
 def record_demo(spec: TaskSpec, seed: int, image_size: int, wording: Wording = FIXED,
-                noise_sigma: float = NOISE_SIGMA) -> Demo:
-    """Run one expert episode with command noise and maybe an excursion, worded by ``wording``; stop at
-    success or after ``DEMO_FRAMES`` frames."""
+                noise_sigma: float = NOISE_SIGMA, chunk: int = 1) -> Demo:
+    """Run one expert episode with command noise and maybe an excursion, worded by ``wording``, each frame
+    labelled with the expert's ``chunk`` actions; stop at success or after ``DEMO_FRAMES`` frames."""
     env = CueReachEnv(spec, seed)
     rng = np.random.default_rng([seed, 1])
     detour, direction = excursion(rng, spec.release_frames)
     prompt = wording.prompt(wording.instruction(env, np.random.default_rng([seed, 3])))
     frame = env.reset()
     noise = np.zeros(2)
-    frames, commands, where, states = [], [], [], []
+    frames, chunks, where, states = [], [], [], []
     success = False
     for step in range(max(DEMO_FRAMES, spec.release_frames + 1)):
         frames.append(resize_frame(frame, image_size))
-        command = env.expert_command()
-        commands.append(command)
+        label = env.expert_chunk(chunk)
+        command = label[0]
+        chunks.append(label)
         where.append(np.concatenate([env.robot, env.targets[env.goal]]))
         states.append(env.odometry())
         noise += -NOISE_THETA * noise + noise_sigma * np.sqrt(2 * NOISE_THETA) * rng.standard_normal(2)
@@ -84,7 +97,7 @@ def record_demo(spec: TaskSpec, seed: int, image_size: int, wording: Wording = F
         if outcome.done:
             success = outcome.success
             break
-    return Demo(spec.name, np.stack(frames), np.asarray(commands, np.float32), np.asarray(where, np.float32),
+    return Demo(spec.name, np.stack(frames), np.asarray(chunks, np.float32), np.asarray(where, np.float32),
                 cue_frames(spec, len(frames)), success, np.stack(states), prompt)
 
 
@@ -101,11 +114,11 @@ def cue_frames(spec: TaskSpec, count: int) -> int:
     return spec.frames(spec.cue_s) if spec.name == "cue-reach" else count
 
 
-def record_demos(specs: list[TaskSpec], episodes: int, seed: int, image_size: int, wording: Wording = FIXED
-                 ) -> list[Demo]:
+def record_demos(specs: list[TaskSpec], episodes: int, seed: int, image_size: int, wording: Wording = FIXED,
+                 chunk: int = 1) -> list[Demo]:
     """``episodes`` demonstrations, tasks alternating, episode seeds disjoint from evaluation's (which
-    start at 0): ``seed * 1_000_003 + 10**6 + i``."""
-    return [record_demo(specs[i % len(specs)], seed * 1_000_003 + 10**6 + i, image_size, wording)
+    start at 0): ``seed * 1_000_003 + 10**6 + i``; each frame labelled with a chunk of ``chunk`` actions."""
+    return [record_demo(specs[i % len(specs)], seed * 1_000_003 + 10**6 + i, image_size, wording, chunk=chunk)
             for i in range(episodes)]
 
 
@@ -114,32 +127,50 @@ class Views:
     """Single frames of one layout that show what to do, as ``perception_samples`` makes them."""
 
     frames: np.ndarray    # [count, S, S, 3] uint8
-    commands: np.ndarray  # [count, 2] the expert's command for each
+    chunks: np.ndarray    # [count, H, 2] the expert's chunk for each (``Demo.chunks``)
     where: np.ndarray     # [count, 4] robot and goal position, as ``Demo.where``
     states: np.ndarray    # [count, 6] odometry: where the robot stands, and a velocity it might have
     prompt: tuple[int, ...]
 
+    @property
+    def commands(self) -> np.ndarray:
+        """[count, 2]: the expert's command for each view (each chunk's first action)."""
+        return self.chunks[:, 0]
 
-def perception_samples(seed: int, image_size: int, count: int, task: str = "reach", wording: Wording = FIXED
-                       ) -> Views:
-    """``count`` views of one fresh layout of ``task`` (``reach``: the goal marked; ``lang-reach``: the
-    instruction names it), the robot anywhere: endless layouts, so the encoder learns where things are, not
-    which floor it saw (several views per layout because building a layout costs ~5x rendering a view). The
-    robot may stand anywhere the world lets it, up against a wall too (half of it out of view), where an
-    overshoot leaves it; its velocity is drawn within the world's speed (the expert's command does not
-    depend on it, so the model learns not to steer by it)."""
+
+def perception_samples(seed: int, image_size: int, count: int, task: str = "reach", wording: Wording = FIXED,
+                       chunk: int = 1) -> Views:
+    """``count`` views of one fresh layout of ``task`` (``reach`` and ``chase``: the goal marked; ``lang-reach``:
+    the instruction names it), the robot anywhere: endless layouts, so the encoder learns where things are,
+    not which floor it saw (several views per layout because building a layout costs ~5x rendering a view).
+    The robot may stand anywhere the world lets it, up against a wall too (half of it out of view), where an
+    overshoot leaves it; its velocity is drawn within the world's speed. The expert's command does not depend
+    on it, so a model learns not to steer by it; the rest of a chunk does (the robot goes on as it moves), and
+    only a model with the state token (``TrainSpec.state``) can read it from a single view.
+
+    In ``chase`` each view also puts the goal somewhere on its path (a time drawn within the time limit): one
+    frame shows where the goal is, never where it is going, so from a view alone a chase chunk, which leads
+    the goal, is known only on average over the goal's directions (what a model trained on views alone does:
+    heads for the goal's neighbourhood). The direction is in the frame history (``bc``'s sequences: the goal
+    moves 0.0083 a frame at 30 Hz, half a pixel of a 64-pixel view); the state token gives the robot's own
+    velocity, never the goal's."""
     env = CueReachEnv(TaskSpec(name=task), seed)
     rng = np.random.default_rng([seed, 2])
     positions = rng.uniform(0.0, 1.0, size=(count, 2))
     velocities = rng.uniform(-1.0, 1.0, size=(count, 2)) * env.spec.max_speed
+    # drawn after the other tasks' draws, so their views are as they were
+    ticks = rng.integers(0, env.spec.frames(env.spec.time_limit_s), size=count) if task == "chase" else None
     prompt = wording.prompt(wording.instruction(env, np.random.default_rng([seed, 3])))
-    frames, commands, states = [], [], []
-    for position, velocity in zip(positions, velocities):
+    frames, chunks, states, goals = [], [], [], []
+    for k, (position, velocity) in enumerate(zip(positions, velocities)):
+        if ticks is not None:
+            env.set_step(int(ticks[k]))
         frames.append(resize_frame(env.place_robot(position, velocity), image_size))
-        commands.append(env.expert_command())
+        chunks.append(env.expert_chunk(chunk))
         states.append(env.odometry())
-    where = np.concatenate([positions, np.broadcast_to(env.targets[env.goal], positions.shape)], axis=1)
-    return Views(np.stack(frames), np.asarray(commands, np.float32), where.astype(np.float32), np.stack(states),
+        goals.append(env.targets[env.goal].copy())
+    where = np.concatenate([positions, np.stack(goals)], axis=1)
+    return Views(np.stack(frames), np.asarray(chunks, np.float32), where.astype(np.float32), np.stack(states),
                  prompt)
 
 

@@ -1,13 +1,13 @@
 """The aura policy in torch, one frame at a time, and closed-loop episodes of it labelled by the expert.
 
 ``aura_frame`` is one step of what ``memory/aura.py`` does in the engine: read the memory, run the
-decoder over prompt + memory token + frame, write. ``stages.aura_unroll`` strings it over recorded
-frames for training; ``aura_rollouts`` lets it drive the simulator instead, so the frames are the ones
-the policy itself visits, each labelled with the expert's command for the state it shows (DAgger, Ross
-et al. 2011). Why: on demonstrations the remembered goal and the target in view always agree, so the
-decoder may steer by the memory alone. In closed loop it did: of 14 held-out failures, 12 stalled
-0.08-0.31 from the right target (the memory's idea of where it was) and never closed in on the
-target in view. Only the policy's own mistakes show it states where the two disagree.
+decoder over prompt + memory token + frame, write. ``stages.aura_unroll`` strings it over recorded frames
+for training; ``aura_rollouts`` lets it drive the simulator instead, so the frames are the ones the
+policy itself visits, each labelled with the expert's command (a chunked head: its chunk) for the state
+it shows (DAgger, Ross et al. 2011). Why: on demonstrations the remembered goal and the target in view
+always agree, so the decoder may steer by the memory alone. In closed loop it did: of 14 held-out
+failures, 12 stalled 0.08-0.31 from the right target (the memory's idea of where it was) and never closed
+in on the target in view. Only the policy's own mistakes show it states where the two disagree.
 """
 
 from __future__ import annotations
@@ -45,9 +45,11 @@ def aura_frame(model: VlaModel, prompt: torch.Tensor, prompts: Prompts, state: F
 def aura_rollouts(model: VlaModel, wording: Wording, tasks: list[TaskSpec], seeds: list[int], beta: float,
                   max_frames: int) -> list[Demo]:
     """One episode per seed (tasks alternating, worded by ``wording`` as a demonstration of that seed is),
-    all run in one batch: the aura policy's command, clipped to the robot's [-1, 1], drives the robot; each
-    frame is recorded with the expert's command for it. An episode ends at success or after ``max_frames``
-    frames."""
+    all run in one batch: the aura policy's command (a chunked head's first action: each frame acted on at
+    once, no latency), clipped to the robot's [-1, 1], drives the robot; each frame is recorded with the
+    expert's chunk for it (``CueReachEnv.expert_chunk``, as the demonstrations are labelled). An episode ends
+    at success or after ``max_frames`` frames."""
+    chunk = model.c.action.chunk
     size = model.c.vision.image_size
     envs = [CueReachEnv(tasks[i % len(tasks)], seed) for i, seed in enumerate(seeds)]
     said = [wording.prompt(wording.instruction(env, np.random.default_rng([seed, 3]))) for env, seed in zip(envs, seeds)]
@@ -65,10 +67,10 @@ def aura_rollouts(model: VlaModel, wording: Wording, tasks: list[TaskSpec], seed
             pixels = torch.from_numpy(np.stack([episode[-1] for episode in frames]))
             odometry = torch.from_numpy(np.stack([episode[-1] for episode in states]))
             state, step = aura_frame(model, prompt, prompts, state, model.observation_tokens(pixels, odometry), beta)
-            commands = np.clip(model.actions(step.hidden).numpy().astype(np.float64), -1.0, 1.0)
+            commands = np.clip(model.actions(step.hidden)[:, 0].numpy().astype(np.float64), -1.0, 1.0)
             for i in np.flatnonzero(running):
                 env = envs[i]
-                labels[i].append(env.expert_command())
+                labels[i].append(env.expert_chunk(chunk))
                 where[i].append(np.concatenate([env.robot, env.targets[env.goal]]))
                 outcome = env.step(commands[i])
                 success[i] = outcome.success

@@ -18,8 +18,9 @@ STAGES = ("perception", "bc", "aura", "dms")  # in the order they run
 # training drives the simulator's 2-D velocity: a preset with a linear head of 2 degrees of freedom
 TRAINABLE_PRESETS = tuple(name for name, config in PRESETS.items()
                           if config.action.head == "linear" and config.action.dof == 2)
+TRAINABLE_HEADS = ("linear", "mlp")  # the continuous heads (model/action_head.py); bins is not trained here
 
-DEMONSTRATED_TASKS = ("reach", "cue-reach", "lang-reach")  # the scripted expert demonstrates each
+DEMONSTRATED_TASKS = ("reach", "cue-reach", "lang-reach", "chase")  # the scripted expert demonstrates each
 
 
 def knob(doc: str, default: Any = MISSING, *, minimum: float | None = None, maximum: float | None = None,
@@ -108,6 +109,13 @@ class TrainSpec:
                      minimum=0, maximum=2**32 - 1)
     preset: str = knob("the model's shape (model/init_model.py)", "sim", choices=TRAINABLE_PRESETS)
     dtype: str = knob("storage dtype of model.safetensors", "bfloat16", choices=STORAGE_DTYPES)
+    head: str = knob("the action head: linear (one action a cycle, tanh(W h + b), MSE) or mlp (OpenVLA-OFT's "
+                     "continuous chunk head, L1); a phase whose head differs from its checkpoint's starts the "
+                     "head afresh", "linear", choices=TRAINABLE_HEADS)
+    chunk: int = knob("actions per cycle, one control period apart (vla.action.chunk): 1 for linear", 1,
+                      minimum=1, maximum=1024)
+    mlp_hidden: int = knob("the mlp head's hidden width (vla.action.mlp_hidden); mlp only", 128,
+                           minimum=1, maximum=65536)
     prompt_ids: tuple[int, ...] = knob("instruction tokens every sequence starts with", DEFAULT_PROMPT,
                                        minimum=0, maximum=1_000_000)
     instructions: tuple[str, ...] = knob(
@@ -131,6 +139,9 @@ class TrainSpec:
     def __post_init__(self) -> None:
         if len(set(self.stages)) != len(self.stages):
             raise ValueError(f"stages: each stage at most once, got {list(self.stages)}")
+        if self.head == "linear" and self.chunk != 1:
+            raise ValueError(f"chunk: the linear head gives one action a cycle, got chunk {self.chunk}; a chunk "
+                             f"needs head: mlp")
         vocabulary = PRESETS[self.preset].vocab_size
         if max(self.prompt_ids, default=0) >= vocabulary:
             raise ValueError(f"prompt_ids: every id must be below the vocabulary size {vocabulary} of preset "

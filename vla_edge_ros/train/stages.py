@@ -1,7 +1,8 @@
 """The three training stages: behaviour cloning, then the aura memory and the dms gates on the frozen decoder.
 
 1. Behaviour cloning: decoder, frame encoder and action head regress the expert's command at the
-   last token of every frame (MSE on the normalised command), in two parts. ``perception`` sees
+   last token of every frame (MSE on the normalised command; a chunked ``mlp`` head: L1 over the expert's
+   chunk, as OpenVLA-OFT trains it, see ``action_error``), in two parts. ``perception`` sees
    single frames whose command the frame itself determines (the goal marked, the robot anywhere),
    each from a fresh layout: the frames of one episode are nearly alike, so sequence batches carry
    little variety (the model needs ~10x more steps on them to learn where the robot and the goal
@@ -54,7 +55,7 @@ AURA_OPEN_FRACTION = 1 / 3  # frozen decoder: the first steps write every frame,
 @dataclass
 class Batch:
     frames: torch.Tensor   # [B, F, S, S, 3] uint8, zero frames after a sequence's end
-    labels: torch.Tensor   # [B, F, 2]
+    labels: torch.Tensor   # [B, F, H, 2]: the expert's chunk at each frame (H = 1: its command)
     where: torch.Tensor    # [B, F, 4] robot and goal position, mapped to [-1, 1]
     valid: torch.Tensor    # [B, F] bool
     cue: torch.Tensor      # [B, F] bool: the frame shows the goal's ring (``Demo.cue_frames``), privileged
@@ -67,14 +68,14 @@ def make_batch(demos: list[Demo], picks: list[np.ndarray]) -> Batch:
     length = max(p.size for p in picks)
     size = demos[0].frames.shape[1]
     frames = np.zeros((len(demos), length, size, size, 3), np.uint8)
-    labels = np.zeros((len(demos), length, 2), np.float32)
+    labels = np.zeros((len(demos), length, *demos[0].chunks.shape[1:]), np.float32)
     where = np.zeros((len(demos), length, 4), np.float32)
     valid = np.zeros((len(demos), length), bool)
     cue = np.zeros((len(demos), length), bool)
     states = np.zeros((len(demos), length, demos[0].states.shape[1]), np.float32)
     for row, (demo, pick) in enumerate(zip(demos, picks)):
         frames[row, :pick.size] = demo.frames[pick]
-        labels[row, :pick.size] = demo.commands[pick]
+        labels[row, :pick.size] = demo.chunks[pick]
         where[row, :pick.size] = demo.where[pick]
         valid[row, :pick.size] = True
         cue[row, :pick.size] = pick < demo.cue_frames
@@ -109,6 +110,18 @@ def masked_mse(predicted: torch.Tensor, target: torch.Tensor, valid: torch.Tenso
     return ((predicted - target) ** 2).sum(-1)[valid].mean()
 
 
+def action_error(model: VlaModel, predicted: torch.Tensor, target: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The action loss of chunks [B, F, H, dof] on the valid frames [B, F]: per action the squared error summed over
+    the dof for the ``linear`` head (what every checkpoint before chunks was trained on), the absolute error for
+    the ``mlp`` chunk head (OpenVLA-OFT's L1), each averaged over the chunk's H actions. Every action of a chunk
+    counts: its label is defined past the episode's end (``CueReachEnv.expert_chunk``)."""
+    if model.c.action.head == "mlp":
+        per_action = (predicted - target).abs().sum(-1)
+    else:
+        per_action = ((predicted - target) ** 2).sum(-1)
+    return per_action.mean(-1)[valid].mean()
+
+
 def sequence_hidden(model: VlaModel, batch: Batch, dms: DmsMask | None = None
                     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Final-norm hidden states [B, F, H] at each observation's last token of prompt + observations (where
@@ -124,7 +137,7 @@ def sequence_hidden(model: VlaModel, batch: Batch, dms: DmsMask | None = None
 
 def sequence_actions(model: VlaModel, batch: Batch, dms: DmsMask | None = None
                      ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Actions [B, F, dof] the engine would decode after each frame, and the dms keep probabilities."""
+    """Chunks [B, F, H, dof] the engine would decode after each frame, and the dms keep probabilities."""
     hidden, keeps = sequence_hidden(model, batch, dms)
     return model.actions(hidden), keeps
 
@@ -163,21 +176,23 @@ def _freeze(model: VlaModel, trainable: list[torch.nn.Parameter]) -> None:
         param.requires_grad_(id(param) in keep)
 
 
-PERCEPTION_TASKS = {"reach": "reach", "cue-reach": "reach", "lang-reach": "lang-reach"}  # whose layouts show it
+# whose layouts show what to do: cue-reach's cue is reach's ring
+PERCEPTION_TASKS = {"reach": "reach", "cue-reach": "reach", "lang-reach": "lang-reach", "chase": "chase"}
 
 
 def perception_batches(spec: StageSpec, rng: np.random.Generator, image_size: int, tasks: tuple[str, ...],
-                       wording: Wording) -> Iterator[Batch]:
+                       wording: Wording, chunk: int = 1) -> Iterator[Batch]:
     """Single frames that show what to do, ``VIEWS_PER_LAYOUT`` from each fresh layout, the layouts' tasks
     alternating over those that show it (``cue-reach``'s cue is ``reach``'s ring; ``lang-reach``'s goal
-    is in its instruction)."""
+    is in its instruction; ``chase``'s ring is on the goal wherever its path has it), each labelled with the
+    expert's chunk of ``chunk`` actions."""
     shown_by = tuple(dict.fromkeys(PERCEPTION_TASKS[task] for task in tasks))
     layouts = max(1, spec.batch // VIEWS_PER_LAYOUT)
     for _ in range(spec.steps):
-        views = [perception_samples(int(seed), image_size, VIEWS_PER_LAYOUT, shown_by[i % len(shown_by)], wording)
-                 for i, seed in enumerate(rng.integers(2**31, 2**62, size=layouts))]
+        views = [perception_samples(int(seed), image_size, VIEWS_PER_LAYOUT, shown_by[i % len(shown_by)], wording,
+                                    chunk) for i, seed in enumerate(rng.integers(2**31, 2**62, size=layouts))]
         frames, labels, where, states = (torch.from_numpy(np.concatenate(parts)[:, None]) for parts in
-                                         zip(*((v.frames, v.commands, v.where, v.states) for v in views)))
+                                         zip(*((v.frames, v.chunks, v.where, v.states) for v in views)))
         shown = torch.ones(frames.shape[0], 1, dtype=torch.bool)
         prompts = Prompts.of([view.prompt for view in views for _ in range(len(view.frames))])
         yield Batch(frames, labels, 2 * where - 1, shown, shown, states, prompts)
@@ -185,7 +200,8 @@ def perception_batches(spec: StageSpec, rng: np.random.Generator, image_size: in
 
 def perception(model: VlaModel, spec: StageSpec, rng: np.random.Generator, tasks: tuple[str, ...], wording: Wording,
                progress: Progress) -> None:
-    _fit_actions(model, spec, perception_batches(spec, rng, model.c.vision.image_size, tasks, wording), progress)
+    views = perception_batches(spec, rng, model.c.vision.image_size, tasks, wording, model.c.action.chunk)
+    _fit_actions(model, spec, views, progress)
 
 
 def _fit_actions(model: VlaModel, spec: StageSpec, steps: Iterator[Batch], progress: Progress) -> None:
@@ -199,7 +215,7 @@ def _fit_actions(model: VlaModel, spec: StageSpec, steps: Iterator[Batch], progr
 def _action_loss(model: VlaModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
     """Action error + ``WHERE_WEIGHT`` x position error of every valid frame of a frame-history batch."""
     hidden, _ = sequence_hidden(model, batch)
-    action = masked_mse(model.actions(hidden), batch.labels, batch.valid)
+    action = action_error(model, model.actions(hidden), batch.labels, batch.valid)
     where = masked_mse(model.where_head(hidden), batch.where, batch.valid)
     return action + WHERE_WEIGHT * where, {"action": float(action.detach()), "where": float(where.detach())}
 
@@ -229,7 +245,7 @@ def aura_unroll(model: VlaModel, batch: Batch, beta: float, forced: torch.Tensor
 
 def aura_actions(model: VlaModel, batch: Batch, beta: float, forced: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Actions [B, F, dof] of every frame as ``aura_unroll`` runs them, and the writes [B, F]."""
+    """Chunks [B, F, H, dof] of every frame as ``aura_unroll`` runs them, and the writes [B, F]."""
     run = aura_unroll(model, batch, beta, forced)
     return model.actions(run.hidden), run.writes
 
@@ -267,7 +283,7 @@ def _aura_loss(model: VlaModel, batch: Batch, spec: AuraSpec, step: int, where: 
     decides (of all frames, of the labelled ones)."""
     forced, label_weight = write_forcing(spec, step, spec.steps, batch)
     hidden, writes, logits, memory = aura_unroll(model, batch, spec.beta, forced)
-    action = masked_mse(model.actions(hidden), batch.labels, batch.valid)
+    action = action_error(model, model.actions(hidden), batch.labels, batch.valid)
     rate = writes[batch.valid].mean()
     loss = action + spec.penalty * F.relu(rate - spec.rho)
     gate = (logits > 0)[batch.valid].float().mean()
@@ -406,7 +422,7 @@ def train_dms(model: VlaModel, demos: list[Demo], spec: DmsSpec, rng: np.random.
         student, keeps = sequence_actions(model, batch, mask)
         frame_tokens = batch.valid.repeat_interleave(per_frame, dim=1)  # [B, F * T]
         keep_rate = torch.stack([straight_through(k, k > 0.5)[:, prompt:][frame_tokens].mean() for k in keeps]).mean()
-        distill = masked_mse(student, teacher, batch.valid)
+        distill = action_error(model, student, teacher, batch.valid)
         loss = distill + spec.penalty * F.relu(keep_rate - 1.0 / spec.target_ratio)
         return loss, {"distill": float(distill.detach()), "keep_rate": float(keep_rate.detach())}
 

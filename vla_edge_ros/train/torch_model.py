@@ -4,7 +4,9 @@ The math is the NumPy reference's (``numerics/ops.py``, ``model/numpy_backend.py
 (RMSNorm, rotate-half RoPE, grouped-query attention with q/k/v bias, SwiGLU), the frame encoder
 (normalise, cut into patches, pool per cell, project, add a per-token position embedding), the state
 token (``model/state_token.py``: normalise, project) after the frame's tokens when the model reads the
-robot's state, and the linear action head tanh(W h + b) on the observation's last final-norm hidden state.
+robot's state, and the action head on the observation's last final-norm hidden state: ``linear``, tanh(W h + b),
+one action; or ``mlp`` (``model/action_head.py``), tanh(fc2 GELU(fc1 h + b1) + b2) with the exact (erf) GELU, a
+chunk of H actions, row i * dof + d of fc2 being action i's dimension d.
 A batch's instructions differ in length (``Prompts``): each sequence continues right after its own
 prompt, as the engine places it, and nothing reads the pads. Module names are the checkpoint's
 tensor names, so ``state_dict()`` is what ``export`` writes and what the engine loads.
@@ -324,11 +326,36 @@ class AuraMemory(nn.Module):
         return (weights + step[:, :, None] * k[:, None, :], bias + step), write, logit
 
 
+class ChunkHead(nn.Module):
+    """The engine's ``mlp`` action head (``model/action_head.py``): one hidden layer of ``mlp_hidden`` units with
+    exact GELU, then H x dof pre-activations (action i's dimension d at row i * dof + d)."""
+
+    def __init__(self, hidden: int, mlp_hidden: int, outputs: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(hidden, mlp_hidden)
+        self.fc2 = nn.Linear(mlp_hidden, outputs)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(h)))
+
+
+def action_head(c: ModelConfig) -> nn.Module:
+    """The head ``c.action`` names, its parameters under the checkpoint's names (``action_head.weight`` /
+    ``.bias``, or ``action_head.fc1.*`` and ``.fc2.*``)."""
+    action = c.action
+    if action.head == "linear":
+        return nn.Linear(c.hidden_size, action.dof)
+    if action.head == "mlp":
+        return ChunkHead(c.hidden_size, action.mlp_hidden, action.chunk * action.dof)
+    raise ValueError(f"training fits the continuous 'linear' and 'mlp' action heads; this config asks for "
+                     f"{action.head!r}")
+
+
 TRAINING_ONLY = ("where_head.", "memory_goal_head.")  # parameter prefixes the checkpoint does not carry
 
 
 class VlaModel(nn.Module):
-    """Decoder + frame encoder (+ state token) + linear action head, aura memory and dms gates.
+    """Decoder + frame encoder (+ state token) + action head (``linear`` or ``mlp``), aura memory and dms gates.
 
     ``memory_goal_head`` (training only too) regresses the goal's position from aura's memory token:
     privileged supervision of what the memory holds (``AuraSpec.memory_goal``).
@@ -341,14 +368,11 @@ class VlaModel(nn.Module):
 
     def __init__(self, c: ModelConfig, aura_dim: int) -> None:
         super().__init__()
-        if c.action.head != "linear":
-            raise ValueError("training fits the continuous 'linear' action head; this config asks for "
-                             f"{c.action.head!r}")
         self.c = c
         self.model = Decoder(c)
         self.vision = FrameEncoder(c)
         self.state_proj = None if c.state is None else nn.Linear(c.state.dim, c.hidden_size)
-        self.action_head = nn.Linear(c.hidden_size, c.action.dof)
+        self.action_head = action_head(c)
         self.where_head = nn.Linear(c.hidden_size, 4)
         self.aura = AuraMemory(c.observation_tokens * c.hidden_size, c.hidden_size, aura_dim, aura_dim)
         for layer in self.model.layers:
@@ -398,8 +422,10 @@ class VlaModel(nn.Module):
         return torch.cat([tokens, self.state_proj((states - mean) / std)[..., None, :]], dim=-2)
 
     def actions(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Normalised actions in [-1, 1] from final-norm hidden states."""
-        return torch.tanh(self.action_head(hidden))
+        """Chunks [..., H, dof] of normalised actions in [-1, 1] from final-norm hidden states [..., hidden] (H = 1
+        for the linear head)."""
+        out = torch.tanh(self.action_head(hidden))
+        return out.reshape(*out.shape[:-1], self.c.action.chunk, self.c.action.dof)
 
     def exported_state(self) -> dict[str, torch.Tensor]:
         """Every tensor the checkpoint carries (all but the training-only heads)."""

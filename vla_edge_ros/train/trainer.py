@@ -52,9 +52,7 @@ def train_recipe(recipe: Recipe, out: Path, progress: StageProgress = lambda *ar
 
 def train(spec: TrainSpec, out: Path, name: str, progress: StageProgress = lambda *args: None) -> PhaseLog:
     """One phase ``name``: every stage ``spec`` runs, the checkpoint written to ``out``."""
-    config = preset(spec.preset)
-    if spec.state:
-        config = replace(config, state=odometry_statistics(TaskSpec()))
+    config = phase_config(spec)
     torch.manual_seed(spec.seed)
     rng = np.random.default_rng(spec.seed)
     log = PhaseLog(name, asdict(spec))
@@ -64,7 +62,8 @@ def train(spec: TrainSpec, out: Path, name: str, progress: StageProgress = lambd
     wording = phase_wording(spec, config, out)
     started = time.perf_counter()
     demos = record_demos([TaskSpec(name=task) for task in spec.tasks], spec.episodes, spec.seed,
-                         config.vision.image_size, wording) if set(spec.stages) - {"perception"} else []
+                         config.vision.image_size, wording, config.action.chunk) \
+        if set(spec.stages) - {"perception"} else []
     log.seconds["demos"] = time.perf_counter() - started
     log.demos = {"episodes": len(demos), "frames": int(sum(len(d.frames) for d in demos)),
                  "expert_success": float(np.mean([d.success for d in demos])) if demos else None}
@@ -93,6 +92,19 @@ def train(spec: TrainSpec, out: Path, name: str, progress: StageProgress = lambd
     return log
 
 
+def phase_config(spec: TrainSpec) -> ModelConfig:
+    """The model a phase trains: its preset, the action head and chunk it names (written to config.json's
+    ``vla.action``, so the engine decodes the chunk), and the state token when it reads one."""
+    config = preset(spec.preset)
+    action = replace(config.action, head=spec.head, chunk=spec.chunk,
+                     mlp_hidden=spec.mlp_hidden if spec.head == "mlp" else 0)
+    config = replace(config, action=action)
+    if spec.state:
+        config = replace(config, state=odometry_statistics(TaskSpec()))
+    config.validate_vla()
+    return config
+
+
 def phase_wording(spec: TrainSpec, config: ModelConfig, out: Path) -> Wording:
     """How the phase words its sequences. The tokenizer, when the phase has one, is in ``out`` before any
     sequence is made: the one of the checkpoint it starts from (its embeddings learned those ids), else a new
@@ -112,20 +124,25 @@ def phase_wording(spec: TrainSpec, config: ModelConfig, out: Path) -> Wording:
 
 def load_weights(model: VlaModel, model_dir: Path, fresh_memory: bool = False) -> None:
     """Copy a checkpoint's tensors into ``model`` (all it exports, so every one must be there); its config
-    must be the one ``model`` was built with, or that one without the state token. ``where_head`` keeps its
-    fresh initialisation: it is training-only and not exported. So do the state projection of a model that
-    starts reading the state, and the aura memory with ``fresh_memory`` (``AuraSpec.fresh``) or when the
-    checkpoint's has another feature layout (``memory/aura.py``; a checkpoint of an earlier ``vla-edge
-    train``, or one without the state token, which widens the query): that memory cannot be carried over,
-    and the aura stage trains this one from its start."""
+    must be the one ``model`` was built with, or that one without the state token, or with another action head.
+    ``where_head`` keeps its fresh initialisation: it is training-only and not exported. So do the state
+    projection of a model that starts reading the state, the action head of a model whose head (or chunk, or
+    hidden width) differs from the checkpoint's (``TrainSpec.head``: linear -> mlp; the decoder's last hidden
+    state is what both heads read, so the rest carries over), and the aura memory with ``fresh_memory``
+    (``AuraSpec.fresh``) or when the checkpoint's has another feature layout (``memory/aura.py``; a checkpoint
+    of an earlier ``vla-edge train``, or one without the state token, which widens the query): that memory
+    cannot be carried over, and the aura stage trains this one from its start."""
     checkpoint = load_checkpoint(model_dir)
     adds_state = checkpoint.config.state is None and model.c.state is not None
-    if checkpoint.config != (replace(model.c, state=None) if adds_state else model.c):
+    new_head = checkpoint.config.action != model.c.action
+    expected = replace(model.c, state=None if adds_state else model.c.state, action=checkpoint.config.action)
+    if checkpoint.config != expected:
         raise ValueError(f"{model_dir}: its config.json differs from the preset this run trains (TrainSpec.preset, "
                          f"TrainSpec.state)")
     state = model.exported_state()
-    if adds_state:
-        state = {name: tensor for name, tensor in state.items() if not name.startswith("state_proj.")}
+    fresh = (("state_proj.",) if adds_state else ()) + (("action_head.",) if new_head else ())
+    if fresh:
+        state = {name: tensor for name, tensor in state.items() if not name.startswith(fresh)}
     if fresh_memory or any(checkpoint.tensors[name].shape != tuple(tensor.shape) for name, tensor in state.items()
                            if name.startswith("aura.") and name in checkpoint.tensors):
         state = {name: tensor for name, tensor in state.items() if not name.startswith("aura.")}
