@@ -33,10 +33,10 @@ _SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 _TRIG_KERNELS = {"_rope_kernel", "_rope_axes_kernel", "_cache_shift_kernel"}  # in kernels/rotary.py
 
 
-# ~50 s of compiling per target on 2 cores: the default suite compiles for the robot's GPU (Orin), the
-# slow tier for Hopper as well (the GPU checks in bench/gpu_check.sh compile and run there for real).
-@pytest.mark.parametrize("cc", [pytest.param((8, 7), id="sm_87"),
-                                pytest.param((9, 0), id="sm_90", marks=pytest.mark.slow)])
+# ~50 s of compiling per target on 2 cores: the slow tier compiles for the robot's GPU (Orin) and for Hopper
+# (the GPU checks in bench/gpu_check.sh compile and run there for real).
+@pytest.mark.slow
+@pytest.mark.parametrize("cc", [pytest.param((8, 7), id="sm_87"), pytest.param((9, 0), id="sm_90")])
 def test_kernels_compile_to_ptx_without_fp64_or_local_memory(cc: tuple[int, int]) -> None:
     # The child imports vla_edge_ros.kernels from wherever this process found it.
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0", "PYTHONPATH": os.pathsep.join(sys.path)}

@@ -160,6 +160,7 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/status").is_file() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
 
 
+@pytest.mark.slow  # ~45 s, most of it Ray's start; the default tier keeps two workers' replay and Ray's CPU count
 def test_evaluate_on_two_workers_and_on_a_local_ray_instance_matches_serial_byte_for_byte(tiny_model, tmp_path):
     """The real job: fixed-cost closed-loop episodes; evaluate.json equal but for the run's timing block."""
     from vla_edge_ros.config import parse_settings

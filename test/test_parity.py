@@ -24,21 +24,11 @@ TOKENS_FOR = {"numpy": TOKENS, "cuda": TOKENS[:3]}
 
 
 # Every variant on numpy. The simulated CUDA backend takes ~10-40 s per case (each GPU thread is a Python
-# thread), so the default suite runs one CUDA case, the full forward pass of one variant (bf16 weights,
-# grouped KV heads), and `make test-slow` runs the rest (so does a real GPU, see bench/gpu_check.sh).
-CUDA_DEFAULT_VARIANT = "bf16_storage"
-
-
-def cases(cuda_by_default: bool) -> list:
-    """Every (variant, backend); the cuda ones marked slow except, if ``cuda_by_default``, the default variant's."""
-    def marks(variant: str, backend: str) -> list:
-        default = backend == "numpy" or (cuda_by_default and variant == CUDA_DEFAULT_VARIANT)
-        return [] if default else [pytest.mark.slow]
-    return [pytest.param(variant, backend, id=f"{variant}-{backend}", marks=marks(variant, backend))
-            for variant in sorted(VARIANTS) for backend in ("numpy", "cuda")]
-
-
-CASES = cases(cuda_by_default=False)
+# thread), so its full forward passes run in `make test-slow` (and on a real GPU, see bench/gpu_check.sh);
+# the default suite holds each CUDA kernel to its NumPy twin (test_kernels*.py) instead.
+CASES = [pytest.param(variant, backend, id=f"{variant}-{backend}",
+                      marks=[] if backend == "numpy" else [pytest.mark.slow])
+         for variant in sorted(VARIANTS) for backend in ("numpy", "cuda")]
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +43,7 @@ def hf_models(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("variant, backend", cases(cuda_by_default=True))
+@pytest.mark.parametrize("variant, backend", CASES)
 def test_logits_and_every_layer_match_huggingface(hf_models, variant, backend):
     hf_model = hf_models(variant)
     report = run_parity(hf_model, TOKENS_FOR[backend], backend)
