@@ -107,6 +107,7 @@ def recipe_file(tmp_path: Path, text: str) -> Path:
 
 @pytest.mark.parametrize(("text", "message"), [
     ("phases: [{name: a, aura: {stepz: 3}}]", "unknown key 'aura.stepz'"),
+    ("phases: [{name: a, instructions: [go to the target]}]", "each template holds {color} once"),
     ("phases: [{name: a, learning_rate: 0.1}]", "unknown key 'learning_rate'"),
     ("phases: [{name: a, seed: 0}]\nseeds: [1]", "unknown key 'seeds'"),
     ("phases: [{name: a, aura: {steps: many}}]", "aura.steps must be of type int, got str 'many'"),

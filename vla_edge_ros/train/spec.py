@@ -12,7 +12,7 @@ from dataclasses import MISSING, dataclass, field, replace
 from typing import Any
 
 from ..model.init_model import PRESETS, STORAGE_DTYPES
-from .wording import DEFAULT_PROMPT
+from .wording import DEFAULT_PROMPT, FIELD
 
 STAGES = ("perception", "bc", "aura", "dms")  # in the order they run
 # training drives the simulator's 2-D velocity: a preset with a linear head of 2 degrees of freedom
@@ -149,6 +149,9 @@ class TrainSpec:
         if self.episodes < self.demo_batch:
             raise ValueError(f"episodes: {self.episodes} demonstrations cannot fill a batch of {self.demo_batch} "
                              f"distinct ones")
+        for template in self.instructions:
+            if template.count(FIELD) != 1:
+                raise ValueError(f"instructions: each template holds {FIELD} once, got {template!r}")
         if "lang-reach" in self.tasks and not self.instructions:
             raise ValueError("tasks: lang-reach is told its goal in words; give instructions (templates with {color})")
         if self.aura.fresh and "aura" not in self.stages:
