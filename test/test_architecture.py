@@ -15,7 +15,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "vla_edge_ros"
 LAYERS = (
-    ("config", "dependencies", "numerics", "worlds"),  # the schema, the dependency table; NumPy math; worlds
+    ("config", "dependencies", "numerics"),  # the schema, the dependency table; NumPy math
+    ("worlds",),  # the worlds: the package's own, and Meta-World (whose missing extra the table names)
     ("kernels", "cpu_kernels"),  # Numba-CUDA kernels, Numba-compiled CPU kernels; their NumPy twins
     ("model",),  # checkpoint, config, arena, backends, vision, action head, memory plan
     ("memory",),  # KV memory policies, seeing a MemoryContext

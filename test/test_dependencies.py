@@ -78,7 +78,7 @@ def test_setup_py_installs_what_the_table_says():
         extra: same(r) for extra, r in deps.extras_require().items()}
     assert not any(name.startswith("safetensors") for name in declared.install_requires)  # our own reader
     extras = deps.extras_require()
-    assert {"ros", "cuda", "train", "parity", "ray", "test", "docs"} == set(extras)
+    assert {"ros", "cuda", "train", "parity", "ray", "metaworld", "test", "docs"} == set(extras)
     assert set(deps.OPTIONAL["cuda"].values()) | set(deps.OPTIONAL["parity"].values()) <= set(extras["test"])
 
 

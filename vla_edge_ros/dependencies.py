@@ -64,6 +64,9 @@ OPTIONAL = {  # extra: {import: pip requirement}. No rosdep key: a robot's rosde
     "train": {"torch": TORCH},  # vla-edge train
     "parity": {"torch": TORCH, "transformers": "transformers>=4.45"},  # vla-edge parity: the reference forward pass
     "ray": {"ray": "ray>=2.9"},  # --ray: replay, evaluate and memory-bench units as Ray tasks on a cluster
+    # worlds/metaworld: Meta-World's Sawyer-arm tasks on MuJoCo (models and experts in the wheel; its internals
+    # that seed the layouts are 3.1.1's), drawn headless by PyOpenGL's OSMesa: apt-get install libosmesa6
+    "metaworld": {"metaworld": "metaworld==3.1.1", "mujoco": "mujoco>=3.3", "OpenGL": "PyOpenGL>=3.1"},
 }
 
 TEST = {  # the test extra, besides cuda and parity: the suite's and bench/'s imports ...
