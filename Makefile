@@ -21,7 +21,7 @@ $(STAMP): setup.py vla_edge_ros/dependencies.py
 	    apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); \
 	  else echo "error: '$(PYTHON) -m venv' failed; install the python3-venv package" >&2; exit 1; fi; }
 	$(PY) -m pip install -q --upgrade pip setuptools
-	$(PY) -m pip install -q --no-build-isolation -e ".[ros,train,test,ray,docs]"
+	$(PY) -m pip install -q --no-build-isolation -e ".[ros,train,test,ray,metaworld,docs]"
 	@touch $(STAMP)
 
 run: $(STAMP)
