@@ -25,7 +25,7 @@ from vla_edge_ros.worlds.scenes import TEST, CueScene, scene_seed
 
 SPEC = BagSpec(seconds=0.5, size=(40, 30), images="both")  # 15 frames at 30 Hz
 FRAMES = 15
-RAW, JPEG, COMMAND = "/camera/image_raw", "/camera/image_raw/compressed", "/vla/command"
+RAW, JPEG, COMMAND, ODOM = "/camera/image_raw", "/camera/image_raw/compressed", "/vla/command", "/odom"
 TYPES = get_typestore(Stores.ROS2_KILTED).types
 
 # (name of --out, storage, compression): every layout the writer makes and the reader must open.
@@ -52,8 +52,8 @@ def test_every_layout_reads_back_the_scenario(tmp_path, reference, name, storage
     with Bag(path) as bag:
         assert {t: (i.msgtype, i.count) for t, i in bag.topics.items()} == {
             RAW: ("sensor_msgs/msg/Image", FRAMES), JPEG: ("sensor_msgs/msg/CompressedImage", FRAMES),
-            COMMAND: ("std_msgs/msg/Float32MultiArray", FRAMES)}
-        assert (bag.start_ns, bag.end_ns, bag.message_count) == (times[0], times[-1], 3 * FRAMES)
+            COMMAND: ("std_msgs/msg/Float32MultiArray", FRAMES), ODOM: ("nav_msgs/msg/Odometry", FRAMES)}
+        assert (bag.start_ns, bag.end_ns, bag.message_count) == (times[0], times[-1], 4 * FRAMES)
         assert bag.duration_s == pytest.approx(14 / 30)
         messages = list(bag.messages([RAW, JPEG, COMMAND]))
     assert [m.time_ns for m in messages] == sorted(m.time_ns for m in messages)
@@ -67,7 +67,8 @@ def test_every_layout_reads_back_the_scenario(tmp_path, reference, name, storage
         decoded = decode_compressed(jpeg.msg.format, jpeg.msg.data).astype(int)
         assert decoded.shape == pixels.shape and np.abs(decoded - pixels).mean() < 6  # JPEG quality 90
         np.testing.assert_array_equal(command.msg.data, action)
-    # Whatever the layout, the camera and commands publish as the same CDR bytes (ROS 1 converted).
+    # Whatever the layout, the camera, commands and odometry publish as the same CDR bytes (ROS 1 converted), in
+    # the same order: each instant's odometry first.
     assert _raws(path) == reference
 
 

@@ -4,7 +4,12 @@ Both scenarios write the camera as sensor_msgs/Image rgb8 on ``image_topic`` and
 sensor_msgs/CompressedImage on ``image_topic + "/compressed"`` (image_transport's naming), stamped
 with the time they are recorded at, plus one std_msgs/Float32MultiArray of COMMAND_DIMS values on
 ``command_topic`` at the same time as every frame: the command replay compares actions against.
-NaN in a command means "no ground truth for this dimension" (as bags.commands uses it).
+NaN in a command means "no ground truth for this dimension" (as bags.commands uses it). Unless
+``state_topic`` is empty, each frame also has the robot's state, a nav_msgs/Odometry on ``state_topic``
+stamped as the frame (``odometry.py``): the odometry of a robot that executes the scenario's commanded
+planar velocity (``VELOCITY_DIMS``) one period of ``rate_hz`` after another, from the origin at rest: x, y
+the integral of the commands executed before the frame, yaw 0, vx, vy the last command executed (0 at the
+first frame), wz 0. In the command's units (moving: half-frames, half-frames per second).
 
 - ``moving``: the moving textured scene of SyntheticCamera (default 640x480). The command is what a
   controller tracking the red disc would send, measured from the rendered pixels (so it is only as
@@ -16,6 +21,8 @@ NaN in a command means "no ground truth for this dimension" (as bags.commands us
   with cue class ``episode index % CUE_CLASSES``. The command is all NaN except at each query frame,
   where dims 0..CUE_CLASSES-1 answer which cue was shown: +1 for its class, -1 for the others (the
   remaining dims stay NaN). The bag holds whole episodes only, so it may be slightly shorter than asked.
+  Its commands are answers, not motion, and its camera never moves: its robot's odometry stands still at
+  the origin.
 
 Timestamps start at START_NS and step by 1 / rate_hz, so two runs with the same arguments write the
 same messages, byte for byte.
@@ -33,6 +40,7 @@ import numpy as np
 
 from ..worlds.scenes import TEST, CueScene, scene_seed
 from ..worlds.synthetic import SyntheticCamera
+from .odometry import ODOMETRY_MSGTYPE, STATE_TOPIC, CommandedOdometry, bag_odometry
 from .writer import BagWriter
 
 SCENARIOS: tuple[str, ...] = ("moving", "cue-recall")
@@ -43,6 +51,8 @@ START_NS = 1_735_689_600 * 10**9  # 2025-01-01T00:00:00Z, fixed so that bags are
 CUE_CLASSES = 4
 EPISODE_S = 1.0
 JPEG_QUALITY = 90
+VELOCITY_DIMS: dict[str, tuple[int, ...]] = {"moving": (0, 1), "cue-recall": ()}
+"""The command's dimensions a robot executes as its planar velocity (vx, vy); none: it stands still."""
 DISC_RED_MIN = 190  # the disc is (220, 60, 40); the background's red stays below 160 before noise (sigma 4)
 
 
@@ -56,6 +66,7 @@ class BagSpec:
     images: str = "raw"  # one of IMAGE_MODES
     image_topic: str = "/camera/image_raw"
     command_topic: str = "/vla/command"
+    state_topic: str = STATE_TOPIC  # the robot's odometry; empty: none
     frame_id: str = "camera"
 
     @property
@@ -97,6 +108,8 @@ def write_bag(spec: BagSpec, out: str | Path, *, storage: str | None = None, com
     spec.validate()
     with BagWriter(out, storage, compression=compression, force=force) as writer:
         types = writer.types
+        state = writer.add_topic(spec.state_topic, ODOMETRY_MSGTYPE) if spec.state_topic else None  # see odometry.py
+        robot = CommandedOdometry(spec.rate_hz)
         raw = writer.add_topic(spec.image_topic, "sensor_msgs/msg/Image") if spec.images != "compressed" else None
         jpeg = (writer.add_topic(f"{spec.image_topic}/compressed", "sensor_msgs/msg/CompressedImage")
                 if spec.images != "raw" else None)
@@ -106,6 +119,9 @@ def write_bag(spec: BagSpec, out: str | Path, *, storage: str | None = None, com
             data_offset=0)
         for index, (pixels, action) in enumerate(scenario_frames(spec)):
             time_ns = START_NS + round(index * 1e9 / spec.rate_hz)
+            if state is not None:
+                writer.write(state, time_ns, bag_odometry(writer, time_ns, robot.state()))
+                _execute(robot, spec, index, action)
             header = writer.header(time_ns, spec.frame_id, seq=index)
             height, width = pixels.shape[:2]
             if raw is not None:
@@ -120,6 +136,16 @@ def write_bag(spec: BagSpec, out: str | Path, *, storage: str | None = None, com
                     header=header, format="rgb8; jpeg compressed bgr8", data=encoded.reshape(-1)))
             writer.write(command, time_ns, types["std_msgs/msg/Float32MultiArray"](layout=layout, data=action))
     return writer.out
+
+
+def _execute(robot: CommandedOdometry, spec: BagSpec, index: int, command: np.ndarray) -> None:
+    """The robot executes frame ``index``'s commanded velocity (``VELOCITY_DIMS``) until the next frame."""
+    dims = VELOCITY_DIMS[spec.scenario]
+    try:
+        robot.execute(command[list(dims)] if dims else np.zeros(2))
+    except ValueError as exc:
+        raise ValueError(f"{spec.scenario} frame {index}: {exc} (the disc is not visible at "
+                         f"{spec.frame_size[0]}x{spec.frame_size[1]}); --state-topic '' writes no odometry") from exc
 
 
 def _moving(spec: BagSpec) -> Iterator[tuple[np.ndarray, np.ndarray]]:

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from ..bags import Bag
+from ..bags.odometry import STATE_TOPIC
 from ..bags.scenarios import SCENARIOS, BagSpec, write_bag
 from ..bags.writer import COMPRESSIONS, STORAGES
 from .args import count
@@ -27,7 +28,7 @@ def _describe(bag: Bag) -> str:
 def cmd_make_bag(args: argparse.Namespace) -> int:
     spec = BagSpec(scenario=args.scenario, seconds=args.seconds, seed=args.seed, rate_hz=args.rate_hz,
                    size=args.size, images=args.images, image_topic=args.image_topic,
-                   command_topic=args.command_topic)
+                   command_topic=args.command_topic, state_topic=args.state_topic)
     began = time.monotonic()
     out = write_bag(spec, args.out, storage=args.storage, compression=args.compression, force=args.force)
     elapsed = time.monotonic() - began
@@ -71,7 +72,8 @@ def cmd_play(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("make-bag", help="write a deterministic sample bag: camera frames and ground-truth commands")
+    p = sub.add_parser("make-bag",
+                       help="write a deterministic sample bag: camera frames, ground-truth commands, odometry")
     p.add_argument("--scenario", required=True, choices=SCENARIOS)
     p.add_argument("--out", required=True, type=Path,
                    help="a rosbag2 directory, or a single .mcap, .db3 (rosbag2 storage) or .bag (ROS 1) file")
@@ -90,6 +92,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(images="raw")
     p.add_argument("--image-topic", default="/camera/image_raw")
     p.add_argument("--command-topic", default="/vla/command")
+    p.add_argument("--state-topic", default=STATE_TOPIC,
+                   help=f"the robot's nav_msgs/Odometry, that of a robot executing the commanded velocity (default "
+                        f"{STATE_TOPIC}; '' writes none)")
     p.add_argument("--force", action="store_true", help="replace an existing output bag")
     p.set_defaults(func=cmd_make_bag)
 
