@@ -58,7 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"comma-separated action_publisher.execution modes ({','.join(EXECUTIONS)}) run side by side, "
                         "a cell each per policy and budget (default: the configured one); with a chunked checkpoint "
                         "the gate plans cycles on the chunk's horizon in every mode but sync")
-    p.add_argument("--record", type=Path, help="also write each episode (camera + expert command) as a bag here")
+    p.add_argument("--record", type=Path,
+                   help="also write each episode (camera, odometry, expert command) as a bag here")
     p.add_argument("--out", type=Path, default=Path("evaluate_report"))
     add_parallel_arguments(p)
     p.set_defaults(func=cmd_evaluate)

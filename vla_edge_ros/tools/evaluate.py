@@ -687,21 +687,27 @@ def _cell_line(cell: dict[str, Any]) -> str:
 
 
 def _expert_episode(spec: TaskSpec, seed: int, settings: Settings, record_dir: Path | None) -> Episode:
-    """The scripted expert's episode, also written as a bag (camera + its commands) when ``record_dir`` is set."""
+    """The scripted expert's episode, also written as a bag when ``record_dir`` is set: the camera, the robot's
+    odometry stamped as each frame (``CueReachEnv.odometry``, the state the frame was seen in: what a model that
+    reads a state pairs with it) and the expert's commands."""
+    env = CueReachEnv(spec, seed)
     if record_dir is None:
-        return run_episode(CueReachEnv(spec, seed), seed, None)
+        return run_episode(env, seed, None)
+    from ..bags.odometry import ODOMETRY_MSGTYPE, STATE_TOPIC, bag_odometry
     from ..bags.writer import BagWriter
 
     twist = settings["action_publisher"]["twist_dims"][:2]
     dof = max(max(twist) + 1, 1)
     with BagWriter(record_dir / f"{spec.name}_{seed:04d}.mcap", force=True) as writer:
         types = writer.types
+        odometry = writer.add_topic(STATE_TOPIC, ODOMETRY_MSGTYPE)  # before the camera: see bags/odometry.py
         camera = writer.add_topic("/camera/image_raw", "sensor_msgs/msg/Image")
         command = writer.add_topic("/vla/command", "std_msgs/msg/Float32MultiArray")
         layout = types["std_msgs/msg/MultiArrayLayout"](dim=[], data_offset=0)
 
         def record(time_ns: int, frame: np.ndarray, expert: np.ndarray) -> None:
             stamp = BAG_START_NS + time_ns
+            writer.write(odometry, stamp, bag_odometry(writer, stamp, env.odometry()))
             height, width = frame.shape[:2]
             writer.write(camera, stamp, types["sensor_msgs/msg/Image"](
                 header=writer.header(stamp, "camera"), height=height, width=width, encoding="rgb8",
@@ -712,7 +718,7 @@ def _expert_episode(spec: TaskSpec, seed: int, settings: Settings, record_dir: P
                     values[dim] = value
             writer.write(command, stamp, types["std_msgs/msg/Float32MultiArray"](layout=layout, data=values))
 
-        return run_episode(CueReachEnv(spec, seed), seed, None, record)
+        return run_episode(env, seed, None, record)
 
 
 def variant_knobs(variant: str, rate: float | None) -> dict[str, Any]:
