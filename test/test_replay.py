@@ -20,7 +20,7 @@ from vla_edge_ros.tools.replay import parse_cost, plots, replay_bag
 from vla_edge_ros.tools.replay.commands import RecordedCommands
 from vla_edge_ros.tools.replay.memory_view import MemoryView
 from vla_edge_ros.tools.replay.report import action_error
-from vla_edge_ros.tools.replay.runner import recorded_frames
+from vla_edge_ros.tools.replay.runner import recorded_messages
 from vla_edge_ros.tools.replay.session import FrameRecord, PolicyRun, replay_policy
 
 POLICIES = ["fifo", "cosine", "aura", "dms"]
@@ -77,7 +77,7 @@ def test_a_fixed_cost_replay_decides_identically_byte_for_byte(moving_bag, setti
     for plot in ("latency.png", "timeline.png", "memory.png", "writes.png", "actions.png"):
         assert (tmp_path / "a" / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| fifo |" in (tmp_path / "a" / "report.md").read_text()
-    assert json.loads((tmp_path / "a" / "report.json").read_text())["schema"] == "vla_edge_ros.replay/3"
+    assert json.loads((tmp_path / "a" / "report.json").read_text())["schema"] == "vla_edge_ros.replay/4"
 
 
 def test_the_decisions_file_records_what_the_policy_kept_and_did(moving_bag, tiny_model, tmp_path):
@@ -183,7 +183,7 @@ def test_plots_label_every_axis_draw_the_deadline_and_keep_tokens_off_the_frames
     runs = []
     for policy in ("fifo", "dms"):
         with Bag(moving_bag) as bag:
-            runs.append(replay_policy(recorded_frames(bag, "/camera/image_raw"), settings, policy, parse_cost(FIXED)))
+            runs.append(replay_policy(recorded_messages(bag, "/camera/image_raw"), settings, policy, parse_cost(FIXED)))
     with Bag(moving_bag) as bag:
         commands = RecordedCommands.read(bag, "/vla/command", settings)
 
@@ -262,7 +262,7 @@ def test_blocks_slower_than_the_frame_rate_drop_frames_and_the_gate_refuses(movi
 
 def test_the_buffer_and_the_records_agree_on_dropped_frames(moving_bag, settings):
     with Bag(moving_bag) as bag:
-        run = replay_policy(recorded_frames(bag, "/camera/image_raw"), settings, "fifo",
+        run = replay_policy(recorded_messages(bag, "/camera/image_raw"), settings, "fifo",
                             parse_cost("fixed:encode=50ms,decode=1ms"))
     assert run.buffer_dropped == run.counts["dropped"] > 0
 

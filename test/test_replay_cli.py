@@ -38,14 +38,17 @@ def test_cli_errors_are_clear_and_exit_2(tmp_path, capsys, moving_bag, tiny_mode
     assert "| cosine |" in output and "frames/s" in output and (tmp_path / "out" / "report.json").is_file()
 
 
-@pytest.mark.parametrize("observation", ["    extra_image_topics: [wrist/image_raw]\n",
-                                         "    state_topic: joint_states\n"])
-def test_replaying_several_cameras_or_a_state_is_refused_before_any_work(tmp_path, capsys, moving_bag, tiny_model,
-                                                                           observation):
+@pytest.mark.parametrize("observation,message", [
+    ("    extra_image_topics: [wrist/image_raw]\n", "replay feeds one camera, and this configuration's observation "
+                                                  "has 2 (extra_image_topics): not yet"),
+    ("    state_topic: joint_states\n", "state_topic is 'joint_states', but ")])
+def test_several_cameras_or_a_state_the_model_does_not_read_are_refused_before_any_work(
+        tmp_path, capsys, moving_bag, tiny_model, observation, message):
     config = replay_config_file(tmp_path, tiny_model)
     config.write_text(config.read_text() + observation)
     assert main(["replay", str(moving_bag), "--config", str(config), "--out", str(tmp_path / "out")]) == 2
-    assert "replay feeds one camera and no robot state" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not (tmp_path / "out").exists()
 
 

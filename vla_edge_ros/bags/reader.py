@@ -109,9 +109,10 @@ class Bag:
                            f"the bag has {self._listing(self.topics.values())}")
         return topic
 
-    def command_topic(self, requested: str | None = None) -> str | None:
-        """The recorded command topic: ``requested`` after checking it, else the bag's only one, or None."""
-        return self._pick(requested, COMMAND_MSGTYPES, "command", "--command-topic")
+    def command_topic(self, requested: str | None = None, exclude: str | None = None) -> str | None:
+        """The recorded command topic: ``requested`` after checking it, else the bag's only one other than
+        ``exclude`` (the robot's state: a JointState may be either), or None."""
+        return self._pick(requested, COMMAND_MSGTYPES, "command", "--command-topic", exclude)
 
     def messages(self, topics: Sequence[str]) -> Iterator[BagMessage]:
         """Deserialized messages of ``topics`` in receive-time order."""
@@ -176,8 +177,9 @@ class Bag:
             raise BagError(f"{self.path}: truncated or corrupt storage: read {read} messages on "
                            f"{', '.join(sorted(wanted))}, but the bag lists {listed}")
 
-    def _pick(self, requested: str | None, types: tuple[str, ...], kind: str, option: str) -> str | None:
-        candidates = [info for info in self.topics.values() if info.msgtype in types]
+    def _pick(self, requested: str | None, types: tuple[str, ...], kind: str, option: str,
+              exclude: str | None = None) -> str | None:
+        candidates = [info for info in self.topics.values() if info.msgtype in types and info.name != exclude]
         if requested is not None:
             info = self.topics.get(requested)
             if info is None:

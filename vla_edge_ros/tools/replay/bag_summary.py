@@ -1,7 +1,7 @@
 """What the bag holds, for the report: every topic with its type, count and rate, and which ones replay used.
 
-A user handed a report should be able to tell, without opening the bag, whether the right camera and
-command topics were matched and whether they ran at the rate they should: a camera recorded at 12 Hz
+A user handed a report should be able to tell, without opening the bag, whether the right camera,
+command and state topics were matched and whether they ran at the rate they should: a camera recorded at 12 Hz
 instead of 30 explains drops and gaps that no policy causes. Rates come from each topic's own first
 and last receive times (one pass over the bag's index and records, no message decoded).
 """
@@ -13,15 +13,16 @@ from typing import Any
 from ...bags.reader import Bag
 
 
-def topic_summary(bag: Bag, image_topic: str, command_topic: str | None) -> list[dict[str, Any]]:
+def topic_summary(bag: Bag, image_topic: str, command_topic: str | None,
+                  state_topic: str | None = None) -> list[dict[str, Any]]:
     """One entry per topic: name, type, messages, first_s / last_s (bag time from its start), rate_hz
-    (None below two messages or over no time), role ("camera", "recorded command" or None)."""
+    (None below two messages or over no time), role ("camera", "recorded command", "robot state" or None)."""
     first: dict[str, int] = {}
     last: dict[str, int] = {}
     for topic, time_ns in bag.times(list(bag.topics)):
         first.setdefault(topic, time_ns)
         last[topic] = time_ns
-    roles = {image_topic: "camera", command_topic: "recorded command"}
+    roles = {image_topic: "camera", command_topic: "recorded command", state_topic: "robot state"}
     summary = []
     for name, info in bag.topics.items():
         span_s = (last[name] - first[name]) / 1e9 if name in first else 0.0

@@ -12,7 +12,7 @@ evicted the same frames. A line (wrapped here)::
         kept=5,8,12 evicted=4
 
 ``t_ms`` and ``ready_ms`` count from the first frame's arrival; a dropped frame's line ends after its
-outcome, a bad frame's after its reason; ``kept=-`` is an empty memory.
+outcome, a bad frame's after its reason, a no_state frame's after why; ``kept=-`` is an empty memory.
 
 The CSV is for plotting and inspection (any spreadsheet, ``pandas.read_csv``): times are seconds from
 the bag's start, numbers plain, an empty cell is "not applicable" (no action, no command within
@@ -63,11 +63,12 @@ def _decision(record: FrameRecord, start_ns: int, figure_names: tuple[str, ...])
 
 
 def csv_header(run: PolicyRun, commands: RecordedCommands) -> list[str]:
-    """frame (index in the camera topic), arrival_s, outcome, detail (gate verdict and refused block, or a
-    bad frame's reason), ready_s, latency_ms (arrival to action ready), action_0.. (clipped as published),
-    command_s and command_0.. (the recorded command the action is compared with), kv_tokens, memory_bytes,
-    writes and evictions (cumulative, in ``write_unit``), kept_frames and evicted_frames (frame indices,
-    space-separated), then the policy's own figures (aura: surprise; dms: slots_held, heads_ratio)."""
+    """frame (index in the camera topic), arrival_s, outcome, detail (gate verdict and refused block, a bad
+    frame's reason, or why a frame had no state), ready_s, latency_ms (arrival to action ready), action_0..
+    (clipped as published), command_s and command_0.. (the recorded command the action is compared with),
+    kv_tokens, memory_bytes, writes and evictions (cumulative, in ``write_unit``), kept_frames and
+    evicted_frames (frame indices, space-separated), then the policy's own figures (aura: surprise; dms:
+    slots_held, heads_ratio)."""
     return (["frame", "arrival_s", "outcome", "detail", "ready_s", "latency_ms"]
             + [f"action_{i}" for i in range(run.action_dims)]
             + ["command_s"] + [f"command_{i}" for i in range(commands.width)]

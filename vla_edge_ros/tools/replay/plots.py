@@ -20,7 +20,7 @@ from .commands import RecordedCommands
 from .session import OUTCOMES, PolicyRun
 
 OUTCOME_COLOURS = {"admitted": "tab:green", "refused": "tab:orange", "missed": "tab:red", "stale": "tab:gray",
-                   "invalid": "black", "dropped": "tab:blue", "bad_frame": "tab:purple"}
+                   "invalid": "black", "dropped": "tab:blue", "no_state": "tab:brown", "bad_frame": "tab:purple"}
 WRITES_OF = {"frames": "frames stored (aura: written into its fast weights)", "tokens": "tokens written (dms)"}
 BAG_TIME = "bag time (s)"
 PLOTS = ("latency.png", "timeline.png", "memory.png", "writes.png", "actions.png")

@@ -1,17 +1,23 @@
 """The replay report: ``report.json`` (schema below), ``report.md`` (read this first), the per-frame files
 (``frame_files.py``) and the plots (``plots.py``).
 
-report.json, schema ``vla_edge_ros.replay/3``::
+report.json, schema ``vla_edge_ros.replay/4``::
 
-    {"schema": "vla_edge_ros.replay/3",
+    {"schema": "vla_edge_ros.replay/4",
      "bag": {"path", "duration_s", "start_ns", "image_topic", "frames", "rate_hz", "command_topic" (or null),
-             "command_type" (or null), "topics": [{"name", "type", "messages", "first_s", "last_s", "rate_hz",
-             "role": "camera" | "recorded command" | null}]},
+             "command_type" (or null), "state": null (the model reads no state) or {"topic", "state_type",
+             "found" (true: the bag's only odometry topic, state_topic being empty: ``bag_state.py``)},
+             "topics": [{"name", "type", "messages", "first_s", "last_s", "rate_hz",
+             "role": "camera" | "recorded command" | "robot state" | null}]},
      "config": {"source", "model_dir", "deadline_ms", "kv_capacity_tokens", "cost_model", "realtime"},
      "policies": {NAME: {
         "frames" (camera messages), "decoded_frames", "bad_frames": {REASON: count} (undecodable: skipped
         as the camera node would, and left out of every deadline figure),
-        "actions", "deadline_hits" (actions with every block in time), "deadline_hit_rate" (of decoded frames),
+        "no_state" (decoded, but no observation: no good state within state_max_age_ms of the frame's stamp,
+        as live), "state_messages" and "state_dropped": {REASON: count} (state messages read, and those
+        refused: NaN, a wrong joint name ...; ``runtime/robot_state.py``; 0 and {} without a state),
+        "actions", "deadline_hits" (actions with every block in time), "deadline_hit_rate" (of the observations:
+        decoded frames less no_state),
         "refused" (no block late, some block refused), "missed" (some admitted block finished late), "stale",
         "invalid" (the model's output held NaN or Inf: no action, as live; a corrupt checkpoint),
         "dropped" (decoded, then overwritten in the frame buffer before the reasoner took them),
@@ -25,9 +31,9 @@ report.json, schema ``vla_edge_ros.replay/3``::
         "chunks_file" (only for a model of H > 1 actions a cycle: every action of every chunk beside the
         recorded command for its moment, ``frame_files.py``)}}}
 
-Every frame is exactly one of deadline hit, missed, refused, stale, invalid, dropped or bad. An invalid
-output is never a deadline hit and never written as an action; report.md flags it, and ``vla-edge replay``
-exits 2 when any occurred. Action error: each
+Every frame is exactly one of deadline hit, missed, refused, stale, invalid, dropped, no_state or bad. An
+invalid output is never a deadline hit and never written as an action; report.md flags it, and ``vla-edge
+replay`` exits 2 when any occurred. Action error: each
 action (clipped as the publisher would) is paired with the recorded command nearest in time to when it
 was ready, within ``max_gap_ms`` (``commands.py``); dimensions the command does not map (NaN) are left
 out. Timing fields (``replay``) are wall-clock and differ between runs; everything else is a function
@@ -48,7 +54,7 @@ from .frame_files import decision_lines, write_chunks, write_predictions
 from .plots import PLOTS, write_plots
 from .session import PolicyRun
 
-SCHEMA = "vla_edge_ros.replay/3"
+SCHEMA = "vla_edge_ros.replay/4"
 
 
 def action_error(run: PolicyRun, commands: RecordedCommands) -> dict[str, Any] | None:
@@ -85,10 +91,12 @@ def summarize(run: PolicyRun, bag_duration_s: float, commands: RecordedCommands,
         latency = {"p50": float(p50), "p95": float(p95), "p99": float(p99), "max": float(max(latencies))}
     memory = [record.memory for record in run.cycles]
     decoded = counts["frames"] - counts["bad_frame"]
+    observed = decoded - counts["no_state"]
     return {
         "frames": counts["frames"], "decoded_frames": decoded, "bad_frames": dict(sorted(run.decode_errors.items())),
+        "no_state": counts["no_state"], "state_messages": run.state_messages, "state_dropped": run.state_dropped,
         "actions": len(run.actions), "deadline_hits": counts["admitted"],
-        "deadline_hit_rate": counts["admitted"] / decoded if decoded else 0.0,
+        "deadline_hit_rate": counts["admitted"] / observed if observed else 0.0,
         "refused": counts["refused"], "missed": counts["missed"], "stale": counts["stale"], "invalid": counts["invalid"],
         "dropped": counts["dropped"], "latency_ms": latency,
         "memory_bytes": {"peak": max((m.memory_bytes for m in memory), default=0),
@@ -132,12 +140,13 @@ def markdown(report: dict[str, Any]) -> str:
              f"Deadline {config['deadline_ms']:g} ms; cost model `{config['cost_model']}`"
              f"{' (real time)' if config['realtime'] else ''}; model `{config['model_dir']}`, KV arena "
              f"{config['kv_capacity_tokens']} tokens. Every camera frame is one of: a deadline hit, missed, refused, "
-             "stale, invalid (the model's output was not finite), dropped (overwritten before the reasoner took it) or undecodable; the deadline hit rate is "
-             "over decoded frames.", "",
+             "stale, invalid (the model's output was not finite), dropped (overwritten before the reasoner took it), "
+             "no state (no robot state to pair it with, so no observation) or undecodable; the deadline hit rate is "
+             "over the observations (decoded frames with their state).", "",
              "| policy | decoded frames | actions | deadline hits | refused | missed | stale | invalid | dropped "
-             "| latency p50 / p95 / p99 / max (ms) | memory peak (B) | writes | evictions | compression "
+             "| no state | latency p50 / p95 / p99 / max (ms) | memory peak (B) | writes | evictions | compression "
              "| action L1 / RMSE | replay fps (x real time) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, p in policies.items():
         lat = p["latency_ms"]
         latency = " / ".join(f"{lat[k]:.1f}" for k in ("p50", "p95", "p99", "max")) if lat else "-"
@@ -148,8 +157,9 @@ def markdown(report: dict[str, Any]) -> str:
         fps = f"{speed['frames_per_s']:.1f} ({speed['x_realtime']:.2f}x)" if speed["frames_per_s"] else "-"
         lines.append(f"| {name} | {p['decoded_frames']} of {p['frames']} | {p['actions']} | {p['deadline_hits']} "
                      f"({100 * p['deadline_hit_rate']:.0f}%) | {p['refused']} | {p['missed']} | {p['stale']} | {p['invalid']} | "
-                     f"{p['dropped']} | {latency} | {p['memory_bytes']['peak']:,} | {p['memory_writes']} "
-                     f"{p['write_unit']} | {p['evictions']} {p['write_unit']} | {ratio} | {err} | {fps} |")
+                     f"{p['dropped']} | {p['no_state']} | {latency} | {p['memory_bytes']['peak']:,} | "
+                     f"{p['memory_writes']} {p['write_unit']} | {p['evictions']} {p['write_unit']} | {ratio} | {err} | "
+                     f"{fps} |")
     invalid = {name: p["invalid"] for name, p in policies.items() if p["invalid"]}
     if invalid:
         lines += ["", "**The model's output was not finite (NaN or Inf)** on "
@@ -162,6 +172,8 @@ def markdown(report: dict[str, Any]) -> str:
         reasons = ", ".join(f"{reason}: {count}" for reason, count in bad.items())
         lines += ["", f"Undecodable frames, skipped as the camera node would and left out of the deadline "
                   f"figures: {sum(bad.values())} ({reasons})."]
+    if bag["state"] is not None:
+        lines += ["", _state_line(bag["state"], next(iter(policies.values())))]
     if bag["command_topic"] is None:
         lines += ["", "The bag has no command topic: no action error, and actions.png shows the predictions alone."]
     else:
@@ -179,13 +191,27 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _state_line(state: dict[str, Any], policy: dict[str, Any]) -> str:
+    """What the robot's state did: where it came from, what was refused, which frames found none (reading and
+    pairing do not depend on the policy, so any one tells)."""
+    found = " (the bag's only odometry topic: camera_subscriber.state_topic is empty)" if state["found"] else ""
+    dropped = {reason: count for reason, count in policy["state_dropped"].items() if count}
+    refused = (f", {sum(dropped.values())} refused as the live node refuses them "
+               f"({', '.join(f'{reason}: {count}' for reason, count in dropped.items())})" if dropped else "")
+    return (f"Robot state: `{state['topic']}` read as {state['state_type']}{found}: {policy['state_messages']} "
+            f"messages{refused}. Each frame is paired with the newest good state within state_max_age_ms of its "
+            f"stamp, as live; {policy['no_state']} of {policy['decoded_frames']} decoded frames found none, and made "
+            "no observation (their reason is in the predictions file).")
+
+
 def _bag_section(bag: dict[str, Any]) -> list[str]:
     command = (f"recorded command `{bag['command_topic']}` ({bag['command_type']})" if bag["command_topic"]
                else "no recorded command topic")
+    state = f"; robot state `{bag['state']['topic']}`" if bag["state"] else ""
     lines = ["## Bag", "",
              f"{bag['duration_s']:.2f} s, {sum(t['messages'] for t in bag['topics'])} messages on "
              f"{len(bag['topics'])} topics. Matched: camera `{bag['image_topic']}` ({bag['frames']} frames, "
-             f"{bag['rate_hz']:.1f} Hz); {command}.", "",
+             f"{bag['rate_hz']:.1f} Hz); {command}{state}.", "",
              "| topic | type | messages | rate (Hz) | first / last (s) | used as |", "|---|---|---|---|---|---|"]
     for topic in bag["topics"]:
         rate = f"{topic['rate_hz']:.1f}" if topic["rate_hz"] else "-"

@@ -1,8 +1,10 @@
 """Replay one bag through one memory policy, exactly as the live pipeline would have run it.
 
-The same objects as live, through the runtime's ``Driver``: the frame buffer (so frames that
-arrive while the reasoner is busy overwrite each other and count as dropped), the admission gate,
-the engine and the reasoning cycle. Only the clock differs (``runtime/clock.py``). Every frame's fate
+The same objects as live, through the runtime's ``Driver``: the robot's state read and paired with each
+frame (``observation.py``: the newest good state within ``state_max_age_ms`` of the frame's stamp, or no
+observation, counted as ``no_state``), the frame buffer (so frames that arrive while the reasoner is busy
+overwrite each other and count as dropped), the admission gate, the engine and the reasoning cycle. Only
+the clock differs (``runtime/clock.py``). Every frame's fate
 is one ``FrameRecord``: a line of the decisions file (which a deterministic replay reproduces byte for
 byte: the gate's verdicts, the actions and what the memory kept) and a row of the predictions CSV; a
 chunked model's (H > 1) whole chunk goes to the chunks CSV.
@@ -33,7 +35,9 @@ from .memory_view import MemoryRecord, MemoryView
 
 CYCLE_OUTCOMES = ("admitted", "refused", "missed", "stale", "invalid")  # a cycle ran on the frame
 # invalid: the model's output held NaN or Inf; no action came of it (the live publisher would send none)
-OUTCOMES = (*CYCLE_OUTCOMES, "dropped", "bad_frame")  # dropped: overwritten unread; bad_frame: undecodable
+OUTCOMES = (*CYCLE_OUTCOMES, "dropped", "no_state", "bad_frame")
+# dropped: overwritten unread; no_state: no observation, for want of a state within state_max_age_ms;
+# bad_frame: undecodable
 
 
 @dataclass(frozen=True)
@@ -47,13 +51,22 @@ class RecordedFrame:
 
 
 @dataclass(frozen=True)
+class RecordedState:
+    """A robot state message as recorded (JointState or Odometry, as ``camera_subscriber.state_type`` says)."""
+
+    arrival_ns: int
+    stamp_ns: int
+    msg: object
+
+
+@dataclass(frozen=True)
 class FrameRecord:
     """What became of one camera message under one policy."""
 
     index: int  # in the camera topic, from 0
     arrival_ns: int  # bag receive time
     outcome: str  # one of OUTCOMES
-    detail: str = ""  # the gate's verdict and any refused block; a bad frame's or an invalid output's reason
+    detail: str = ""  # the gate's verdict and any refused block; why a frame was bad, had no state or no valid output
     done_ns: int | None = None  # clock when its cycle ended
     ready_ns: int | None = None  # when its action was ready (a missed cycle may have one, late)
     action: np.ndarray | None = None  # clipped as the action publisher would
@@ -78,6 +91,8 @@ class PolicyRun:
     write_unit: str = "frames"  # what ``MemoryRecord.writes`` and ``evictions`` count
     figure_names: tuple[str, ...] = ()  # the policy's own figures in ``MemoryRecord.figures``
     buffer_dropped: int = 0  # the frame buffer's own count of frames overwritten unread
+    state_messages: int = 0  # state messages read (none when the model reads no state)
+    state_dropped: dict[str, int] = field(default_factory=dict)  # those refused, per reason (robot_state.REASONS)
     tokens_seen: int = 0
     kv_tokens: int = 0
     wall_s: float = 0.0
@@ -118,17 +133,19 @@ class PolicyRun:
         return cls(**{**data, "frames": frames, "figure_names": tuple(data["figure_names"])})
 
 
-def replay_policy(frames: Iterable[RecordedFrame], settings: Settings, policy: str, costs: CostModel, *,
-                  realtime: bool = False, checkpoint: Checkpoint | None = None, debug: DebugTarget | None = None,
-                  progress: Callable[[int], None] = lambda frames_done: None) -> PolicyRun:
-    """Run ``frames`` (in arrival order; read once, lazily) through a fresh engine with ``policy``
-    (``checkpoint``: the model's weights, when a worker has them loaded already; ``debug``: where each cycle's
-    debug image goes)."""
+def replay_policy(messages: Iterable[RecordedFrame | RecordedState], settings: Settings, policy: str,
+                  costs: CostModel, *, realtime: bool = False, checkpoint: Checkpoint | None = None,
+                  debug: DebugTarget | None = None, progress: Callable[[int], None] = lambda frames_done: None
+                  ) -> PolicyRun:
+    """Run ``messages`` (camera frames, and the robot's states when the model reads one from
+    ``camera_subscriber.state_topic``; in arrival order, read once, lazily) through a fresh engine with
+    ``policy`` (``checkpoint``: the model's weights, when a worker has them loaded already; ``debug``: where
+    each cycle's debug image goes)."""
     settings = settings.replace("reasoning", {"kv.policy": policy, "kv_store.dir": ""})
     engine = load_engine(settings, checkpoint=checkpoint).engine
     camera, publisher, node = settings["camera_subscriber"], settings["action_publisher"], settings["reasoning"]
     size = (camera["frame_height"], camera["frame_width"])
-    upcoming = iter(frames)
+    upcoming = iter(messages)
     following = next(upcoming, None)
     if following is None:
         raise ValueError("no camera frames to replay")
@@ -156,10 +173,13 @@ def replay_policy(frames: Iterable[RecordedFrame], settings: Settings, policy: s
 
     while True:
         while following is not None and following.arrival_ns <= clock():
-            bad = _deliver(following, len(arrivals), driver, size, pending, keep)
-            if bad is not None:
-                records[len(arrivals)] = FrameRecord(len(arrivals), following.arrival_ns, "bad_frame", bad)
-            arrivals.append(following.arrival_ns)
+            if isinstance(following, RecordedState):  # the camera node's state callback: read, counted if refused
+                driver.state(following.msg, following.stamp_ns, following.arrival_ns)
+            else:
+                unobserved = _deliver(following, len(arrivals), driver, size, pending, keep)
+                if unobserved is not None:
+                    records[len(arrivals)] = FrameRecord(len(arrivals), following.arrival_ns, *unobserved)
+                arrivals.append(following.arrival_ns)
             following = next(upcoming, None)
         cycle = driver.reason()
         if cycle is None:
@@ -180,6 +200,8 @@ def replay_policy(frames: Iterable[RecordedFrame], settings: Settings, policy: s
         pictures.close()
     run.frames = [records.get(i, FrameRecord(i, t, "dropped")) for i, t in enumerate(arrivals)]
     run.buffer_dropped = driver.buffer.stats().dropped
+    if driver.buffer.state_dim:
+        run.state_messages, run.state_dropped = driver.states.received, dict(driver.states.dropped)
     stats = engine.memory_stats()
     run.tokens_seen = engine.prompt_ids.size + stats.frames_seen * engine.observation_tokens
     run.kv_tokens = stats.kv_tokens
@@ -218,15 +240,18 @@ def _detail(cycle: Cycle) -> str:
 
 
 def _deliver(recorded: RecordedFrame, index: int, driver: Driver, size: tuple[int, int],
-             pending: dict[int, int], keep: Callable[[int, int, np.ndarray], None]) -> str | None:
-    """The camera node's part: decode, write to the buffer, then ``keep(seq, index, image)``; returns why a frame
-    could not be decoded (bad frames are counted and never reach the buffer)."""
+             pending: dict[int, int], keep: Callable[[int, int, np.ndarray], None]) -> tuple[str, str] | None:
+    """The camera node's part: decode, hand the frame to the observation assembler and, for the observation it
+    wrote to the buffer, ``keep(seq, index, image)``. A frame that made none: (outcome, why): ``bad_frame``
+    (undecodable: it never reaches the assembler) or ``no_state`` (no state to pair it with, as live)."""
     try:
         image = frame_from_message(recorded.msg, recorded.compressed, size)
     except ImageDecodeError as exc:
-        return exc.reason
-    pending.clear()  # an unread frame is overwritten by this one (the buffer counts it as dropped)
+        return "bad_frame", exc.reason
     seq = driver.camera(image, recorded.stamp_ns, recorded.arrival_ns)
+    if seq is None:  # one camera (replay feeds no other): only the state can be missing
+        return "no_state", driver.assembler.last_refusal
+    pending.clear()  # an unread observation is overwritten by this one (the buffer counts it as dropped)
     pending[seq] = index
     keep(seq, index, image)
     return None
