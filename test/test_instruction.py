@@ -15,7 +15,7 @@ from vla_edge_ros.config import ConfigError, parse_settings
 from vla_edge_ros.model.init_model import preset, write_random_model
 from vla_edge_ros.model.instruction import MAX_CHARS_PER_TOKEN, InstructionError, InstructionTokenizer
 from vla_edge_ros.model.tokenizer_files import TEMPLATE_FILE, write_tokenizer
-from vla_edge_ros.runtime.loader import load_engine
+from vla_edge_ros.runtime.loader import load_engine, load_model, prompt_ids, reads_words
 
 CORPUS = [f"please drive to the {colour} target" for colour in ("red", "green", "blue", "yellow")] + [
     "go to the red one", "reach the cued target", "user", "assistant", "system"]
@@ -144,10 +144,13 @@ def test_the_engine_prefills_the_instruction_s_tokens(tmp_path):
     assert load_engine(settings).engine.prompt_ids.tolist() == expected.tolist()
 
 
-def test_a_config_gives_an_instruction_or_token_ids_never_both(tmp_path):
-    with pytest.raises(ConfigError, match="give instruction or prompt_token_ids, not both"):
-        parse_settings(_node(tmp_path, instruction="go", prompt_token_ids=[1, 2]), "robot.yaml")
-    assert parse_settings(_node(tmp_path, instruction="", prompt_token_ids=[1, 2]), "r.yaml")
+def test_a_config_that_gives_token_ids_and_no_instruction_makes_them_the_prompt(tmp_path):
+    """The defaults name an instruction (the shipped model's); a file that gives prompt_token_ids and no
+    instruction means its ids, one that gives both keeps both (words for a model with a tokenizer)."""
+    assert parse_settings(_node(tmp_path, prompt_token_ids=[1, 2]), "r.yaml")["reasoning"]["instruction"] == ""
+    both = parse_settings(_node(tmp_path, instruction="go", prompt_token_ids=[1, 2]), "r.yaml")["reasoning"]
+    assert (both["instruction"], both["prompt_token_ids"]) == ("go", [1, 2])
+    assert parse_settings(_node(tmp_path), "r.yaml")["reasoning"]["instruction"] == "please drive to the red target"
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -155,14 +158,15 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-def test_an_instruction_to_a_model_without_a_tokenizer_is_one_line_and_exit_2(tiny_model, tmp_path):
+def test_a_model_without_a_tokenizer_reads_prompt_token_ids_whatever_instruction_says(tiny_model, tmp_path):
+    """No tokenizer.json: the prompt is prompt_token_ids (the instruction cannot be read), and a command runs."""
+    settings = parse_settings(_node(tiny_model, instruction="go to the red one", prompt_token_ids=[5, 6, 7]), "r.yaml")
+    checkpoint = load_model(settings)
+    assert not reads_words(settings, checkpoint) and prompt_ids(settings, checkpoint).tolist() == [5, 6, 7]
     config = tmp_path / "robot.yaml"
-    config.write_text(yaml.safe_dump(_node(tiny_model, instruction="go to the red one")))
-    for command in (["plan"], ["engine", "--frames", "1"]):
-        done = _cli(*command, "--config", str(config), cwd=tmp_path)
-        assert done.returncode == 2 and "Traceback" not in done.stderr
-        assert done.stderr.strip().splitlines() == [done.stderr.strip()]
-        assert "has no tokenizer.json, so it cannot read instruction" in done.stderr
+    config.write_text(yaml.safe_dump(_node(tiny_model, instruction="go to the red one", prompt_token_ids=[5, 6, 7])))
+    done = _cli("engine", "--frames", "1", "--config", str(config), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
 
 
 def test_a_refused_instruction_in_a_config_is_one_line_and_exit_2(tmp_path):

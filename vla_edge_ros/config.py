@@ -130,9 +130,10 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               "within this of each other (message_filters' ApproximateTimeSynchronizer's slop). For cameras that "
               "are not triggered together, at least half the slowest camera's period.",
               minimum=0.0, maximum=10000.0),
-        Param("state_topic", "", "The robot's state (the checkpoint's vla.state): a sensor_msgs/JointState or "
-              "nav_msgs/Odometry topic (state_type). Empty: no state, and a checkpoint that reads one is refused. "
-              "Best effort, depth 1 (it matches every publisher)."),
+        Param("state_topic", "", "The robot's state (the checkpoint's vla.state; models/sim reads odometry, "
+              "state_type odometry): a sensor_msgs/JointState or nav_msgs/Odometry topic (state_type). Empty: no "
+              "state, and a checkpoint that reads one is refused (the simulated robot, replay and evaluate give "
+              "it the robot's odometry themselves). Best effort, depth 1 (it matches every publisher)."),
         Param("state_type", "joint_state", "Message on state_topic: joint_state (the positions of "
               "state_joint_names in order, then with state_joint_velocities their velocities) or odometry (x, y, "
               "yaw, vx, vy, wz).", choices=("joint_state", "odometry")),
@@ -246,14 +247,17 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               "budget_bytes count these pages.", minimum=0, maximum=1 << 30),
         Param("budget_bytes", 5_000_000_000, "Memory budget for weights + KV arena + workspace; a plan over "
               "it is refused before anything loads.", minimum=1 << 20, maximum=1 << 42),
-        Param("prompt_token_ids", [151, 9, 402, 77, 1030, 12], "Instruction token ids, prefilled once and "
-              "pinned in the cache, when reasoning.instruction is empty (the default is the instruction "
-              "models/sim was trained with). A config file gives one of the two.",
-              minimum=0, maximum=(1 << 31) - 1, item=int, items=(1, 1 << 20)),
-        Param("instruction", "", "The instruction in words: the checkpoint's tokenizer.json and chat template "
-              "make it the pinned prompt (a model without a tokenizer refuses it). Empty: prompt_token_ids is "
-              "the prompt. Setting it live re-tasks the robot from the next cycle, as a message on "
-              "instruction_topic does; a refused one leaves the current instruction in place.", read_only=False),
+        Param("prompt_token_ids", [151, 9, 402, 77, 1030, 12], "The prompt as token ids, prefilled once and "
+              "pinned in the cache: for a model without a tokenizer (whatever instruction says), or for any model "
+              "when instruction is empty. A config file that gives token ids and no instruction clears the "
+              "instruction, so its ids are the prompt.", minimum=0, maximum=(1 << 31) - 1, item=int,
+              items=(1, 1 << 20)),
+        Param("instruction", "please drive to the red target", "The instruction in words: the checkpoint's "
+              "tokenizer.json and chat template make it the pinned prompt; a model without a tokenizer reads "
+              "prompt_token_ids instead (said at start-up) and refuses a new instruction. Empty: "
+              "prompt_token_ids is the prompt. Setting it live re-tasks the robot from the next cycle, as a "
+              "message on instruction_topic does; a refused one leaves the current instruction in place.",
+              read_only=False),
         Param("instruction_max_tokens", 64, "The most tokens an instruction may take once templated; a longer "
               "one is refused. The KV arena keeps room for this many prompt tokens when the model has a "
               "tokenizer.", minimum=1, maximum=1 << 16),
@@ -463,9 +467,8 @@ def parse_settings(raw: Any, source: str, base: Path | None = None) -> Settings:
             if key not in specs:
                 raise ConfigError(f"{source}: unknown key {node}.{_cut(key)}; known: {sorted(specs)}")
             values[node][key] = specs[key].check(value, f"{source}: {node}")
-        if node == "reasoning" and flat.get("instruction") and "prompt_token_ids" in flat:
-            raise ConfigError(f"{source}: reasoning: give instruction or prompt_token_ids, not both (a non-empty "
-                              "instruction is the prompt)")
+        if node == "reasoning" and "prompt_token_ids" in flat and "instruction" not in flat:
+            values[node]["instruction"] = ""  # the file's prompt is its token ids
     for group in KNOB_GROUPS:  # the rules a group has beyond each value's range
         try:
             group.of(values[group.NODE])

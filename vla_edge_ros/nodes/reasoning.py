@@ -134,12 +134,17 @@ class ReasoningNode(ManagedNode):
         self.reasoner = Reasoner(self.engine, self.gate)
         with self._pending_lock:  # what was asked of the previous engine does not carry over
             self._pending_knobs, self._reset_requested = None, False
-        self.instructions.desk = InstructionDesk(loaded.tokenizer, values["instruction_max_tokens"],
-                                                 values["instruction"], time.monotonic_ns())
+        current = values["instruction"] if loaded.tokenizer is not None else ""  # else the prompt is token ids
+        self.instructions.desk = InstructionDesk(loaded.tokenizer, values["instruction_max_tokens"], current,
+                                                 time.monotonic_ns())
         self._zero_counters()
         self.get_logger().info(f"configured: {values['model_dir']} on {loaded.plan.backend}, weights "
                                f"{self.engine.checkpoint.held_as}, KV arena "
-                               f"{self.engine.arena.capacity} tokens, memory policy {self.engine.policy.name}")
+                               f"{self.engine.arena.capacity} tokens, memory policy {self.engine.policy.name}, "
+                               f"prompt: " + (f"instruction {current!r}" if current else
+                                              f"{len(values['prompt_token_ids'])} prompt_token_ids"
+                                              + ("" if loaded.tokenizer is not None else
+                                                 " (the model has no tokenizer to read an instruction)")))
 
     def _activate(self) -> None:
         self._stop = threading.Event()

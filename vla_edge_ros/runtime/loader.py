@@ -50,16 +50,19 @@ def load_model(settings: Settings) -> Checkpoint:
 
 def prompt_ids(settings: Settings, checkpoint: Checkpoint) -> np.ndarray:
     """The pinned prompt's token ids: ``reasoning.instruction`` through the checkpoint's tokenizer and chat
-    template when it is set (``model/instruction.py``), else ``reasoning.prompt_token_ids``."""
+    template when it is set and the checkpoint has a tokenizer (``model/instruction.py``), else
+    ``reasoning.prompt_token_ids`` (``reads_words`` says which)."""
     node = settings["reasoning"]
-    if not node["instruction"]:
+    if not reads_words(settings, checkpoint):
         return np.asarray(node["prompt_token_ids"], dtype=np.int32)
     with _reasoning_errors(settings):
-        tokenizer = checkpoint_tokenizer(checkpoint)
-        if tokenizer is None:
-            raise InstructionError(f"{checkpoint.path} has no tokenizer.json, so it cannot read instruction: give "
-                                   "prompt_token_ids instead")
-        return tokenizer.prompt_ids(node["instruction"], node["instruction_max_tokens"])
+        return checkpoint_tokenizer(checkpoint).prompt_ids(node["instruction"], node["instruction_max_tokens"])
+
+
+def reads_words(settings: Settings, checkpoint: Checkpoint) -> bool:
+    """Whether the prompt is ``reasoning.instruction`` (set, and the checkpoint has a tokenizer to read it)
+    rather than ``prompt_token_ids``."""
+    return bool(settings["reasoning"]["instruction"]) and checkpoint_tokenizer(checkpoint) is not None
 
 
 def checkpoint_tokenizer(checkpoint: Checkpoint) -> InstructionTokenizer | None:
