@@ -759,9 +759,11 @@ def fit_to_budget(node: dict[str, Any], variant: str, budget: int | None) -> tup
 def cell_node(reasoning: dict[str, Any], variant: str, budget: int | None, gate_rate: float | None,
               checkpoint: Checkpoint, spec: TaskSpec, prompt_tokens: int) -> dict[str, Any]:
     """The reasoning settings of one cell: its variant's knobs, ``fit_to_budget``'s, and its arena
-    (``arena_for``: slots and pool pages for its budget beside a prompt of ``prompt_tokens``)."""
+    (``arena_for``: slots and pool pages for its budget beside a prompt of ``prompt_tokens``). Every prompt an
+    episode starts with or switches to is known beforehand (``_prompt_tokens``), so the arena keeps room for the
+    longest of them, not for any instruction of ``instruction_max_tokens`` as a robot's must."""
     fitted, _ = fit_to_budget(reasoning, variant, budget)
-    node = dict(reasoning, **variant_knobs(variant, gate_rate), **fitted)
+    node = dict(reasoning, **variant_knobs(variant, gate_rate), **fitted, instruction_max_tokens=prompt_tokens)
     node["kv_capacity_tokens"], node["kv_pool_pages"] = arena_for(
         checkpoint.config, make_policy(node["kv.policy"], node), prompt_tokens, budget, spec, node["kv_page_tokens"])
     return node
