@@ -26,7 +26,7 @@ $(STAMP): setup.py vla_edge_ros/dependencies.py
 
 run: $(STAMP)
 	@test -f $(MODEL)/model.safetensors || { echo "error: $(MODEL) is missing; it ships with the repository" \
-	  "(retrain it, about 2.5 hours: $(VENV)/bin/vla-edge train --recipe $(MODEL)/recipe.yaml --out $(MODEL))" >&2; exit 1; }
+	  "(retrain it, about 5 hours: $(VENV)/bin/vla-edge train --recipe $(MODEL)/recipe.yaml --out $(MODEL))" >&2; exit 1; }
 	$(VENV)/bin/vla-edge run --config config/default.yaml --sim $(TASK) --duration $(DURATION)
 
 test: $(STAMP)

@@ -26,7 +26,8 @@ setup(
         (f"share/{PACKAGE}/config", glob("config/*.yaml") + glob("config/*.xml")),
         (f"share/{PACKAGE}/launch", glob("launch/*.launch.py")),
         (f"share/{PACKAGE}/models/sim", [f"models/sim/{name}" for name in (  # the trained default checkpoint
-            "config.json", "model.safetensors", "recipe.yaml", "train_log.json")]),
+            "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+            "recipe.yaml", "train_log.json")]),
     ],
     install_requires=DEPENDENCIES["install_requires"](),
     extras_require=DEPENDENCIES["extras_require"](),

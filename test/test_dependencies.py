@@ -110,7 +110,8 @@ def missing_extra(hidden: list[str], argv: list[str], tmp_path: Path) -> subproc
 
 def cuda_config(tmp_path: Path) -> str:
     path = tmp_path / "cuda.yaml"
-    path.write_text("reasoning:\n  ros__parameters:\n    backend: cuda\n")
+    path.write_text("camera_subscriber:\n  ros__parameters:\n    state_topic: odom\n    state_type: odometry\n"
+                    "reasoning:\n  ros__parameters:\n    backend: cuda\n")  # the shipped model reads odometry
     return str(path)
 
 

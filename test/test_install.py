@@ -75,7 +75,7 @@ def test_an_installed_package_runs_from_its_prefix_and_finds_its_share(prefix, t
                               "print(c.package_share())"], cwd=tmp_path, env=prefix, capture_output=True, text=True)
     module, found = located.stdout.split()
     assert module.startswith(prefix["prefix"]) and Path(found) == share  # the installed copy, not the checkout
-    plan = vla_edge("plan", cwd=tmp_path, env=prefix)
+    plan = vla_edge("plan", "--config", str(_robot_config(tmp_path)), cwd=tmp_path, env=prefix)
     assert plan.returncode == 0, plan.stderr
     assert f"model      {share / 'models' / 'sim'}" in plan.stdout
     replay = vla_edge("replay", str(bag), "--policy", "dms", "--cost", "fixed:encode=8ms,decode=1ms", "--out", "r",
@@ -153,7 +153,7 @@ def test_the_launch_file_brings_a_namespaced_robot_up_from_an_install_prefix(pre
     listener.create_subscription(Twist, "/robot1/vla/command", heard["command"].append, 10)
     listener.create_subscription(DiagnosticArray, "/diagnostics", lambda m: heard["diagnostics"].extend(
         s.name for s in m.status), 10)
-    process = _launch(prefix, tmp_path, "namespace:=robot1")
+    process = _launch(prefix, tmp_path, "namespace:=robot1", f"config:={_robot_config(tmp_path)}")
     output = Output(process)
     try:
         assert _spin_until(executor, lambda: (heard["command"] and "vla_edge_ros: reasoning" in heard["diagnostics"])
@@ -226,10 +226,33 @@ def _moving(message) -> bool:
 def _patient_config(tmp_path: Path) -> Path:
     """The shipped defaults with the longest deadline and action timeout: on a busy machine a 33 ms gate refuses
     every cycle and the robot, rightly, never moves; these tests are about who commands it when."""
-    config = tmp_path / "robot.yaml"
-    config.write_text("reasoning:\n  ros__parameters:\n    deadline_ms: 1000.0\n"
+    config = _robot_config(tmp_path)
+    config.write_text(config.read_text() + "reasoning:\n  ros__parameters:\n    deadline_ms: 1000.0\n"
                       "action_publisher:\n  ros__parameters:\n    action_timeout_ms: 60000.0\n")
     return config
+
+
+def _robot_config(tmp_path: Path) -> Path:
+    """A robot's configuration for the shipped model, which reads the robot's odometry: on ``odom``."""
+    config = tmp_path / "robot.yaml"
+    config.write_text("camera_subscriber:\n  ros__parameters:\n    state_topic: odom\n    state_type: odometry\n")
+    return config
+
+
+def _standing_still(node, topic: str):
+    """The odometry of a robot standing still, 30 times a second, stamped now (as a base driver's)."""
+    from nav_msgs.msg import Odometry
+
+    publisher = node.create_publisher(Odometry, topic, 10)
+
+    def publish() -> None:
+        message = Odometry()
+        message.header.stamp = node.get_clock().now().to_msg()
+        message.header.frame_id = "odom"
+        message.pose.pose.orientation.w = 1.0
+        publisher.publish(message)
+
+    return node.create_timer(1 / 30, publish)
 
 
 @pytest.mark.ros
@@ -252,6 +275,7 @@ def test_ctrl_c_stops_the_robot_first_and_ends_the_launch_within_its_sigterm_tim
     camera = SyntheticCameraPublisher("/robot1/camera/image_raw", rate_hz=15.0, height=96, width=96,
                                       context=listener.context)
     executor.add_node(camera)
+    odometry = _standing_still(camera, "/robot1/odom")
     process = _launch(prefix, tmp_path, "namespace:=robot1", f"config:={_patient_config(tmp_path)}")
     output = Output(process)
     try:
@@ -268,6 +292,7 @@ def test_ctrl_c_stops_the_robot_first_and_ends_the_launch_within_its_sigterm_tim
         assert _spin_until(executor, lambda: not _moving(commands[-1]), 10.0)  # what was sent last is a stop
     finally:
         process.kill()
+        camera.destroy_timer(odometry)
         executor.remove_node(camera)
         camera.destroy_node()
     text = output.text()

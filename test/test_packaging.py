@@ -105,8 +105,10 @@ def test_the_documented_layout_names_every_package_of_the_tree():
 
 
 def test_setup_installs_exactly_the_shipped_model_files():
-    """models/sim ships its checkpoint, recipe and one summary log, nothing else (no plots, no old logs)."""
-    shipped = ("config.json", "model.safetensors", "recipe.yaml", "train_log.json")
+    """models/sim ships its checkpoint, tokenizer and chat template, recipe and one summary log, nothing else (no
+    plots, no old logs, no evaluation phrasings)."""
+    shipped = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+               "recipe.yaml", "train_log.json")
     data_files = dict(declared_by_setup().data_files)
     assert sorted(data_files["share/vla_edge_ros/models/sim"]) == sorted(f"models/sim/{name}" for name in shipped)
     assert all((ROOT / "models" / "sim" / name).is_file() for name in shipped)

@@ -17,6 +17,7 @@ from vla_edge_ros.model.init_model import preset
 from vla_edge_ros.model.instruction import InstructionTokenizer
 from vla_edge_ros.model.vision import resize_frame
 from vla_edge_ros.train.demos import perception_samples, record_demo, sample_frames
+from vla_edge_ros.train.recipe import load_recipe
 from vla_edge_ros.train.rollouts import aura_rollouts
 from vla_edge_ros.train.spec import AuraSpec, DmsSpec, EpisodeStageSpec, StageSpec, TrainSpec
 from vla_edge_ros.train.stages import (
@@ -41,6 +42,15 @@ CONFIG = preset("sim", layers=2)
 CHUNKED = replace(CONFIG, action=replace(CONFIG.action, head="mlp", chunk=8, mlp_hidden=48))  # OFT's chunk head
 HEADS = {"linear": CONFIG, "mlp": CHUNKED}
 SHIPPED = Path(__file__).resolve().parents[1] / "models" / "sim"
+
+
+def from_shipped(**knobs) -> TrainSpec:
+    """A phase from the shipped checkpoint that reads what it was trained to (its templates, the robot's state,
+    its head), as the last phase of its recipe did; ``knobs`` set the rest or override."""
+    last = load_recipe(SHIPPED / "recipe.yaml").phases[-1].spec
+    reads = {"instructions": last.instructions, "state": last.state, "head": last.head, "chunk": last.chunk,
+             "mlp_hidden": last.mlp_hidden, "init_from": str(SHIPPED)}
+    return TrainSpec(**{**reads, **knobs})
 
 
 def random_model(seed: int, gate_bias: float = 0.0, config=CONFIG) -> VlaModel:
@@ -282,8 +292,7 @@ def test_the_memory_warm_up_writes_the_cue_and_learns_where_it_was(demo):
 def test_a_stage_runs_alone_from_a_checkpoint(tmp_path):
     """``init_from: models/sim``, ``stages: [aura]``: the shipped weights are the start, only the aura stage runs,
     and on the frozen decoder every other exported tensor leaves it unchanged."""
-    spec = TrainSpec(tasks=("cue-reach",), episodes=2, aura=AuraSpec(2, 2, 1e-2, max_frames=12), stages=("aura",),
-                     init_from=str(SHIPPED))
+    spec = from_shipped(tasks=("cue-reach",), episodes=2, aura=AuraSpec(2, 2, 1e-2, max_frames=12), stages=("aura",))
     log = train(spec, tmp_path, "aura")
     assert set(log.stages) == {"aura"} and log.demos["episodes"] == 2
     shipped, trained = load_checkpoint(SHIPPED), load_checkpoint(tmp_path)
@@ -300,7 +309,7 @@ def test_the_progress_of_the_aura_stage_counts_its_memory_warm_up(tmp_path):
     against one total, so a bar ends where the stage does."""
     aura = AuraSpec(2, 2, 1e-2, max_frames=12, train_decoder=True, bc_batch=0, cue_writes=True, memory_goal=1.0,
                     memory_warmup=3)
-    spec = TrainSpec(tasks=("cue-reach",), episodes=2, aura=aura, stages=("aura",), init_from=str(SHIPPED))
+    spec = from_shipped(tasks=("cue-reach",), episodes=2, aura=aura, stages=("aura",))
     calls: list[tuple[str, int, int]] = []
     log = train(spec, tmp_path, "aura", lambda stage, step, steps, figures: calls.append((stage, step, steps)))
     assert calls == [("aura", step, 5) for step in range(5)] and len(log.stages["aura"]) == 5
@@ -531,11 +540,10 @@ def test_a_phase_that_changes_the_head_keeps_everything_else(tmp_path):
 
 
 def test_a_chunked_phase_on_chase_writes_a_checkpoint_the_engine_decodes_chunks_from(tmp_path):
-    """``head: mlp, chunk: 6`` from models/sim (a linear head): config.json declares the chunk, every policy
-    decodes [6, 2], and the losses are the chunk's."""
-    spec = TrainSpec(tasks=("reach", "chase"), episodes=4, head="mlp", chunk=6, mlp_hidden=32,
-                     stages=("perception", "bc"), init_from=str(SHIPPED), perception=StageSpec(2, 8, 1e-3),
-                     bc=EpisodeStageSpec(2, 2, 1e-3, 12))
+    """``head: mlp, chunk: 6`` from models/sim (a chunk of 24, so the head starts afresh): config.json declares
+    the chunk, every policy decodes [6, 2], and the losses are the chunk's."""
+    spec = from_shipped(tasks=("reach", "chase"), episodes=4, head="mlp", chunk=6, mlp_hidden=32,
+                        stages=("perception", "bc"), perception=StageSpec(2, 8, 1e-3), bc=EpisodeStageSpec(2, 2, 1e-3, 12))
     log = train(spec, tmp_path, "chunk")
     assert set(log.stages) == {"perception", "bc"} and log.demos["episodes"] == 4
     checkpoint = load_checkpoint(tmp_path)
@@ -547,5 +555,5 @@ def test_a_chunked_phase_on_chase_writes_a_checkpoint_the_engine_decodes_chunks_
     for policy in (make_policy(name, {"kv.dms.window": 32}) for name in ("fifo", "aura", "dms")):
         engine = VlaEngine(checkpoint, backend="numpy", kv_capacity_tokens=256, policy=policy)
         engine.set_prompt(list(PROMPT))
-        chunk = engine.step(np.zeros((96, 96, 3), np.uint8)).chunk
+        chunk = engine.step(np.zeros((96, 96, 3), np.uint8), state=np.zeros(6, np.float32)).chunk
         assert chunk.shape == (6, 2) and np.isfinite(chunk).all()

@@ -4,6 +4,7 @@ of the one before, one log holds them all, and models/sim/recipe.yaml is exactly
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,12 @@ import numpy as np
 import pytest
 
 from vla_edge_ros.cli import main
+from vla_edge_ros.config import defaults
 from vla_edge_ros.model.checkpoint import load_checkpoint
 from vla_edge_ros.train.recipe import load_recipe
+from vla_edge_ros.tools.lang_reach import read_templates
 from vla_edge_ros.train.spec import AuraSpec
+from vla_edge_ros.worlds.sim.render import COLOUR_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "models" / "sim"
@@ -67,36 +71,66 @@ def nested_names(flat_spec: dict[str, Any], previous: dict[str, Any] | None) -> 
 
 def test_the_shipped_recipe_resolves_to_the_specs_its_log_records(tmp_path):
     """Phase by phase, every knob of models/sim/recipe.yaml (defaults included) against what train_log.json
-    says that phase ran with; only the paths of init_from differ (they were other machines' directories)."""
+    says that phase ran with; only the paths of init_from differ (they were other machines' directories).
+    The first five phases logged the flat train/1 spec, the rest train/2 (TrainSpec's own nested names),
+    some before the chunk head's knobs existed."""
     recipe = load_recipe(SHIPPED / "recipe.yaml")
     logged = json.loads((SHIPPED / "train_log.json").read_text())["phases"]
     assert [phase.name for phase in recipe.phases] == [phase["name"] for phase in logged]
     previous = None
     for (phase, _), log in zip(recipe.chained(tmp_path), logged):
         resolved = dotted(json.loads(json.dumps(asdict(phase.spec))))  # tuples as the log's lists
-        assert log["spec_schema"] == "vla_edge_ros.train/1"
-        expected = nested_names(log["spec"], previous)
+        if log["spec_schema"] == "vla_edge_ros.train/1":
+            expected = nested_names(log["spec"], previous)
+        else:
+            assert log["spec_schema"] == "vla_edge_ros.train/2"
+            expected = {**{name: PREDATED[name] for name in ("head", "chunk", "mlp_hidden")}, **dotted(log["spec"])}
         assert (resolved.pop("init_from") is None) == (expected.pop("init_from") is None), phase.name
         assert resolved == expected, (phase.name, {k: (resolved.get(k), expected.get(k))
                                                    for k in resolved.keys() | expected.keys()
                                                    if resolved.get(k) != expected.get(k)})
         previous = log["spec"]
-    assert [phase.spec.aura.fresh for phase in recipe.phases] == [False, False, False, True, False]
+    assert [phase.name for phase in recipe.phases if phase.spec.aura.fresh] == ["fresh-memory", "chunk-memory"]
+    assert [phase.spec.head for phase in recipe.phases][-2:] == ["mlp"] * 2
 
 
 def test_the_shipped_log_sums_up_every_phase_that_made_the_checkpoint():
-    """One log, five phases: their seconds and demonstrations as they were logged, each stage's figures as
+    """One log, every phase: their seconds and demonstrations as they were logged, each stage's figures as
     segment means, the steps each stage ran."""
     log = json.loads((SHIPPED / "train_log.json").read_text())
     assert log["schema"] == "vla_edge_ros.train/2"
     assert [sorted(phase["losses"]) for phase in log["phases"]] == [
-        ["aura", "bc", "dms", "perception"], ["aura", "bc", "dms"], ["aura", "dms"], ["aura", "dms"], ["aura", "dms"]]
+        ["aura", "bc", "dms", "perception"], ["aura", "bc", "dms"], ["aura", "dms"], ["aura", "dms"], ["aura", "dms"],
+        ["bc", "perception"], ["perception"], ["perception"], ["perception"], ["bc", "perception"], ["aura", "dms"]]
     steps = [{stage: summary["steps"] for stage, summary in phase["losses"].items()} for phase in log["phases"]]
     assert steps[3] == {"aura": 2000, "dms": 100} and steps[4] == {"aura": 600, "dms": 100}  # warm-up + stage steps
-    seconds = sum(sum(phase["seconds"].values()) for phase in log["phases"])
-    assert 6000 < seconds < 7000
+    assert steps[9] == {"perception": 1000, "bc": 900} and steps[10] == {"aura": 1600, "dms": 100}
+    assert sum(step["perception"] for step in steps[5:9]) == 7500
+    seconds = [sum(phase["seconds"].values()) for phase in log["phases"]]
+    assert 6000 < sum(seconds[:5]) < 7000 and 8500 < sum(seconds[5:]) < 9500  # the one-action model; the rest
     first = log["phases"][0]["losses"]["perception"]
     assert len(first["means"]["action"]) == 20 and first["means"]["action"][-1] < first["means"]["action"][0]
+    words = log["phases"][8]["losses"]["perception"]["means"]["action"]  # the colour word grounded: lang-reach views
+    assert words[-1] < 0.5 * words[0]
+
+
+def phrasing(text: str) -> str:
+    """A template as a reader hears it: case, punctuation and spacing left out."""
+    return " ".join(re.sub(r"[.,!?;:]", " ", text.lower()).split())
+
+
+def test_no_phrasing_the_figures_are_measured_on_was_ever_trained_on():
+    """The held-out instruction files and the default config's instruction: none is a template any phase of the
+    recipe trained on, even told apart only by case or punctuation."""
+    trained = {phrasing(template) for phase in load_recipe(SHIPPED / "recipe.yaml").phases
+               for template in phase.spec.instructions}
+    assert len(trained) >= 20
+    for name in ("eval_instructions.txt", "eval_instructions_own_style.txt"):
+        held_out = {phrasing(template) for template in read_templates(SHIPPED / name)}
+        assert len(held_out) >= 10 and not held_out & trained, (name, sorted(held_out & trained))
+    instruction = defaults()["reasoning"]["instruction"]
+    assert instruction and all(phrasing(instruction) != template.replace("{color}", colour)
+                               for template in trained for colour in COLOUR_NAMES)
 
 
 def recipe_file(tmp_path: Path, text: str) -> Path:
