@@ -53,7 +53,7 @@ from ..runtime.action_slot import ActionSlot
 from ..runtime.admission import AdmissionGate, Horizon
 from ..runtime.frame_buffer import Frame, FrameBuffer
 from ..runtime.instructions import Instruction, InstructionDesk
-from ..runtime.loader import LoadedEngine, load_engine
+from ..runtime.loader import LoadedEngine, load_engine, reads_words
 from ..runtime.reasoner import Reasoner
 from ..runtime.reasoning_health import Level, ReasoningHealth, outcome_of
 from .debug_image import DebugImage
@@ -134,17 +134,14 @@ class ReasoningNode(ManagedNode):
         self.reasoner = Reasoner(self.engine, self.gate)
         with self._pending_lock:  # what was asked of the previous engine does not carry over
             self._pending_knobs, self._reset_requested = None, False
-        current = values["instruction"] if loaded.tokenizer is not None else ""  # else the prompt is token ids
+        current = values["instruction"] if reads_words(settings, self.engine.checkpoint) else ""  # else token ids
         self.instructions.desk = InstructionDesk(loaded.tokenizer, values["instruction_max_tokens"], current,
                                                  time.monotonic_ns())
         self._zero_counters()
         self.get_logger().info(f"configured: {values['model_dir']} on {loaded.plan.backend}, weights "
                                f"{self.engine.checkpoint.held_as}, KV arena "
                                f"{self.engine.arena.capacity} tokens, memory policy {self.engine.policy.name}, "
-                               f"prompt: " + (f"instruction {current!r}" if current else
-                                              f"{len(values['prompt_token_ids'])} prompt_token_ids"
-                                              + ("" if loaded.tokenizer is not None else
-                                                 " (the model has no tokenizer to read an instruction)")))
+                               f"prompt: {_prompt_source(current, values, loaded.tokenizer is not None)}")
 
     def _activate(self) -> None:
         self._stop = threading.Event()
@@ -360,3 +357,11 @@ class ReasoningNode(ManagedNode):
                 "kv_store_hits": store.hits, "kv_store_misses": store.misses, "kv_store_writes": store.writes,
                 "kv_store_evictions": store.evictions, "kv_store_failures": failures,
                 "memory_saves": self.memory_saves}
+
+
+def _prompt_source(instruction: str, values: dict, has_tokenizer: bool) -> str:
+    """What the pinned prompt is, for the configured log line."""
+    if instruction:
+        return f"instruction {instruction!r}"
+    why = "" if has_tokenizer else " (the model has no tokenizer to read an instruction)"
+    return f"{len(values['prompt_token_ids'])} prompt_token_ids{why}"
