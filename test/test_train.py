@@ -25,6 +25,7 @@ from vla_edge_ros.train.stages import (
     aura_batches,
     behaviour_cloning,
     cue_pairs,
+    goal_unmoved,
     make_batch,
     sequence_actions,
     train_aura,
@@ -287,6 +288,35 @@ def test_the_memory_warm_up_writes_the_cue_and_learns_where_it_was(demo):
     assert len(rows) == 120 and all(set(r) == {"loss", "memory_goal"} for r in rows)
     assert np.mean([r["memory_goal"] for r in rows[-10:]]) < 0.3 * np.mean([r["memory_goal"] for r in rows[:10]])
     assert torch.equal(next(model.vision.parameters()), encoder_before)
+
+
+def test_the_memory_is_asked_where_the_goal_is_only_while_it_stays_put(demo):
+    """A chase goal moves on after frame 0, so the warm-up never pairs a chase episode and the memory's goal
+    regression skips its later frames; a cue-reach goal stays put, every frame counts."""
+    chase = record_demo(TaskSpec(name="chase"), seed=4, image_size=CONFIG.vision.image_size)
+    batch = make_batch([chase, demo], [np.arange(10), np.arange(10)])
+    still = goal_unmoved(batch)
+    assert still[0, 0] and not still[0, 1:].any() and still[1].all()
+    pairs = cue_pairs([chase, demo], 16, np.random.default_rng(0))
+    assert torch.equal(pairs.where[:, 0], pairs.where[:, 0][:1].expand(16, 4))  # every pair is the cue-reach demo
+    with pytest.raises(ValueError, match="goal stays put"):
+        cue_pairs([chase], 4, np.random.default_rng(0))
+
+
+def test_the_aura_episodes_come_from_aura_tasks_only(demo, monkeypatch):
+    """``aura.tasks`` picks the episodes the memory learns on; a task outside the phase's is refused."""
+    import vla_edge_ros.train.stages as stages
+
+    reach = record_demo(TaskSpec(name="reach"), seed=5, image_size=CONFIG.vision.image_size)
+    drawn: list[str] = []
+    real = stages.make_batch
+    monkeypatch.setattr(stages, "make_batch", lambda demos, picks: (drawn.extend(d.task for d in demos),
+                                                                    real(demos, picks))[1])
+    spec = AuraSpec(3, 1, 1e-2, max_frames=6, tasks=("cue-reach",))
+    train_aura(random_model(3), [reach, demo, reach], FIXED, spec, np.random.default_rng(0), lambda *_: None)
+    assert drawn == ["cue-reach"] * 3
+    with pytest.raises(ValueError, match="aura.tasks"):
+        TrainSpec(tasks=("reach",), aura=replace(spec, tasks=("cue-reach",)))
 
 
 def test_a_stage_runs_alone_from_a_checkpoint(tmp_path):

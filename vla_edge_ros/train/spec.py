@@ -79,6 +79,9 @@ class AuraSpec(EpisodeStageSpec):
                               minimum=1, maximum=1000)
     fresh: bool = knob("the memory starts from its initialisation, not from the weights the phase starts from",
                        False)
+    tasks: tuple[str, ...] = knob("the tasks of the aura episodes, its warm-up and DAgger (empty: the phase's); "
+                                  "train_decoder's frame histories keep every task of the phase", (),
+                                  choices=DEMONSTRATED_TASKS)
 
     def __post_init__(self) -> None:
         if self.forced_fraction >= 1:
@@ -154,14 +157,20 @@ class TrainSpec:
                 raise ValueError(f"instructions: each template holds {FIELD} once, got {template!r}")
         if "lang-reach" in self.tasks and not self.instructions:
             raise ValueError("tasks: lang-reach is told its goal in words; give instructions (templates with {color})")
+        if not set(self.aura.tasks) <= set(self.tasks):
+            raise ValueError(f"aura.tasks: the aura episodes are drawn from the phase's demonstrations ({list(self.tasks)}), "
+                             f"got {list(self.aura.tasks)}")
         if self.aura.fresh and "aura" not in self.stages:
             raise ValueError("aura.fresh needs the aura stage: a fresh memory must be trained")
 
     @property
     def demo_batch(self) -> int:
-        """The most distinct demonstrations one step of the stages that run draws (0: none is needed)."""
+        """The demonstrations the stages that run need, so that each step draws distinct ones (0: none is
+        needed); the tasks alternate, so ``aura.tasks`` has ``len(aura.tasks)`` of every ``len(tasks)``."""
         histories = self.aura.bc_batch if self.aura.train_decoder else 0
-        drawn = {"bc": self.bc.batch, "aura": max(self.aura.batch, histories), "dms": self.dms.batch}
+        shares = len(self.aura.tasks) or len(self.tasks)
+        episodes = -(-self.aura.batch // shares) * len(self.tasks)
+        drawn = {"bc": self.bc.batch, "aura": max(episodes, histories), "dms": self.dms.batch}
         return max((drawn[name] for name in self.stages if name in drawn), default=0)
 
     def scaled(self, factor: float) -> TrainSpec:

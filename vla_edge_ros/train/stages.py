@@ -97,6 +97,17 @@ def write_labels(batch: Batch) -> torch.Tensor:
     return (cue & ~before).float()
 
 
+def goal_unmoved(batch: Batch) -> torch.Tensor:
+    """[B, F] bool: the goal is where frame 0 showed it. The memory is asked where the goal is only there: a
+    chase goal moves on after the written frame, so where it is later cannot be recalled, and with those frames
+    in its regression the memory's error floored at 0.05 (0.006 without them) and aura fell to chance."""
+    return (batch.where[..., 2:] - batch.where[:, :1, 2:]).abs().amax(-1) < 1e-6
+
+
+def _static_goal(demo: Demo) -> bool:
+    return bool(np.ptp(demo.where[:, 2:], axis=0).max() == 0)
+
+
 def batches(demos: list[Demo], spec: EpisodeStageSpec, rng: np.random.Generator, partial: bool) -> Iterator[Batch]:
     """``spec.steps`` batches of random demos; ``partial`` samples frame subsets, else whole episodes."""
     for _ in range(spec.steps):
@@ -294,6 +305,7 @@ def _aura_loss(model: VlaModel, batch: Batch, spec: AuraSpec, step: int, where: 
         figures["where"] = float(position.detach())
     if spec.memory_goal > 0:
         written = ((writes.detach().cumsum(1) - writes.detach()) > 0) & batch.valid  # the memory holds something
+        written = written & goal_unmoved(batch)
         if written.any():
             goal = masked_mse(model.memory_goal_head(memory), batch.where[..., 2:], written)
             loss = loss + spec.memory_goal * goal
@@ -338,10 +350,11 @@ def train_aura(model: VlaModel, demos: list[Demo], wording: Wording, spec: AuraS
     labels the first ``AURA_OPEN_FRACTION`` of the steps write every frame, since with a random read-out
     every write is noise and the gate learned never to write, where the sigmoid is flat and it cannot
     recover."""
+    episodes = [demo for demo in demos if not spec.tasks or demo.task in spec.tasks]
     if spec.memory_warmup:
-        _warm_memory(model, spec, demos, rng, progress)
+        _warm_memory(model, spec, episodes, rng, progress)
     if spec.train_decoder:
-        _train_aura_and_decoder(model, demos, wording, spec, rng, progress)
+        _train_aura_and_decoder(model, episodes, demos, wording, spec, rng, progress)
         return
     params = [*model.aura.parameters(), *model.memory_goal_head.parameters()]
     _freeze(model, params)
@@ -350,13 +363,16 @@ def train_aura(model: VlaModel, demos: list[Demo], wording: Wording, spec: AuraS
         step, batch = step_batch
         return _aura_loss(model, batch, spec, step, where=False)
 
-    _fit(params, spec, enumerate(aura_batches(model, demos, wording, spec, rng)), loss_of, progress)
+    _fit(params, spec, enumerate(aura_batches(model, episodes, wording, spec, rng)), loss_of, progress)
 
 
 def cue_pairs(demos: list[Demo], count: int, rng: np.random.Generator) -> Batch:
-    """``count`` random demos, two frames of each: frame 0 (the cue, the frame ``write_labels`` marks) and
-    one later frame, where the memory must still say where the cue was."""
-    chosen = [demos[i] for i in rng.choice(len(demos), size=count, replace=count > len(demos))]
+    """``count`` random demos whose goal stays put (``goal_unmoved``), two frames of each: frame 0 (the cue,
+    the frame ``write_labels`` marks) and one later frame, where the memory must still say where the cue was."""
+    still = [demo for demo in demos if _static_goal(demo)]
+    if not still:
+        raise ValueError("the memory warm-up needs demonstrations whose goal stays put (every one given is chase)")
+    chosen = [still[i] for i in rng.choice(len(still), size=count, replace=count > len(still))]
     return make_batch(chosen, [np.array([0, rng.integers(1, len(d.frames))]) for d in chosen])
 
 
@@ -379,11 +395,12 @@ def _warm_memory(model: VlaModel, spec: AuraSpec, demos: list[Demo], rng: np.ran
     _fit(params, warmup, (cue_pairs(demos, WARMUP_PAIRS, rng) for _ in range(warmup.steps)), loss_of, progress)
 
 
-def _train_aura_and_decoder(model: VlaModel, demos: list[Demo], wording: Wording, spec: AuraSpec,
-                            rng: np.random.Generator, progress: Progress) -> None:
-    """The aura memory and the decoder together (an option, not the default). Each step: the aura episodes
-    as ``train_aura`` takes them, with the position error too, plus ``spec.bc_batch`` frame-history
-    sequences as behaviour cloning draws them, so that the decoder keeps serving the KV policies. Without
+def _train_aura_and_decoder(model: VlaModel, episodes: list[Demo], demos: list[Demo], wording: Wording,
+                            spec: AuraSpec, rng: np.random.Generator, progress: Progress) -> None:
+    """The aura memory and the decoder together (an option, not the default). Each step: aura episodes (from
+    ``episodes``) as ``train_aura`` takes them, with the position error too, plus ``spec.bc_batch``
+    frame-history sequences of ``demos`` as behaviour cloning draws them, so that the decoder keeps serving
+    the KV policies on every task. Without
     ``cue_writes`` the gate decides from the first step; measured from models/sim (README, Training) that
     did not make aura use its memory (cue swap at chance, no-write ablation equal) and lowered fifo's
     success on both tasks. ``where_head`` learns at the memory's rate: it is not exported, so a stage
@@ -392,9 +409,9 @@ def _train_aura_and_decoder(model: VlaModel, demos: list[Demo], wording: Wording
     memory = [*model.aura.parameters(), *model.where_head.parameters(), *model.memory_goal_head.parameters()]
     _freeze(model, decoder + memory)
     groups = [{"params": decoder, "lr": spec.decoder_lr}, {"params": memory, "lr": spec.lr}]
-    episodes = aura_batches(model, demos, wording, spec, rng)
+    aura = aura_batches(model, episodes, wording, spec, rng)
     histories = batches(demos, EpisodeStageSpec(spec.steps, spec.bc_batch, spec.lr, spec.max_frames), rng, partial=True)
-    steps = zip(episodes, histories) if spec.bc_batch else ((batch, None) for batch in episodes)
+    steps = zip(aura, histories) if spec.bc_batch else ((batch, None) for batch in aura)
 
     def loss_of(step_pair: tuple[int, tuple[Batch, Batch | None]]) -> tuple[torch.Tensor, dict[str, float]]:
         step, (batch, history) = step_pair
