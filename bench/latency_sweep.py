@@ -83,7 +83,7 @@ def markdown(rows: Sequence[dict[str, Any]], title: str) -> str:
             str(row["refused"]))) + " |")
     lines += ["", "jerk: RMS over ticks of the commanded velocity's second difference / dt^2 (command units / s^2); "
               "starved: share of ticks stopped because every chunk had run out; cmd/s: distinct commands a second "
-              "(docs/evaluation.md)."]
+              "once warm (docs/evaluation.md)."]
     return "\n".join(lines) + "\n"
 
 

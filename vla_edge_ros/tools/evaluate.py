@@ -96,7 +96,7 @@ AURA_NOTE = ("aura rows run once, at the smallest budget whose bytes hold the pr
 
 # what an episode counts and a cell reports summed over its episodes
 COUNTS = ("actions", "refused", "missed", "invalid", "safe_stops", "memory_writes", "memory_frames")
-MOTION = ("ticks", "starved_ticks", "distinct_commands", "jerk_sq_sum", "jerk_terms")  # summed into motion_figures
+MOTION = ("ticks", "warm_ticks", "starved_ticks", "distinct_commands", "jerk_sq_sum", "jerk_terms")  # summed into motion_figures
 
 
 @dataclass
@@ -123,8 +123,9 @@ class Episode:
     seen_sum: int = 0  # frame tokens offered to the memory so far: what an unbounded cache would hold
     goal_colour: str | None = None  # lang-reach: the colour the (last) instruction named
     ticks: int = 0  # control ticks the robot was commanded on
+    warm_ticks: int = 0  # ticks from the first that commanded a model's action on (the expert's: every tick)
     starved_ticks: int = 0  # ticks whose command was the safe stop of a timeline whose chunks had all run out
-    distinct_commands: int = 0  # ticks whose command differed from the tick before (``distinct_command``)
+    distinct_commands: int = 0  # warm ticks whose command differed from the tick before (``distinct_command``)
     jerk_sq_sum: float = 0.0  # the sum of squared jerk magnitudes (``jerk``) over the episode's ticks
     jerk_terms: int = 0  # how many: ticks - 2
 
@@ -250,11 +251,12 @@ def jerk(velocities: np.ndarray, dt_s: float) -> np.ndarray:
 
 def motion_figures(total: dict[str, float], rate_hz: float) -> dict[str, float | None]:
     """A cell's motion from its episodes' sums (``MOTION``): the RMS jerk over every tick, the share of ticks
-    starved, and distinct commands per second of commanded time."""
-    ticks = total["ticks"]
+    starved, and distinct commands per second of commanded time once warm (the wait for the first action is
+    the model's latency, which the success and the time to reach already pay for)."""
+    ticks, warm = total["ticks"], total["warm_ticks"]
     return {"jerk_rms": math.sqrt(total["jerk_sq_sum"] / total["jerk_terms"]) if total["jerk_terms"] else None,
             "starved_share": total["starved_ticks"] / ticks if ticks else None,
-            "distinct_commands_hz": total["distinct_commands"] * rate_hz / ticks if ticks else None}
+            "distinct_commands_hz": total["distinct_commands"] * rate_hz / warm if warm else None}
 
 
 def episode_frames(spec: TaskSpec) -> int:
@@ -313,6 +315,7 @@ def run_episode(env: CueReachEnv, seed: int, driver: Driver | None,
         driver.new_episode()
     velocities: list[np.ndarray] = []
     previous: tuple[float, ...] | None = None
+    warm = False
     for tick in range(math.ceil(spec.time_limit_s * spec.rate_hz)):
         now = start + tick * period_ns
         if at_tick is not None:
@@ -341,7 +344,10 @@ def run_episode(env: CueReachEnv, seed: int, driver: Driver | None,
             episode.safe_stops += published.safe_stop
             episode.starved_ticks += published.outcome is Outcome.STARVED
         episode.ticks += 1
-        episode.distinct_commands += distinct_command(values, previous)
+        warm = warm or driver is None or published.outcome is Outcome.FRESH
+        if warm:
+            episode.warm_ticks += 1
+            episode.distinct_commands += distinct_command(values, previous)
         previous = values
         velocities.append(command)
         outcome = env.step(command)
@@ -806,7 +812,7 @@ def format_table(report: dict[str, Any]) -> str:
     lines += [f"note ({c['variant']}): {c['note']}" for c in report["cells"] if c["note"]]
     lines.append("exec: how chunks became commands; jerk: RMS over ticks of the commanded velocity's second "
                  "difference / dt^2 (command units / s^2); starved: share of ticks stopped because every chunk had run "
-                 "out; cmd/s: commands differing from the tick before, per second")
+                 "out; cmd/s: commands differing from the tick before, per second once warm (from the first model action)")
     lines.append("swap: share of cue swaps whose first action after the release heads for the cued target; "
                  "peak / mean B: memory held (KV with the prompt + policy state); x tok / x bytes: frame tokens seen "
                  "/ tokens held, and their bytes / bytes held beside the prompt (state included)")
