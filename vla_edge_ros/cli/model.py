@@ -19,7 +19,7 @@ from .args import image_size, token_ids
 
 def cmd_init_model(args: argparse.Namespace) -> int:
     config = preset(args.preset, args.layers, cameras=args.cameras, state_dim=args.state_dim, head=args.head,
-                    chunk=args.chunk)
+                    chunk=args.chunk, dof=args.dof)
     out = write_random_model(args.out, config, seed=args.seed, dtype=args.dtype)
     seen = f"{config.cameras} camera{'s' if config.cameras > 1 else ''}" + (
         f" + a {config.state.dim}-value state" if config.state else "")
@@ -134,6 +134,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chunk", type=int, default=1, metavar="H",
                    help="actions a cycle, one control period apart (vla.action.chunk; default 1; more needs the mlp head, "
                    "or bins decoded in parallel)")
+    p.add_argument("--dof", type=int, metavar="N",
+                   help="values of each action (vla.action.dof; default: the preset's): 4 for the Meta-World arm "
+                   "(dx, dy, dz, grip), which no preset has")
     p.set_defaults(func=cmd_init_model)
 
     p = sub.add_parser("plan", help="print the memory plan of a config against its budget_bytes and edge memory")

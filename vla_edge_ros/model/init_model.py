@@ -123,9 +123,10 @@ def write_model(out: str | Path, config: ModelConfig, arrays: dict[str, np.ndarr
 
 
 def preset(name: str, layers: int | None = None, *, cameras: int = 1, state_dim: int = 0, head: str | None = None,
-           chunk: int = 1) -> ModelConfig:
+           chunk: int = 1, dof: int | None = None) -> ModelConfig:
     """Preset ``name``, with ``layers`` decoder layers if given, ``cameras`` frames per observation, a state
-    token of ``state_dim`` values (0: none), and ``head`` (None: the preset's) giving ``chunk`` actions a cycle.
+    token of ``state_dim`` values (0: none), and ``head`` (None: the preset's) giving ``chunk`` actions a cycle
+    of ``dof`` values each (None: the preset's; 4 for the Meta-World arm, whose action no preset has).
     An ``mlp`` head's hidden layer is as wide as the decoder (OpenVLA-OFT's choice)."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
@@ -137,5 +138,7 @@ def preset(name: str, layers: int | None = None, *, cameras: int = 1, state_dim:
         head = head or config.action.head
         config = replace(config, action=replace(config.action, head=head, chunk=chunk,
                                                 mlp_hidden=config.hidden_size if head == "mlp" else 0))
+    if dof is not None and dof != config.action.dof:
+        config = replace(config, action=replace(config.action, dof=dof))
     config.validate_vla()
     return config
