@@ -119,6 +119,13 @@ def odometry_message(values: Sequence[float]) -> SimpleNamespace:
               twist=ns(twist=ns(linear=ns(x=vx, y=vy, z=0.0), angular=ns(x=0.0, y=0.0, z=wz))))
 
 
+def joint_state_message(names: Sequence[str], positions: Sequence[float]) -> SimpleNamespace:
+    """A sensor_msgs/JointState, duck-typed, naming ``names`` at ``positions`` (no velocities): what
+    ``JointStateReader`` reads back. Offline harnesses (evaluate's Meta-World arm, whose 4-D state it carries as
+    joints x, y, z, gripper) hand it to the state path a robot's message takes."""
+    return SimpleNamespace(name=list(names), position=[float(v) for v in positions], velocity=[])
+
+
 def state_reader(state_type: str, joint_names: Sequence[str], joint_velocities: bool
                  ) -> JointStateReader | OdometryReader:
     """The reader of ``camera_subscriber.state_type`` (``joint_state`` or ``odometry``)."""

@@ -55,7 +55,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -72,12 +72,15 @@ from ..runtime.admission import BlockKind, Verdict
 from ..runtime.block_costs import CostModel
 from ..runtime.clock import VirtualClock
 from ..runtime.driver import Driver
-from ..runtime.loader import load_engine, load_model, prompt_ids
+from ..runtime.loader import load_engine, load_model, prompt_ids, reads_words
 from ..runtime.observation import simulated_robot_observation
 from ..runtime.reasoner import block_kinds
 from ..runtime.robot_state import odometry_message
 from ..worlds.sim.render import COLOUR_NAMES
 from ..worlds.sim.world import VELOCITY_COMMANDS, CueReachEnv, TaskSpec, velocity_command
+from ..worlds.metaworld import MetaWorldEnv
+from ..worlds.metaworld.backend import load as load_arm_backend
+from .arm_world import ArmTask, ArmWorld, arm_observation
 from .aura_gates import BASELINE_GATES, baseline_policy
 from .lang_reach import PROBES as LANGUAGE_PROBES
 from .lang_reach import Instructor, instructor_for, switch_plan
@@ -85,11 +88,12 @@ from .parallel import Job, Unit, UnitsFailed, run_figures, run_units
 
 EXPERT = "expert"
 BAG_START_NS = 1_735_689_600 * 10**9  # recorded episodes start at 2025-01-01, as make-bag's bags do
-SCHEMA = "vla_edge_ros.evaluate/6"
+SCHEMA = "vla_edge_ros.evaluate/7"  # 7: episode_ticks per cell, Meta-World tasks
 VARIANTS = ("fifo", "cosine", "aura", "aura:surprise", "aura:random", "aura:periodic", "aura:no-write", "dms",
             "dms:novelty")
 MATCHED = ("aura:surprise", "aura:random", "aura:periodic")  # write at the rate the ``aura`` row measured
 BASELINES = {f"aura:{gate}": gate for gate in BASELINE_GATES}  # variants whose writes a baseline gate decides
+Task = TaskSpec | ArmTask  # a 2-D world task, or a Meta-World one (``arm_world.py``)
 AURA_NOTE = ("aura rows run once, at the smallest budget whose bytes hold the prompt, one memory token, the "
              "current frame and the fast-weight state, which they hold whatever the budget")
 
@@ -176,6 +180,8 @@ class Cell:
             "execution": execution, "gate_rate": self.gate_rate, "note": self.note, "episodes": n,
             "success_rate": len(wins) / n if n else 0.0, "success_ci95": [low, high],
             "time_to_reach_s": float(np.mean([e.time_s for e in wins])) if wins else None,
+            "episode_ticks": {"mean": float(np.mean([e.ticks for e in self.episodes])) if n else None,
+                              "success_mean": float(np.mean([e.ticks for e in wins])) if wins else None},
             **motion_figures(total, rate_hz),
             "path_length": float(np.mean([e.path_length for e in wins])) if wins else None,
             **{key: int(total[key]) for key in COUNTS},
@@ -218,9 +224,12 @@ class Cell:
 
 def rate_of(episodes: Sequence[Episode]) -> dict[str, Any]:
     """Episodes, successes, their rate and its 95 % Wilson interval."""
-    wins = sum(e.success for e in episodes)
-    return {"episodes": len(episodes), "successes": wins, "rate": wins / len(episodes) if episodes else 0.0,
-            "ci95": list(wilson_interval(wins, len(episodes)))}
+    return success_counts(sum(e.success for e in episodes), len(episodes))
+
+
+def success_counts(wins: int, n: int) -> dict[str, Any]:
+    """``n`` episodes of which ``wins`` succeeded: their rate and its 95 % Wilson interval."""
+    return {"episodes": n, "successes": wins, "rate": wins / n if n else 0.0, "ci95": list(wilson_interval(wins, n))}
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -259,13 +268,23 @@ def motion_figures(total: dict[str, float], rate_hz: float) -> dict[str, float |
             "distinct_commands_hz": total["distinct_commands"] * rate_hz / warm if warm else None}
 
 
-def episode_frames(spec: TaskSpec) -> int:
+def episode_ticks(spec: Task) -> int:
+    """Control ticks of a whole episode: the arm's step limit, the 2-D world's time limit in frames."""
+    return spec.max_steps if isinstance(spec, ArmTask) else math.ceil(spec.time_limit_s * spec.rate_hz)
+
+
+def episode_frames(spec: Task) -> int:
     """Frames an arena needs to hold a whole episode (the ``all`` budget)."""
-    return math.ceil(spec.time_limit_s * spec.rate_hz) + 1
+    return episode_ticks(spec) + 1
+
+
+def frame_size(spec: Task) -> tuple[int, int]:
+    """(height, width) of the world's camera frames: what the driver's frame buffer holds."""
+    return (spec.height, spec.width) if isinstance(spec, ArmTask) else (spec.image_size, spec.image_size)
 
 
 def arena_for(config: ModelConfig, policy: MemoryPolicy, prompt_tokens: int, budget_frames: int | None,
-              spec: TaskSpec, page_tokens: int) -> tuple[int, int]:
+              spec: Task, page_tokens: int) -> tuple[int, int]:
     """KV slots and pool pages for a budget of ``budget_frames`` frames after the prompt (None: every frame of an
     episode fits, nothing is forced out; the pool is the dense size).
 
@@ -282,7 +301,7 @@ def arena_for(config: ModelConfig, policy: MemoryPolicy, prompt_tokens: int, bud
     return budget, 0
 
 
-def budget_bytes(config: ModelConfig, prompt_tokens: int, budget_frames: int | None, spec: TaskSpec,
+def budget_bytes(config: ModelConfig, prompt_tokens: int, budget_frames: int | None, spec: Task,
                  page_tokens: int) -> int:
     """Bytes of a budget: the pages of fifo's arena at ``budget_frames`` frames (None: a whole episode), which
     is also the pool ``arena_for`` gives dms at that budget."""
@@ -300,15 +319,77 @@ def aura_budget_frames(checkpoint: Checkpoint) -> int:
     return math.ceil(held / (config.vision.tokens_per_frame * token))
 
 
+class WorldStep(Protocol):
+    """What a world's step reports to the loop."""
+
+    frame: np.ndarray
+    time_s: float
+    path_length: float
+    done: bool
+    success: bool
+
+
+class ClosedLoopWorld(Protocol):
+    """What the loop needs of a world: ticks at ``rate_hz``, at most ``ticks`` of them; its first frame, the
+    scripted expert's command, the published command as the world's own, a step, and the state its robot
+    publishes (a message the driver's state reader reads). ``PlanarWorld`` is the 2-D world, ``ArmWorld`` the
+    Meta-World arm."""
+
+    rate_hz: float
+    ticks: int
+
+    def reset(self) -> np.ndarray: ...
+
+    def expert(self) -> np.ndarray: ...
+
+    def command(self, values: tuple[float, ...]) -> np.ndarray: ...
+
+    def step(self, command: np.ndarray) -> WorldStep: ...
+
+    def state_message(self) -> object: ...
+
+
+class PlanarWorld:
+    """The 2-D world's robot in the loop: velocity commands, odometry as its state."""
+
+    def __init__(self, env: CueReachEnv) -> None:
+        self.env = env
+        self.rate_hz = env.spec.rate_hz
+        self.ticks = episode_ticks(env.spec)
+
+    def reset(self) -> np.ndarray:
+        return self.env.reset()
+
+    def expert(self) -> np.ndarray:
+        return self.env.expert_command()
+
+    def command(self, values: tuple[float, ...]) -> np.ndarray:
+        return velocity_command(values or ())
+
+    def step(self, command: np.ndarray) -> WorldStep:
+        return self.env.step(command)
+
+    def state_message(self) -> object:
+        """``CueReachEnv.odometry`` as a nav_msgs/Odometry: the state the current frame was seen in."""
+        return odometry_message(self.env.odometry())
+
+
 def run_episode(env: CueReachEnv, seed: int, driver: Driver | None,
                 record: Callable[[int, np.ndarray, np.ndarray], None] | None = None,
                 at_tick: Callable[[int, int], None] | None = None) -> Episode:
-    """One episode; ``driver`` None drives with the scripted expert. ``record(time_ns, frame, expert
-    command)`` sees every camera frame with the expert's command for it (the ground truth); ``at_tick(tick,
-    time_ns)`` is called before each tick's frame is seen (a goal that changes mid-way)."""
-    spec = env.spec
-    period_ns = round(1e9 / spec.rate_hz)
-    frame = env.reset()
+    """One episode of the 2-D world (``drive_episode`` on ``PlanarWorld(env)``)."""
+    return drive_episode(PlanarWorld(env), seed, driver, record, at_tick)
+
+
+def drive_episode(world: ClosedLoopWorld, seed: int, driver: Driver | None,
+                  record: Callable[[int, np.ndarray, np.ndarray], None] | None = None,
+                  at_tick: Callable[[int, int], None] | None = None) -> Episode:
+    """One episode of any world, the loop every task runs; ``driver`` None drives with the scripted expert.
+    ``record(time_ns, frame, expert command)`` sees every camera frame with the expert's command for it (the
+    ground truth); ``at_tick(tick, time_ns)`` is called before each tick's frame is seen (a goal that changes
+    mid-way)."""
+    period_ns = round(1e9 / world.rate_hz)
+    frame = world.reset()
     episode = Episode(seed, False, 0.0, 0.0)
     start = driver.clock() if driver else 0
     if driver:
@@ -316,17 +397,17 @@ def run_episode(env: CueReachEnv, seed: int, driver: Driver | None,
     velocities: list[np.ndarray] = []
     previous: tuple[float, ...] | None = None
     warm = False
-    for tick in range(math.ceil(spec.time_limit_s * spec.rate_hz)):
+    for tick in range(world.ticks):
         now = start + tick * period_ns
         if at_tick is not None:
             at_tick(tick, now)
         if record is not None:
-            record(now, frame, env.expert_command())
+            record(now, frame, world.expert())
         if driver is None:
-            command = env.expert_command()
+            command = world.expert()
             values = tuple(float(v) for v in command)
         else:
-            observe(driver, env, frame, now)
+            observe(driver, world, frame, now)
             cycle = driver.reason_at(now, now + period_ns)  # free: it takes the newest frame (chunks: when due)
             if cycle is not None:
                 result = cycle.result
@@ -340,7 +421,7 @@ def run_episode(env: CueReachEnv, seed: int, driver: Driver | None,
                 _measure(episode, driver.engine)
             published = driver.command(now)  # what the action publisher sends at this tick
             values = published.values
-            command = velocity_command(values or ())
+            command = world.command(values)
             episode.safe_stops += published.safe_stop
             episode.starved_ticks += published.outcome is Outcome.STARVED
         episode.ticks += 1
@@ -350,24 +431,24 @@ def run_episode(env: CueReachEnv, seed: int, driver: Driver | None,
             episode.distinct_commands += distinct_command(values, previous)
         previous = values
         velocities.append(command)
-        outcome = env.step(command)
+        outcome = world.step(command)
         frame = outcome.frame
         episode.time_s, episode.path_length = outcome.time_s, outcome.path_length
         if outcome.done:
             episode.success = outcome.success
             break
-    jerks = jerk(np.asarray(velocities), 1.0 / spec.rate_hz)
+    jerks = jerk(np.asarray(velocities), 1.0 / world.rate_hz)
     episode.jerk_sq_sum, episode.jerk_terms = float(np.sum(jerks**2)), len(jerks)
     return episode
 
 
-def observe(driver: Driver, env: CueReachEnv, frame: np.ndarray, now_ns: int) -> None:
+def observe(driver: Driver, world: ClosedLoopWorld, frame: np.ndarray, now_ns: int) -> None:
     """What the simulated robot publishes at ``now_ns``, arriving then: when the model reads a state, the robot's
-    odometry (``CueReachEnv.odometry``, the state its ``frame`` was seen in) stamped as the frame is, then the
+    state message (``world.state_message``, the state its ``frame`` was seen in) stamped as the frame is, then the
     frame. Both take the live path: the state through ``robot_state``'s reader to the observation assembler,
     which pairs it with the frame under ``state_max_age_ms``."""
     if driver.buffer.state_dim:
-        driver.state(odometry_message(env.odometry()), now_ns, now_ns)
+        driver.state(world.state_message(), now_ns, now_ns)
     driver.camera(frame, now_ns, now_ns)
 
 
@@ -398,6 +479,7 @@ def cue_swap(spec: TaskSpec, seed: int, start: Callable[[], Driver] | None) -> C
     release head for the cued target? ``start`` gives a driver whose memory starts a new episode (None: the
     scripted expert, which knows the goal, so it picks the cued target every time: the probe's own check)."""
     env = CueReachEnv(spec, seed)
+    world = PlanarWorld(env)
     swap = CueSwap(seed)
     period_ns = round(1e9 / spec.rate_hz)
     for goal in range(spec.targets):
@@ -406,12 +488,12 @@ def cue_swap(spec: TaskSpec, seed: int, start: Callable[[], Driver] | None) -> C
         driver = start() if start is not None else None
         begin = driver.clock() if driver else 0
         command = None
-        for tick in range(math.ceil(spec.time_limit_s * spec.rate_hz)):
+        for tick in range(episode_ticks(spec)):
             if driver is None:
                 command = env.expert_command() if tick >= spec.release_frames else None
             else:
                 now = begin + tick * period_ns
-                observe(driver, env, frame, now)
+                observe(driver, world, frame, now)
                 cycle = driver.reason_at(now, now + period_ns)
                 if cycle is not None:
                     result = cycle.result
@@ -460,7 +542,7 @@ class EvalContext:
     """What every worker needs to run any episode of one evaluation (picklable)."""
 
     settings: Settings
-    spec: TaskSpec
+    spec: Task
     costs: CostModel
     record_dir: Path | None
     templates: tuple[str, ...]  # lang-reach's instruction templates (none for the other tasks)
@@ -486,11 +568,12 @@ class EpisodeSpec:
         return f"{self.variant.replace(':', '-')}_b{budget}_s{self.seed}{probe}{execution}"
 
 
-def probes_of(spec: TaskSpec) -> tuple[str, ...]:
+def probes_of(spec: Task) -> tuple[str, ...]:
     """What each seed runs in each cell: its episode and the task's probes. chase has none: its ring is on in
     every frame (no memory to probe) and a policy that leads the moving goal heads past it, which the cue
-    swap's nearest-direction rule would misread (the expert would pick the cued target 118 times of 150)."""
-    if spec.name == "chase":
+    swap's nearest-direction rule would misread (the expert would pick the cued target 118 times of 150).
+    Meta-World's tasks have none yet: no cue, no goal switched mid-way."""
+    if spec.name == "chase" or isinstance(spec, ArmTask):
         return ("episode",)
     return LANGUAGE_PROBES if spec.name == "lang-reach" else ("episode", "swap")
 
@@ -509,6 +592,10 @@ def run_unit(state: dict[str, Any], episode: EpisodeSpec) -> dict[str, Any]:
     its memory restarted from the prompt. Its result does not depend on what the worker ran before."""
     context, instructor = state["context"], state["instructor"]
     spec, seed, probe = context.spec, episode.seed, episode.probe
+    if isinstance(spec, ArmTask):
+        world = ArmWorld(_arm_env(state, spec), seed)
+        driver = None if episode.variant == EXPERT else _episode_start(state, episode)()
+        return asdict(drive_episode(world, seed, driver))
     env = CueReachEnv(spec, seed)
     if episode.variant == EXPERT:
         if probe == "swap":
@@ -517,6 +604,21 @@ def run_unit(state: dict[str, Any], episode: EpisodeSpec) -> dict[str, Any]:
             return asdict(_named(_expert_episode(spec, seed, context.settings, context.record_dir), env, instructor))
         hook = _switch(env, seed, None, instructor, False) if probe == "switch" else None
         return asdict(_named(run_episode(env, seed, None, at_tick=hook), env, instructor))
+    start = _episode_start(state, episode)
+    if probe == "swap":
+        return asdict(cue_swap(spec, seed, start))
+    if instructor is None:
+        return asdict(run_episode(env, seed, start()))
+    driver = start(instructor.prompt(env, seed, probe))
+    keep = context.settings["reasoning"]["kv.on_instruction"] == "keep"  # no variant changes it
+    hook = _switch(env, seed, driver, instructor, keep) if probe == "switch" else None
+    return asdict(_named(run_episode(env, seed, driver, at_tick=hook), env, instructor))
+
+
+def _episode_start(state: dict[str, Any], episode: EpisodeSpec) -> Callable[..., Driver]:
+    """What starts a driver for ``episode`` on its cell's engine (built on first use, kept by the worker), its
+    memory restarted from a prompt (the engine's own, or the one given), on a fresh virtual clock."""
+    context = state["context"]
     cell = (episode.variant, episode.budget, episode.gate_rate)
     if cell not in state["engines"]:
         state["engines"][cell] = _cell_runtime(context, episode, state["checkpoint"])
@@ -525,18 +627,18 @@ def run_unit(state: dict[str, Any], episode: EpisodeSpec) -> dict[str, Any]:
         settings = settings.replace("action_publisher", {"execution": episode.execution})
 
     def start(prompt: np.ndarray | None = None) -> Driver:
-        _start_episode(engine, settings["reasoning"], episode.variant, episode.gate_rate, seed, prompt)
-        return Driver(engine, settings, VirtualClock(clock_start(settings)), context.costs,
-                      (spec.image_size, spec.image_size))
+        _start_episode(engine, settings["reasoning"], episode.variant, episode.gate_rate, episode.seed, prompt)
+        return Driver(engine, settings, VirtualClock(clock_start(settings)), context.costs, frame_size(context.spec))
 
-    if probe == "swap":
-        return asdict(cue_swap(spec, seed, start))
-    if instructor is None:
-        return asdict(run_episode(env, seed, start()))
-    driver = start(instructor.prompt(env, seed, probe))
-    keep = settings["reasoning"]["kv.on_instruction"] == "keep"
-    hook = _switch(env, seed, driver, instructor, keep) if probe == "switch" else None
-    return asdict(_named(run_episode(env, seed, driver, at_tick=hook), env, instructor))
+    return start
+
+
+def _arm_env(state: dict[str, Any], spec: ArmTask) -> MetaWorldEnv:
+    """The worker's Meta-World environment of ``spec``, made once (0.5 s, an OSMesa context) and reset per
+    episode to the episode's seed: its result depends on the seed alone."""
+    if state.get("arm") is None:
+        state["arm"] = MetaWorldEnv(spec.arm, 0)
+    return state["arm"]
 
 
 def _named(episode: Episode, env: CueReachEnv, instructor: Instructor | None) -> Episode:
@@ -565,7 +667,7 @@ def _switch(env: CueReachEnv, seed: int, driver: Driver | None, instructor: Inst
     return at_tick
 
 
-def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budgets: Sequence[int | None],
+def evaluate(settings: Settings, spec: Task, variants: Sequence[str], budgets: Sequence[int | None],
              episodes: int, seed: int, costs: CostModel, out: Path, record_dir: Path | None = None, *,
              templates: tuple[str, ...] = (), executions: Sequence[str] = (), workers: int | None = None,
              ray_address: str | None = None, resume: bool = False,
@@ -578,23 +680,35 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
     in a second pass, at the write rate the aura row measured in the first (of the same execution).
     ``templates``: lang-reach's instruction templates (``lang_reach.read_templates``), which it needs and the
     other tasks refuse. ``executions``: ``action_publisher.execution`` modes run side by side, a cell each per
-    (variant, budget); none: the configured one."""
+    (variant, budget); none: the configured one. ``spec``: a 2-D world task, or a Meta-World one (``ArmTask``:
+    the arm's frames, state and description in, its 4-D action out, through the same loop)."""
     spec.validate()
     if (spec.name == "lang-reach") != bool(templates):
         raise ValueError("lang-reach needs instruction templates (--instructions FILE)" if not templates else
                          f"{spec.name} takes no instructions (--instructions is for lang-reach)")
+    arm = isinstance(spec, ArmTask)
+    if arm and record_dir is not None:
+        raise ValueError(f"{spec.name}: --record is not built for Meta-World yet (the 2-D world's tasks record)")
     command_type = settings["action_publisher"]["command_type"]
-    if command_type not in VELOCITY_COMMANDS:
+    if not arm and command_type not in VELOCITY_COMMANDS:
         raise ValueError(f"{settings.source}: the simulated robot drives on velocity commands "
                          f"({', '.join(VELOCITY_COMMANDS)}), not action_publisher.command_type {command_type!r}")
     order, added = run_order(variants)
     checkpoint = load_model(settings)
-    # the simulated robot's observation: its camera, and its odometry when the checkpoint reads a state
-    settings = simulated_robot_observation(settings, checkpoint.config.state, "evaluate")
+    # the simulated robot's observation: its camera, and its odometry (the arm: its 4-D state) when the checkpoint
+    # reads a state; the arm's description as the instruction
+    settings = (arm_observation(settings, checkpoint.config, spec, "evaluate") if arm else
+                simulated_robot_observation(settings, checkpoint.config.state, "evaluate"))
+    if arm:
+        load_arm_backend()  # WorldUnavailable (one line: what to install) before any worker starts
     costs.require(block_kinds(checkpoint.config) + ((BlockKind.PROMPT,) if templates else ()))  # the switch's
     prompt_tokens = _prompt_tokens(settings, checkpoint, spec, templates)
     aura_budget = aura_budget_frames(checkpoint) if any(v.startswith("aura") for v in order) else None
     notes = [f"{AURA_NOTE} ({aura_budget} frames)"] if aura_budget else []
+    if arm and not reads_words(settings, checkpoint):
+        notes.append(f"{settings['reasoning']['model_dir']} has no tokenizer.json: its prompt is "
+                     "reasoning.prompt_token_ids, not the task's description, whatever the task")
+        progress(notes[-1])
     if added:
         notes.append(f"aura added: it measures the write rate matched by {', '.join(v for v in order if v in MATCHED)}")
         progress(notes[-1])
@@ -660,12 +774,12 @@ def evaluate(settings: Settings, spec: TaskSpec, variants: Sequence[str], budget
             if cell.variant != EXPERT:
                 progress(_cell_line(report(cell)))
     run = run_figures(summaries, ray_address)
-    return {"schema": SCHEMA, "task": asdict(spec), "seed": seed, "episodes": episodes,
+    return {"schema": SCHEMA, "task": {"name": spec.name, **asdict(spec)}, "seed": seed, "episodes": episodes,
             "cost_model": costs.describe(), "model_dir": settings["reasoning"]["model_dir"], "notes": notes,
             "runtime_s": run.pop("seconds"), "run": run, "cells": [report(cell) for cell in cells]}
 
 
-def _prompt_tokens(settings: Settings, checkpoint: Checkpoint, spec: TaskSpec, templates: tuple[str, ...]) -> int:
+def _prompt_tokens(settings: Settings, checkpoint: Checkpoint, spec: Task, templates: tuple[str, ...]) -> int:
     """The longest prompt an episode starts with: the configured one, or the longest of every template with every
     colour and the blind one (lang-reach; each checked as an instruction first, before anything runs)."""
     if not templates:
@@ -673,7 +787,7 @@ def _prompt_tokens(settings: Settings, checkpoint: Checkpoint, spec: TaskSpec, t
     return instructor_for(templates, checkpoint, settings["reasoning"]["instruction_max_tokens"]).check(COLOUR_NAMES)
 
 
-def _identity(settings: Settings, spec: TaskSpec, costs: CostModel, templates: tuple[str, ...]) -> str:
+def _identity(settings: Settings, spec: Task, costs: CostModel, templates: tuple[str, ...]) -> str:
     """What an episode's result depends on besides its spec: a unit file of another evaluation never resumes."""
     text = json.dumps([SCHEMA, settings.values, asdict(spec), costs.describe(), templates], sort_keys=True,
                       default=str)
@@ -763,7 +877,7 @@ def fit_to_budget(node: dict[str, Any], variant: str, budget: int | None) -> tup
 
 
 def cell_node(reasoning: dict[str, Any], variant: str, budget: int | None, gate_rate: float | None,
-              checkpoint: Checkpoint, spec: TaskSpec, prompt_tokens: int) -> dict[str, Any]:
+              checkpoint: Checkpoint, spec: Task, prompt_tokens: int) -> dict[str, Any]:
     """The reasoning settings of one cell: its variant's knobs, ``fit_to_budget``'s, and its arena
     (``arena_for``: slots and pool pages for its budget beside a prompt of ``prompt_tokens``). Every prompt an
     episode starts with or switches to is known beforehand (``_prompt_tokens``), so the arena keeps room for the
@@ -837,6 +951,14 @@ def invalid_line(cell: dict[str, Any]) -> str:
             "so its success rate says nothing about the policy; the checkpoint is corrupt or overflows")
 
 
+def write_json(report: dict[str, Any], out: Path) -> Path:
+    """``out/evaluate.json`` (``out`` made if missing): the report of one task, or of Meta-World's tasks."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "evaluate.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    return path
+
+
 def write_report(report: dict[str, Any], out: Path) -> Path:
     """evaluate.json and success.png (success rate with its 95 % interval per variant and budget)."""
     import matplotlib
@@ -844,9 +966,7 @@ def write_report(report: dict[str, Any], out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "evaluate.json"
-    path.write_text(json.dumps(report, indent=2) + "\n")
+    path = write_json(report, out)
     cells = report["cells"]
     modes = {c["execution"] for c in cells if c["execution"] is not None}
     labels = [f"{c['variant']}\n{'all' if c['budget_frames'] is None else c['budget_frames']}"
