@@ -114,27 +114,21 @@ def write_bag(spec: BagSpec, out: str | Path, *, storage: str | None = None, com
         jpeg = (writer.add_topic(f"{spec.image_topic}/compressed", "sensor_msgs/msg/CompressedImage")
                 if spec.images != "raw" else None)
         command = writer.add_topic(spec.command_topic, "std_msgs/msg/Float32MultiArray")
-        layout = types["std_msgs/msg/MultiArrayLayout"](
-            dim=[types["std_msgs/msg/MultiArrayDimension"](label="action", size=COMMAND_DIMS, stride=COMMAND_DIMS)],
-            data_offset=0)
         for index, (pixels, action) in enumerate(scenario_frames(spec)):
             time_ns = START_NS + round(index * 1e9 / spec.rate_hz)
             if state is not None:
                 writer.write(state, time_ns, bag_odometry(writer, time_ns, robot.state()))
                 _execute(robot, spec, index, action)
             header = writer.header(time_ns, spec.frame_id, seq=index)
-            height, width = pixels.shape[:2]
             if raw is not None:
-                writer.write(raw, time_ns, types["sensor_msgs/msg/Image"](
-                    header=header, height=height, width=width, encoding="rgb8", is_bigendian=0, step=width * 3,
-                    data=pixels.reshape(-1)))
+                writer.write(raw, time_ns, writer.image(time_ns, spec.frame_id, pixels, seq=index))
             if jpeg is not None:
                 ok, encoded = cv2.imencode(".jpg", cv2.cvtColor(pixels, cv2.COLOR_RGB2BGR),
                                            [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
                 assert ok, "OpenCV failed to encode a JPEG"
                 writer.write(jpeg, time_ns, types["sensor_msgs/msg/CompressedImage"](
                     header=header, format="rgb8; jpeg compressed bgr8", data=encoded.reshape(-1)))
-            writer.write(command, time_ns, types["std_msgs/msg/Float32MultiArray"](layout=layout, data=action))
+            writer.write(command, time_ns, writer.float32_array(action, "action"))
     return writer.out
 
 

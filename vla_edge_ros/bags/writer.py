@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 from types import TracebackType
 
+import numpy as np
 from rosbags.interfaces import Connection
 from rosbags.rosbag1 import Writer as Writer1
 from rosbags.rosbag2 import CompressionFormat, CompressionMode, StoragePlugin
@@ -93,6 +94,21 @@ class BagWriter:
         stamp = self.types["builtin_interfaces/msg/Time"](sec=time_ns // 10**9, nanosec=time_ns % 10**9)
         extra = {"seq": seq} if self.storage == "ros1" else {}
         return self.types["std_msgs/msg/Header"](stamp=stamp, frame_id=frame_id, **extra)
+
+    def image(self, time_ns: int, frame_id: str, pixels: np.ndarray, seq: int = 0) -> object:
+        """An HxWx3 uint8 RGB frame as a sensor_msgs/Image rgb8 stamped ``time_ns``."""
+        height, width = pixels.shape[:2]
+        return self.types["sensor_msgs/msg/Image"](header=self.header(time_ns, frame_id, seq), height=height,
+                                                   width=width, encoding="rgb8", is_bigendian=0, step=width * 3,
+                                                   data=np.ascontiguousarray(pixels, dtype=np.uint8).reshape(-1))
+
+    def float32_array(self, values: np.ndarray, label: str | None = None) -> object:
+        """``values`` as a std_msgs/Float32MultiArray, its one dimension named ``label`` (none: no layout)."""
+        types = self.types
+        dims = [] if label is None else [types["std_msgs/msg/MultiArrayDimension"](label=label, size=len(values),
+                                                                                    stride=len(values))]
+        return types["std_msgs/msg/Float32MultiArray"](layout=types["std_msgs/msg/MultiArrayLayout"](
+            dim=dims, data_offset=0), data=np.asarray(values, dtype=np.float32))
 
     def write(self, connection: Connection, time_ns: int, message: object) -> None:
         assert self._writer is not None
