@@ -1,7 +1,7 @@
-"""``vla-edge run``: the three ROS 2 nodes in this process, fed by a camera topic, a synthetic camera or the
-simulated robot; one status line a second, then a summary. The managed nodes come up active; `ros2 lifecycle`
-(or a ChangeState call) may deactivate, clean up and configure them again while it runs, and the status line
-then says which state reasoning is in."""
+"""``vla-edge run``: the three ROS 2 nodes in this process, fed by a camera topic, a synthetic camera, the
+simulated robot or the simulated Meta-World arm; one status line a second, then a summary. The managed nodes
+come up active; `ros2 lifecycle` (or a ChangeState call) may deactivate, clean up and configure them again
+while it runs, and the status line then says which state reasoning is in."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
-
 from ..config import Settings, load_settings
+from ..tools.arm_world import LIVE_CAMERA_RATE_HZ, PREFIX, arm_tasks
 from ..worlds.sim.world import TASKS, TaskSpec
+from ..worlds.synthetic import RATE_HZ as SYNTHETIC_RATE_HZ
 
 
 def _ms(value: float | None) -> str:
@@ -45,10 +45,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..nodes.ros_session import ros_session
 
     settings = load_settings(args.config)
+    if args.model is not None:
+        settings = settings.replace("reasoning", {"model_dir": str(args.model.resolve())})
     if args.image_topic:
         settings = settings.replace("camera_subscriber", {"image_topic": args.image_topic})
-    if args.sim:  # the buffer takes the world's frames as they are (96x96), not resized to a 4:3 camera
-        size = TaskSpec().image_size
+    if args.sim in TASKS:  # the buffer takes the world's frames as they are (96x96), not resized to a 4:3 camera
+        size = TaskSpec().image_size  # (the arm's: bringup.Pipeline)
         settings = settings.replace("camera_subscriber", {"frame_height": size, "frame_width": size})
     templates = sim_templates(args, settings)
     with ros_session():
@@ -59,7 +61,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(_banner(args, pipeline.settings, pipeline))
             pipeline.run(args.duration, every_second=lambda: print(status_line(
                 pipeline.camera.figures(), pipeline.reasoning.figures(), pipeline.publisher.figures(),
-                f"sim {pipeline.sim.successes}/{pipeline.sim.episodes} reached" if pipeline.sim else ""), flush=True),
+                pipeline.sim.status() if pipeline.sim else ""), flush=True),
                 stop=args.stop)
             reports = {node: node.report() for node in (pipeline.camera, pipeline.reasoning, pipeline.publisher)}
             pipeline.stop()  # the robot's explicit stop is part of the summary
@@ -92,8 +94,8 @@ def sim_templates(args: argparse.Namespace, settings: Settings) -> tuple[str, ..
 def _banner(args: argparse.Namespace, settings: Settings, pipeline) -> str:
     """What runs, from where, on what."""
     engine, loaded = pipeline.reasoning.engine, pipeline.reasoning.loaded
-    source = (f" (simulated robot, {args.sim})" if args.sim else
-              f" (synthetic, {args.camera_rate_hz:.0f} Hz)" if args.image_topic is None else "")
+    source = (f" ({pipeline.sim.describe()})" if pipeline.sim else
+              f" (synthetic, {args.camera_rate_hz or SYNTHETIC_RATE_HZ:.0f} Hz)" if args.image_topic is None else "")
     lines = [f"vla-edge run: {settings['reasoning']['model_dir']} on {loaded.plan.backend}, weights "
              f"{engine.checkpoint.held_as}, camera "
              f"{settings['camera_subscriber']['image_topic']}{source}{_state(settings)}, deadline "
@@ -115,15 +117,24 @@ def _state(settings: Settings) -> str:
 
 def _summary(args: argparse.Namespace, pipeline, reports: dict) -> dict:
     """Each node's level and message as the run ended (``reports``, taken before the nodes were deactivated),
-    and its figures after the stop (and the simulated robot's episodes)."""
+    and its figures after the stop (and the simulated robot's or arm's episodes, under its node's name)."""
     summary = {node.get_name(): {"level": int.from_bytes(report.level, "little"), "message": report.message,
                                  **node.figures()} for node, report in reports.items()}
     if pipeline.sim is not None:
-        sim = pipeline.sim
-        summary["sim_world"] = {"task": args.sim, "episodes": sim.episodes, "successes": sim.successes,
-                                "mean_time_to_reach_s": float(np.mean(sim.times_to_reach)) if sim.times_to_reach
-                                else None}
+        summary[pipeline.sim.get_name()] = pipeline.sim.summary()
     return summary
+
+
+def sim_task(text: str) -> str:
+    """``--sim``: a 2-D world task, or one Meta-World task (``metaworld/<task>``, checked against its names)."""
+    if text in TASKS:
+        return text
+    try:
+        if len(arm_tasks(text)) == 1:
+            return text
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; the 2-D world's are {', '.join(TASKS)}") from None
+    raise argparse.ArgumentTypeError(f"a simulated arm runs one Meta-World task ({PREFIX}<task>), not {text}")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -132,13 +143,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--duration", type=float, help="seconds to run (default: until Ctrl-C or SIGTERM)")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--image-topic", help="listen to this camera topic instead of starting the synthetic camera")
-    source.add_argument("--sim", choices=TASKS, help="close the loop through the 2-D world (a simulated robot: "
-                        "its camera and odometry in, the commands out) instead of the synthetic camera")
+    source.add_argument("--sim", type=sim_task, metavar="TASK",
+                        help=f"close the loop through a simulated robot instead of the synthetic camera: a 2-D world "
+                             f"task ({', '.join(TASKS)}; its camera and odometry in, Twist commands out) or "
+                             f"{PREFIX}<task> (Meta-World's arm: its camera and JointState in, 4-D actions out at 80 "
+                             "Hz; the task's description is the instruction)")
+    p.add_argument("--model", type=Path, metavar="DIR",
+                   help="the checkpoint directory, instead of the configuration's reasoning.model_dir")
     p.add_argument("--instructions", type=Path, metavar="FILE",
                    help="with --sim lang-reach: instruction templates, one a line with {color} (the format of "
                         "evaluate --instructions); each episode's is drawn from its seed (default: the world's own "
                         "phrasing, 'go to the {color} target')")
-    p.add_argument("--camera-rate-hz", type=float, default=30.0, help="synthetic camera frame rate")
+    p.add_argument("--camera-rate-hz", type=float, default=None,
+                   help=f"the synthetic camera's frame rate (default {SYNTHETIC_RATE_HZ:g}), or the simulated arm's "
+                        f"(default {LIVE_CAMERA_RATE_HZ:g}: 80 Hz over a whole number of steps)")
     p.add_argument("--summary-json", type=Path, help="also write the final summary here")
     p.add_argument("--use-sim-time", action="store_true",
                    help="follow /clock, e.g. from `vla-edge play BAG --clock 100` (with --image-topic)")

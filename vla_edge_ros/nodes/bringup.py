@@ -8,8 +8,9 @@ MultiThreadedExecutor busy-waits while a mutually exclusive callback group is bu
 while doing so: on a 2-core machine it starved the reasoning thread (about 1 run in 4 fell to ~2
 actions per second). The callbacks take well under a millisecond each, so one executor thread is
 enough. Started by `ros2 run vla_edge_ros bringup --config FILE` (what the launch file does) or by
-`vla-edge run`, which can add a synthetic camera publishing over DDS like a real driver, or the 2-D
-world as a simulated robot (closed loop).
+`vla-edge run`, which can add a synthetic camera publishing over DDS like a real driver, the 2-D
+world as a simulated robot, or Meta-World's arm as a simulated arm (closed loop; the arm steps on a
+thread of its own: ``sim_arm.py``).
 
 Reasoning and the action publisher are managed (lifecycle) nodes, so a robot's bringup can hold them
 loaded but idle and re-activate them after a fault without restarting the process; the camera
@@ -40,11 +41,15 @@ from ..model.config import load_model_config
 from ..runtime.action_slot import ActionSlot
 from ..runtime.observation import SIM_ODOMETRY_TOPIC, observation_buffer, simulated_robot_observation
 from ..runtime.stop_signals import StopSignals
+from ..tools.arm_world import (ARM_STATE_TOPIC, LIVE_CAMERA_RATE_HZ, PREFIX, ArmTask, arm_observation, arm_tasks,
+                               is_arm_task)
+from ..worlds.synthetic import RATE_HZ as SYNTHETIC_RATE_HZ
 from .action_publisher import ActionPublisher
 from .camera_subscriber import CameraSubscriber
 from .managed_node import TransitionError
 from .reasoning import ReasoningNode
 from .ros_session import ros_session
+from .sim_arm import SimArmNode
 from .sim_world import SimWorldNode
 from .synthetic_camera import SyntheticCameraPublisher
 
@@ -56,21 +61,59 @@ class Pipeline:
     """The nodes of one process, the objects they share, and their executor."""
 
     def __init__(self, settings: Settings, *, context: Context | None = None, namespace: str | None = None,
-                 synthetic_camera: bool = False, camera_rate_hz: float = 30.0, use_sim_time: bool = False,
-                 sim_task: str | None = None, sim_instructions: tuple[str, ...] = (),
+                 synthetic_camera: bool = False, camera_rate_hz: float | None = None, use_sim_time: bool = False,
+                 sim_task: str | ArmTask | None = None, sim_instructions: tuple[str, ...] = (),
                  start_state: str = "active") -> None:
         """``namespace`` (else the one ``--ros-args -r __ns:=`` gives) holds every node and relative topic. A
         configure that fails at start (a bad model, a plan over budget) raises TransitionError, with no node left.
         With ``sim_task`` the simulated robot is the source: its camera, and its odometry for a checkpoint that
         reads a state (``simulated_robot_observation``: the state topic and type are set here, not by the user);
-        ``sim_instructions``: lang-reach's instruction templates (none: the world's own phrasing)."""
+        ``sim_instructions``: lang-reach's instruction templates (none: the world's own phrasing). A Meta-World
+        task (``metaworld/<task>``, or an ``ArmTask`` for another camera or frame size) is the simulated arm
+        instead: its frames as the buffer's, its JointState, its description as the instruction, its 4-D action
+        at its step rate (``arm_observation``, as evaluate sets them). ``camera_rate_hz``: the synthetic
+        camera's (default 30 Hz) or the arm's (default 20 Hz)."""
         if start_state not in START_STATES:
             raise ValueError(f"start state must be one of {', '.join(START_STATES)}, got {start_state!r}")
-        if sim_task is not None:
+        arm = _arm_task(sim_task)
+        if arm is not None:
+            config = load_model_config(settings["reasoning"]["model_dir"])
+            settings = arm_observation(settings, config, arm, f"run --sim {arm.name}").replace(
+                "camera_subscriber", {"frame_height": arm.height, "frame_width": arm.width})
+        elif sim_task is not None:
             state = load_model_config(settings["reasoning"]["model_dir"]).state
             settings = simulated_robot_observation(settings, state, f"run --sim {sim_task}")
         self.settings = settings  # as the nodes were given them
         where = {"context": context} if namespace is None else {"context": context, "namespace": namespace}
+        camera = settings["camera_subscriber"]
+        publisher = settings["action_publisher"]
+        self.sim: SimWorldNode | SimArmNode | None = None
+        if arm is not None:  # first: a machine without Meta-World or OSMesa is refused before anything loads
+            self.sim = SimArmNode(arm, image_topic=camera["image_topic"], command_topic=publisher["command_topic"],
+                                  command_type=publisher["command_type"], state_topic=camera["state_topic"] or
+                                  ARM_STATE_TOPIC, camera_rate_hz=camera_rate_hz or LIVE_CAMERA_RATE_HZ,
+                                  command_timeout_ms=publisher["action_timeout_ms"], **where)
+        try:
+            self._build(settings, where, synthetic_camera, camera_rate_hz or SYNTHETIC_RATE_HZ, sim_task,
+                        sim_instructions, use_sim_time)
+        except BaseException:
+            if isinstance(self.sim, SimArmNode):
+                self.sim.destroy_node()
+            raise
+        try:
+            for label in {"unconfigured": (), "inactive": ("configure",),
+                          "active": ("configure", "activate")}[start_state]:
+                for node in self.managed:
+                    node.transition(label)
+        except BaseException:  # a failed transition, or a signal during one: nothing stays up
+            self.shutdown()
+            raise
+        if isinstance(self.sim, SimArmNode):  # its first episode starts now, not while the model loaded
+            self.sim.start()
+
+    def _build(self, settings: Settings, where: dict, synthetic_camera: bool, camera_rate_hz: float,
+               sim_task: str | ArmTask | None, sim_instructions: tuple[str, ...], use_sim_time: bool) -> None:
+        """The nodes, the objects they share and the executor (the simulated arm, if any, exists already)."""
         camera = settings["camera_subscriber"]
         self.buffer = observation_buffer(camera["frame_height"], camera["frame_width"], ObservationKnobs.of(camera))
         self.slot = ActionSlot()
@@ -85,8 +128,9 @@ class Pipeline:
             self.nodes.append(SyntheticCameraPublisher(
                 topic=camera["image_topic"], rate_hz=camera_rate_hz, height=camera["frame_height"],
                 width=camera["frame_width"], **where))
-        self.sim: SimWorldNode | None = None
-        if sim_task is not None:  # the simulated robot: camera out, commands in (nodes/sim_world.py)
+        if self.sim is not None:  # the simulated arm (nodes/sim_arm.py)
+            self.nodes.append(self.sim)
+        elif sim_task is not None:  # the simulated robot: camera out, commands in (nodes/sim_world.py)
             publisher = settings["action_publisher"]
             self.sim = SimWorldNode(sim_task, image_topic=camera["image_topic"], command_topic=publisher["command_topic"],
                                     command_type=publisher["command_type"],
@@ -98,17 +142,9 @@ class Pipeline:
         if use_sim_time:  # stamps and the publisher's watchdog follow /clock (a bag played with --clock)
             for node in self.nodes:
                 node.set_parameters([Parameter("use_sim_time", Parameter.Type.BOOL, True)])
-        self.executor = SingleThreadedExecutor(context=context)
+        self.executor = SingleThreadedExecutor(context=where["context"])
         for node in self.nodes:
             self.executor.add_node(node)
-        try:
-            for label in {"unconfigured": (), "inactive": ("configure",),
-                          "active": ("configure", "activate")}[start_state]:
-                for node in self.managed:
-                    node.transition(label)
-        except BaseException:  # a failed transition, or a signal during one: nothing stays up
-            self.shutdown()
-            raise
 
     def run(self, duration_s: float | None = None, every_second: Callable[[], None] | None = None,
             stop: StopSignals | None = None) -> None:
@@ -165,6 +201,18 @@ class Pipeline:
         self.executor.shutdown()
         for node in self.nodes:
             node.destroy_node()
+
+
+def _arm_task(sim_task: str | ArmTask | None) -> ArmTask | None:
+    """The Meta-World task ``sim_task`` names (None: a 2-D world task, or no simulation)."""
+    if isinstance(sim_task, ArmTask):
+        return sim_task
+    if sim_task is None or not is_arm_task(sim_task):
+        return None
+    tasks = arm_tasks(sim_task)  # ValueError for an unknown name
+    if len(tasks) != 1:
+        raise ValueError(f"a simulated arm runs one Meta-World task ({PREFIX}<task>), not {sim_task}")
+    return tasks[0]
 
 
 def run(args_with_ros: list[str], stop: StopSignals) -> int:

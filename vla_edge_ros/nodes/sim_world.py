@@ -107,6 +107,19 @@ class SimWorldNode(Node):
         self._odometry.publish(self.odometry_message(stamp))
         self._publisher.publish(image_message(frame, Header(stamp=stamp, frame_id="camera")))
 
+    def status(self) -> str:
+        """The part of ``vla-edge run``'s status line that is the world's."""
+        return f"sim {self.successes}/{self.episodes} reached"
+
+    def summary(self) -> dict[str, Any]:
+        """The world's episodes for ``vla-edge run``'s summary."""
+        return {"task": self.spec.name, "episodes": self.episodes, "successes": self.successes,
+                "mean_time_to_reach_s": float(np.mean(self.times_to_reach)) if self.times_to_reach else None}
+
+    def describe(self) -> str:
+        """For the banner."""
+        return f"simulated robot, {self.spec.name}"
+
     def odometry_message(self, stamp: Any) -> Odometry:
         """The robot's odometry now (``CueReachEnv.odometry``) as nav_msgs/Odometry stamped ``stamp``."""
         x, y, yaw, vx, vy, wz = (float(v) for v in self.env.odometry())

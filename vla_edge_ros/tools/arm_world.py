@@ -22,6 +22,7 @@ reports too).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +38,17 @@ ARM_RATE_HZ = 80.0  # Meta-World's step: 5 physics steps of 2.5 ms; ``ArmWorld``
 PREFIX = "metaworld/"  # --task metaworld/<name>-v3
 MT10_TASK = "mt10"  # --task mt10: the ten tasks of ``MT10``
 ARM_STATE_TOPIC = "arm/state"  # where the simulated arm's JointState would come from, when the config names none
+LIVE_CAMERA_RATE_HZ = 20.0  # run --sim's camera: a frame every 4th step (nodes/sim_arm.py says why)
+
+
+def camera_period_steps(camera_rate_hz: float) -> int:
+    """Steps between the live arm's frames at ``camera_rate_hz``; ValueError for a rate that is not 80 Hz over a
+    whole number (each frame is seen right after a step, with that step's state)."""
+    steps = ARM_RATE_HZ / camera_rate_hz if camera_rate_hz > 0 else 0.0
+    if steps < 1 or abs(steps - round(steps)) > 1e-9:
+        raise ValueError(f"the simulated arm's camera rate must be {ARM_RATE_HZ:g} Hz over a whole number of steps "
+                         f"(80, 40, 20, 16, 10 ...), got {camera_rate_hz:g} Hz")
+    return round(steps)
 
 
 @dataclass(frozen=True)
@@ -124,6 +136,12 @@ def arm_observation(settings: Settings, config: ModelConfig, task: ArmTask, what
         "state_joint_names": list(STATE), "state_joint_velocities": False})
 
 
+def arm_command(values: Sequence[float]) -> np.ndarray:
+    """A published Float32MultiArray's values as the arm's action; an empty one (the action publisher's stop before
+    any action, when it does not know the action's size yet) is the zero action."""
+    return np.zeros(len(ACTION), dtype=np.float32) if not len(values) else np.asarray(values, dtype=np.float32)
+
+
 @dataclass(frozen=True)
 class ArmStep:
     """What one step did, in the terms the closed loop reads (as the 2-D world's ``StepResult``)."""
@@ -157,8 +175,7 @@ class ArmWorld:
         return self.env.expert_action()
 
     def command(self, values: tuple[float, ...]) -> np.ndarray:
-        """The published Float32MultiArray as the arm's action; an empty one (a stop before any action) is zero."""
-        return np.zeros(len(ACTION), dtype=np.float32) if not values else np.asarray(values, dtype=np.float32)
+        return arm_command(values)
 
     def step(self, command: np.ndarray) -> ArmStep:
         before = self.env.state[:3]

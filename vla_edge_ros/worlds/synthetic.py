@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+RATE_HZ = 30.0  # frames a second a synthetic camera publishes unless told another (a common camera's rate)
+
 
 class SyntheticCamera:
     def __init__(self, height: int = 480, width: int = 640, seed: int = 0) -> None:
