@@ -66,14 +66,13 @@ def _evaluate_arm(args: argparse.Namespace) -> int:
     if args.instructions is not None:
         raise ValueError(f"{args.task}: --instructions is for lang-reach; Meta-World's instruction is each task's "
                          "description")
-    if args.record is not None:
-        raise ValueError(f"{args.task}: --record is not built for Meta-World yet (the 2-D world's tasks record)")
     settings = load_settings(args.config)
     tasks = arm_tasks(args.task, max_steps=MAX_PATH_LENGTH if args.max_steps is None else args.max_steps)
     report = evaluate_arm(settings, tasks, ARM_POLICIES if args.policy is None else args.policy,
                           ARM_BUDGETS if args.budgets is None else args.budgets, args.episodes, args.seed, args.cost,
-                          args.out, executions=args.execution or (), workers=args.workers, ray_address=args.ray,
-                          resume=args.resume, progress=lambda line: print(line, file=sys.stderr, flush=True),
+                          args.out, args.record, executions=args.execution or (), workers=args.workers,
+                          ray_address=args.ray, resume=args.resume,
+                          progress=lambda line: print(line, file=sys.stderr, flush=True),
                           bar=progress_bar("evaluate"))
     print(format_arm_table(report))
     print(f"wrote {write_json(report, args.out)} and each task's report in its folder "
@@ -118,7 +117,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "a cell each per policy and budget (default: the configured one); with a chunked checkpoint "
                         "the gate plans cycles on the chunk's horizon in every mode but sync")
     p.add_argument("--record", type=Path,
-                   help="also write each episode (camera, odometry, expert command) as a bag here")
+                   help="also write the scripted expert's episodes as bags here (camera, the robot's state: "
+                        "odometry, or the arm's JointState; the expert's command), one per task and seed")
     p.add_argument("--out", type=Path, default=Path("evaluate_report"))
     add_parallel_arguments(p)
     p.set_defaults(func=cmd_evaluate)

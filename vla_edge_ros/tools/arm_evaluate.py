@@ -25,12 +25,14 @@ SCHEMA = "vla_edge_ros.evaluate_arm/1"
 
 
 def evaluate_arm(settings: Settings, tasks: Sequence[ArmTask], variants: Sequence[str],
-                 budgets: Sequence[int | None], episodes: int, seed: int, costs: CostModel, out: Path, *,
+                 budgets: Sequence[int | None], episodes: int, seed: int, costs: CostModel, out: Path,
+                 record_dir: Path | None = None, *,
                  executions: Sequence[str] = (), workers: int | None = None, ray_address: str | None = None,
                  resume: bool = False, progress: Callable[[str], None] = lambda line: None,
                  bar: Callable[[int, int], None] = lambda done, total: None) -> dict[str, Any]:
     """Each task's ``evaluate`` report (the same seeds in every task), written to ``out/<task>/``, and the
-    average over tasks; returns the combined report (``evaluate.write_json`` writes it to ``out``)."""
+    average over tasks; returns the combined report (``evaluate.write_json`` writes it to ``out``). With
+    ``record_dir`` the scripted expert's episodes are also bags there, ``<task>_<seed>.mcap``."""
     # what cannot run at all is refused before the first task starts: a checkpoint that does not fit the arm, a
     # machine without Meta-World or OSMesa (each one line)
     arm_observation(settings, load_model(settings).config, tasks[0], "evaluate")
@@ -39,7 +41,7 @@ def evaluate_arm(settings: Settings, tasks: Sequence[ArmTask], variants: Sequenc
     for task in tasks:
         progress(f"{task.name}: \"{task.description}\" ({episodes} episodes a row, "
                  f"seeds {seed}..{seed + episodes - 1})")
-        report = evaluate(settings, task, variants, budgets, episodes, seed, costs, out / task.task,
+        report = evaluate(settings, task, variants, budgets, episodes, seed, costs, out / task.task, record_dir,
                           executions=executions, workers=workers, ray_address=ray_address, resume=resume,
                           progress=progress, bar=bar)
         write_report(report, out / task.task)

@@ -78,9 +78,9 @@ from ..runtime.reasoner import block_kinds
 from ..runtime.robot_state import odometry_message
 from ..worlds.sim.render import COLOUR_NAMES
 from ..worlds.sim.world import VELOCITY_COMMANDS, CueReachEnv, TaskSpec, velocity_command
-from ..worlds.metaworld import MetaWorldEnv
+from ..worlds.metaworld import STATE, MetaWorldEnv
 from ..worlds.metaworld.backend import load as load_arm_backend
-from .arm_world import ArmTask, ArmWorld, arm_observation
+from .arm_world import ARM_STATE_TOPIC, ArmTask, ArmWorld, arm_observation
 from .aura_gates import BASELINE_GATES, baseline_policy
 from .lang_reach import PROBES as LANGUAGE_PROBES
 from .lang_reach import Instructor, instructor_for, switch_plan
@@ -88,6 +88,7 @@ from .parallel import Job, Unit, UnitsFailed, run_figures, run_units
 
 EXPERT = "expert"
 BAG_START_NS = 1_735_689_600 * 10**9  # recorded episodes start at 2025-01-01, as make-bag's bags do
+CAMERA_TOPIC, COMMAND_TOPIC = "/camera/image_raw", "/vla/command"  # in recorded episodes, as a recorder names them
 SCHEMA = "vla_edge_ros.evaluate/7"  # 7: episode_ticks per cell, Meta-World tasks
 VARIANTS = ("fifo", "cosine", "aura", "aura:surprise", "aura:random", "aura:periodic", "aura:no-write", "dms",
             "dms:novelty")
@@ -594,8 +595,9 @@ def run_unit(state: dict[str, Any], episode: EpisodeSpec) -> dict[str, Any]:
     spec, seed, probe = context.spec, episode.seed, episode.probe
     if isinstance(spec, ArmTask):
         world = ArmWorld(_arm_env(state, spec), seed)
-        driver = None if episode.variant == EXPERT else _episode_start(state, episode)()
-        return asdict(drive_episode(world, seed, driver))
+        if episode.variant == EXPERT:
+            return asdict(_arm_expert_episode(world, spec, context.settings, context.record_dir))
+        return asdict(drive_episode(world, seed, _episode_start(state, episode)()))
     env = CueReachEnv(spec, seed)
     if episode.variant == EXPERT:
         if probe == "swap":
@@ -687,8 +689,6 @@ def evaluate(settings: Settings, spec: Task, variants: Sequence[str], budgets: S
         raise ValueError("lang-reach needs instruction templates (--instructions FILE)" if not templates else
                          f"{spec.name} takes no instructions (--instructions is for lang-reach)")
     arm = isinstance(spec, ArmTask)
-    if arm and record_dir is not None:
-        raise ValueError(f"{spec.name}: --record is not built for Meta-World yet (the 2-D world's tasks record)")
     command_type = settings["action_publisher"]["command_type"]
     if not arm and command_type not in VELOCITY_COMMANDS:
         raise ValueError(f"{settings.source}: the simulated robot drives on velocity commands "
@@ -814,31 +814,64 @@ def _expert_episode(spec: TaskSpec, seed: int, settings: Settings, record_dir: P
     if record_dir is None:
         return run_episode(env, seed, None)
     from ..bags.odometry import ODOMETRY_MSGTYPE, STATE_TOPIC, bag_odometry
-    from ..bags.writer import BagWriter
 
     twist = settings["action_publisher"]["twist_dims"][:2]
-    dof = max(max(twist) + 1, 1)
-    with BagWriter(record_dir / f"{spec.name}_{seed:04d}.mcap", force=True) as writer:
-        types = writer.types
-        odometry = writer.add_topic(STATE_TOPIC, ODOMETRY_MSGTYPE)  # before the camera: see bags/odometry.py
-        camera = writer.add_topic("/camera/image_raw", "sensor_msgs/msg/Image")
-        command = writer.add_topic("/vla/command", "std_msgs/msg/Float32MultiArray")
-        layout = types["std_msgs/msg/MultiArrayLayout"](dim=[], data_offset=0)
+
+    def command(expert: np.ndarray) -> np.ndarray:
+        values = np.full(max(max(twist) + 1, 1), np.nan, dtype=np.float32)  # NaN: what the twist leaves out
+        for dim, value in zip(twist, expert):
+            if dim >= 0:
+                values[dim] = value
+        return values
+
+    state = RecordedState(STATE_TOPIC, ODOMETRY_MSGTYPE, lambda writer, stamp: bag_odometry(writer, stamp,
+                                                                                           env.odometry()))
+    return record_expert(PlanarWorld(env), seed, record_dir / f"{spec.name}_{seed:04d}.mcap", state, command)
+
+
+def _arm_expert_episode(world: ArmWorld, spec: ArmTask, settings: Settings, record_dir: Path | None) -> Episode:
+    """The scripted expert's episode on the arm, also written as a bag when ``record_dir`` is set: the camera, the
+    arm's state as the JointState the simulated arm publishes (joints ``STATE``, on the configured state topic or
+    ``ARM_STATE_TOPIC``, stamped as each frame) and the expert's 4-D actions as the Float32MultiArray commands."""
+    if record_dir is None:
+        return drive_episode(world, world.seed, None)
+    from ..bags.joint_state import JOINT_STATE_MSGTYPE, bag_joint_state
+
+    topic = "/" + (settings["camera_subscriber"]["state_topic"] or ARM_STATE_TOPIC).lstrip("/")
+    state = RecordedState(topic, JOINT_STATE_MSGTYPE, lambda writer, stamp: bag_joint_state(writer, stamp, STATE,
+                                                                                            world.env.state))
+    return record_expert(world, world.seed, record_dir / f"{spec.task}_{world.seed:04d}.mcap", state,
+                         lambda expert: expert)
+
+
+@dataclass(frozen=True)
+class RecordedState:
+    """Where a recorded episode's bag holds the robot's state, and the message of it now (for a bag and a stamp)."""
+
+    topic: str
+    msgtype: str
+    message: Callable[[Any, int], object]
+
+
+def record_expert(world: ClosedLoopWorld, seed: int, path: Path, state: RecordedState,
+                  command: Callable[[np.ndarray], np.ndarray]) -> Episode:
+    """The scripted expert's episode of ``world``, written to the bag ``path`` as the robot would publish it: at
+    every tick the state (before the camera: see bags/odometry.py), the frame seen in it, and the expert's command
+    as a Float32MultiArray (``command``: the expert's output as the action publisher's values), one stamp each."""
+    from ..bags.writer import BagWriter
+
+    with BagWriter(path, force=True) as writer:
+        states = writer.add_topic(state.topic, state.msgtype)
+        camera = writer.add_topic(CAMERA_TOPIC, "sensor_msgs/msg/Image")
+        commands = writer.add_topic(COMMAND_TOPIC, "std_msgs/msg/Float32MultiArray")
 
         def record(time_ns: int, frame: np.ndarray, expert: np.ndarray) -> None:
             stamp = BAG_START_NS + time_ns
-            writer.write(odometry, stamp, bag_odometry(writer, stamp, env.odometry()))
-            height, width = frame.shape[:2]
-            writer.write(camera, stamp, types["sensor_msgs/msg/Image"](
-                header=writer.header(stamp, "camera"), height=height, width=width, encoding="rgb8",
-                is_bigendian=0, step=width * 3, data=frame.reshape(-1)))
-            values = np.full(dof, np.nan, dtype=np.float32)
-            for dim, value in zip(twist, expert):
-                if dim >= 0:
-                    values[dim] = value
-            writer.write(command, stamp, types["std_msgs/msg/Float32MultiArray"](layout=layout, data=values))
+            writer.write(states, stamp, state.message(writer, stamp))
+            writer.write(camera, stamp, writer.image(stamp, "camera", frame))
+            writer.write(commands, stamp, writer.float32_array(command(expert)))
 
-        return run_episode(env, seed, None, record)
+        return drive_episode(world, seed, None, record)
 
 
 def variant_knobs(variant: str, rate: float | None) -> dict[str, Any]:
