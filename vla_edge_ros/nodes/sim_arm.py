@@ -44,6 +44,7 @@ from std_msgs.msg import Float32MultiArray, Header
 
 from ..tools.arm_world import ARM_RATE_HZ, LIVE_CAMERA_RATE_HZ, ArmTask, arm_command, camera_period_steps
 from ..worlds.metaworld import ACTION, STATE, MetaWorldEnv
+from .sim_world import Episodes
 from .synthetic_camera import image_message
 
 ARM_COMMAND_TYPE = "float32_multi_array"
@@ -65,9 +66,9 @@ class SimArmNode(Node):
         self.task, self.seed = task, seed
         self.env = MetaWorldEnv(task.arm, seed)  # WorldUnavailable here: nothing of the node exists yet
         super().__init__("sim_arm", **node_kwargs)
-        self.episodes = self.successes = self.commands = self.malformed_commands = 0
+        self.tally = Episodes()  # to_success: steps to success
+        self.commands = self.malformed_commands = 0
         self.steps = self.stale_steps = self.frames = self.late_restarts = 0
-        self.steps_to_success: list[int] = []
         self.failure: str | None = None  # why the arm stopped stepping, if it did
         self._timeout_ns = int(command_timeout_ms * 1e6)
         self._command: tuple[np.ndarray, int] | None = None  # the newest action and when it came (node clock)
@@ -136,13 +137,10 @@ class SimArmNode(Node):
             if outcome.steps % self.every == 0:
                 self._publish()
             return
-        self.episodes += 1
-        self.successes += outcome.success
-        if outcome.success:
-            self.steps_to_success.append(outcome.steps)
-        self.get_logger().info(f"{self.task.task} episode {self.episodes} (seed {self.seed}): "
+        so_far = self.tally.end(outcome.success, outcome.steps)
+        self.get_logger().info(f"{self.task.task} episode {self.tally.count} (seed {self.seed}): "
                                f"{'succeeded' if outcome.success else 'failed'} after {outcome.steps} steps "
-                               f"({outcome.time_s:.2f} s simulated); {self.successes}/{self.episodes} so far")
+                               f"({outcome.time_s:.2f} s simulated); {so_far}")
         self.seed += 1
         self.env.reset(self.seed)
         self._publish()
@@ -171,15 +169,15 @@ class SimArmNode(Node):
         """The part of ``vla-edge run``'s status line that is the arm's."""
         rate = self.step_rate_hz()
         stale = self.stale_steps / self.steps if self.steps else 0.0
-        return (f"arm {self.successes}/{self.episodes} succeeded, {self.steps} steps at "
+        return (f"arm {self.tally.successes}/{self.tally.count} succeeded, {self.steps} steps at "
                 f"{'-' if rate is None else f'{rate:.1f}'}/s, stale commands {stale:.0%}"
                 + (f", STOPPED: {self.failure}" if self.failure else ""))
 
     def summary(self) -> dict[str, Any]:
         """The arm's figures for ``vla-edge run``'s summary."""
-        return {"task": self.task.name, "description": self.task.description, "episodes": self.episodes,
-                "successes": self.successes, "mean_steps_to_success": float(np.mean(self.steps_to_success))
-                if self.steps_to_success else None, "steps": self.steps, "step_rate_hz": self.step_rate_hz(),
+        return {"task": self.task.name, "description": self.task.description, "episodes": self.tally.count,
+                "successes": self.tally.successes, "mean_steps_to_success": self.tally.mean_to_success(),
+                "steps": self.steps, "step_rate_hz": self.step_rate_hz(),
                 "camera_rate_hz": self.camera_rate_hz, "frames": self.frames, "commands": self.commands,
                 "malformed_commands": self.malformed_commands, "stale_steps": self.stale_steps,
                 "late_restarts": self.late_restarts, "failure": self.failure}

@@ -21,6 +21,7 @@ colour filled in.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,27 @@ from .synthetic_camera import image_message
 INSTRUCTION = "go to the {color} target"
 
 
+@dataclass
+class Episodes:
+    """The episodes a simulated robot (or arm) ran back to back: how many, how many succeeded, and a figure of each
+    success (the time or the steps it took), for its log line, the status line and the summary."""
+
+    count: int = 0
+    successes: int = 0
+    to_success: list[float] = field(default_factory=list)
+
+    def end(self, success: bool, figure: float) -> str:
+        """Count an episode that ended; "k/n so far" for its log line."""
+        self.count += 1
+        self.successes += success
+        if success:
+            self.to_success.append(figure)
+        return f"{self.successes}/{self.count} so far"
+
+    def mean_to_success(self) -> float | None:
+        return float(np.mean(self.to_success)) if self.to_success else None
+
+
 class SimWorldNode(Node):
     """Runs ``task`` episodes back to back, driven by (vx, vy) from the command topic."""
 
@@ -53,8 +75,8 @@ class SimWorldNode(Node):
         super().__init__("sim_world", **node_kwargs)
         self.seed = seed
         self.env = CueReachEnv(self.spec, seed)
-        self.episodes = self.successes = self.commands = self.malformed_commands = 0
-        self.times_to_reach: list[float] = []
+        self.tally = Episodes()  # to_success: seconds to reach the goal
+        self.commands = self.malformed_commands = 0
         self._timeout_ns = int(command_timeout_ms * 1e6)
         self._command = np.zeros(2)
         self._command_ns: int | None = None
@@ -90,14 +112,10 @@ class SimWorldNode(Node):
         outcome = self.env.step(self._command if fresh else np.zeros(2))
         frame = outcome.frame
         if outcome.done:
-            self.episodes += 1
-            self.successes += outcome.success
-            if outcome.success:
-                self.times_to_reach.append(outcome.time_s)
+            so_far = self.tally.end(outcome.success, outcome.time_s)
             self.get_logger().info(f"{self.spec.name} episode {self.episodes} (seed {self.seed}): "
                                    f"{'reached the goal' if outcome.success else 'failed'} after {outcome.time_s:.2f} s"
-                                   f"{', touched a wrong target' if outcome.touched_wrong else ''}; "
-                                   f"{self.successes}/{self.episodes} so far")
+                                   f"{', touched a wrong target' if outcome.touched_wrong else ''}; {so_far}")
             self.seed += 1
             self.env = CueReachEnv(self.spec, self.seed)
             frame = self.env.reset()
@@ -107,6 +125,14 @@ class SimWorldNode(Node):
         self._odometry.publish(self.odometry_message(stamp))
         self._publisher.publish(image_message(frame, Header(stamp=stamp, frame_id="camera")))
 
+    @property
+    def episodes(self) -> int:
+        return self.tally.count
+
+    @property
+    def successes(self) -> int:
+        return self.tally.successes
+
     def status(self) -> str:
         """The part of ``vla-edge run``'s status line that is the world's."""
         return f"sim {self.successes}/{self.episodes} reached"
@@ -114,7 +140,7 @@ class SimWorldNode(Node):
     def summary(self) -> dict[str, Any]:
         """The world's episodes for ``vla-edge run``'s summary."""
         return {"task": self.spec.name, "episodes": self.episodes, "successes": self.successes,
-                "mean_time_to_reach_s": float(np.mean(self.times_to_reach)) if self.times_to_reach else None}
+                "mean_time_to_reach_s": self.tally.mean_to_success()}
 
     def describe(self) -> str:
         """For the banner."""
