@@ -159,6 +159,43 @@ class MetaWorldEnv:
             warnings.filterwarnings("ignore", message=EXPERT_WARNING)
             return clip_action(self._expert.get_action(self._observation))
 
+    def expert_plan(self, steps: int) -> np.ndarray:
+        """[steps, 4]: the expert's next ``steps`` actions, each executed from where the one before left the arm
+        (no frames drawn), then the episode put back exactly as it was, so it goes on as if nothing ran. The label
+        of a demonstration that strays from the expert's path (``train/arm_demos.py``): what the expert would do
+        from the state visited. ValueError when the plan would step past ``spec.max_steps``."""
+        if steps < 1 or self._steps + steps - 1 > self.spec.max_steps:
+            raise ValueError(f"expert_plan: {steps} actions from step {self._steps} run past the episode's limit of "
+                             f"{self.spec.max_steps} steps")
+        saved = self._snapshot()
+        try:
+            plan = [self.expert_action()]
+            for _ in range(steps - 1):
+                self.step(plan[-1], render=False)
+                plan.append(self.expert_action())
+        finally:
+            self._restore(saved)
+        return np.stack(plan)
+
+    def _snapshot(self) -> tuple[Any, ...]:
+        """What a step changes: MuJoCo's integration state (positions, velocities, controls, mocap targets, warm
+        start), the attributes Meta-World 3.1.1's ``step`` keeps between steps, and this wrapper's own."""
+        env, mujoco = self._env, load().mujoco
+        what = mujoco.mjtState.mjSTATE_INTEGRATION
+        physics = np.empty(mujoco.mj_stateSize(env.model, what))
+        mujoco.mj_getState(env.model, env.data, physics, what)
+        kept = {name: getattr(env, name) for name in ("curr_path_length", "_prev_obs", "_last_stable_obs",
+                                                      "_did_see_sim_exception")}
+        return physics, kept, self._observation.copy(), self._steps, self._success
+
+    def _restore(self, saved: tuple[Any, ...]) -> None:
+        env, mujoco = self._env, load().mujoco
+        physics, kept, self._observation, self._steps, self._success = saved
+        mujoco.mj_setState(env.model, env.data, physics, mujoco.mjtState.mjSTATE_INTEGRATION)
+        mujoco.mj_forward(env.model, env.data)  # the derived quantities (site positions a frame draws) follow
+        for name, value in kept.items():
+            setattr(env, name, value)
+
     def close(self) -> None:
         """Frees the camera's GL context and the simulation."""
         self._camera.close()
