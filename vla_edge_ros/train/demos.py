@@ -49,16 +49,19 @@ class Demo:
 
     task: str
     frames: np.ndarray     # [F, S, S, 3] uint8
-    chunks: np.ndarray     # [F, H, 2] float32 in [-1, 1]: the expert's chunk for each frame (``expert_chunk``)
-    where: np.ndarray      # [F, 4] float32: robot (x, y) and goal (x, y) in world units, privileged
+    chunks: np.ndarray     # [F, H, dof] float32 in [-1, 1]: the expert's chunk for each frame (``expert_chunk``;
+                           # Meta-World's: ``arm_demos.py``)
+    where: np.ndarray      # [F, 4] float32: robot (x, y) and goal (x, y) in world units, privileged (Meta-World:
+                           # the object's and the goal's)
     cue_frames: int        # leading frames that show the cue (every frame in reach)
     success: bool
-    states: np.ndarray     # [F, 6] float32: the robot's odometry at each frame (``CueReachEnv.odometry``)
+    states: np.ndarray     # [F, 6] float32: the robot's odometry at each frame (``CueReachEnv.odometry``; the arm's
+                           # [F, 4] x, y, z, gripper)
     prompt: tuple[int, ...]  # the ids every sequence of the episode starts with (``wording.py``)
 
     @property
     def commands(self) -> np.ndarray:
-        """[F, 2]: the expert's command at each frame (each chunk's first action)."""
+        """[F, dof]: the expert's command at each frame (each chunk's first action)."""
         return self.chunks[:, 0]
 
 
@@ -114,11 +117,17 @@ def cue_frames(spec: TaskSpec, count: int) -> int:
     return spec.frames(spec.cue_s) if spec.name == "cue-reach" else count
 
 
+def demo_seed(seed: int, episode: int) -> int:
+    """The world's seed of a phase's ``episode``-th demonstration, disjoint from evaluation's (which start at 0):
+    ``seed * 1_000_003 + 10**6 + episode``."""
+    return seed * 1_000_003 + 10**6 + episode
+
+
 def record_demos(specs: list[TaskSpec], episodes: int, seed: int, image_size: int, wording: Wording = FIXED,
                  chunk: int = 1) -> list[Demo]:
-    """``episodes`` demonstrations, tasks alternating, episode seeds disjoint from evaluation's (which
-    start at 0): ``seed * 1_000_003 + 10**6 + i``; each frame labelled with a chunk of ``chunk`` actions."""
-    return [record_demo(specs[i % len(specs)], seed * 1_000_003 + 10**6 + i, image_size, wording, chunk=chunk)
+    """``episodes`` demonstrations, tasks alternating, episode seeds ``demo_seed``; each frame labelled with a
+    chunk of ``chunk`` actions."""
+    return [record_demo(specs[i % len(specs)], demo_seed(seed, i), image_size, wording, chunk=chunk)
             for i in range(episodes)]
 
 

@@ -12,6 +12,9 @@ from dataclasses import MISSING, dataclass, field, replace
 from typing import Any
 
 from ..model.init_model import PRESETS, STORAGE_DTYPES
+from ..worlds.metaworld.camera import CAMERAS
+from ..worlds.metaworld.tasks import MT10
+from ..worlds.metaworld.tasks import TASKS as ARM_TASKS
 from .wording import DEFAULT_PROMPT, FIELD
 
 STAGES = ("perception", "bc", "aura", "dms")  # in the order they run
@@ -21,6 +24,10 @@ TRAINABLE_PRESETS = tuple(name for name, config in PRESETS.items()
 TRAINABLE_HEADS = ("linear", "mlp")  # the continuous heads (model/action_head.py); bins is not trained here
 
 DEMONSTRATED_TASKS = ("reach", "cue-reach", "lang-reach", "chase")  # the scripted expert demonstrates each
+SIM, METAWORLD = "sim", "metaworld"  # the worlds a phase trains on: the package's 2-D world, Meta-World's arm
+WORLDS = (SIM, METAWORLD)
+WORLD_TASKS = {SIM: DEMONSTRATED_TASKS, METAWORLD: ARM_TASKS}  # each world's scripted experts
+ARM_STAGES = ("perception", "bc")  # aura and dms learn the 2-D world's memory tasks; Meta-World's need no memory
 
 
 def knob(doc: str, default: Any = MISSING, *, minimum: float | None = None, maximum: float | None = None,
@@ -104,13 +111,30 @@ class DmsSpec(EpisodeStageSpec):
 
 
 @dataclass(frozen=True)
+class MetaWorldSpec:
+    """How a ``world: metaworld`` phase records its demonstrations (``train/arm_demos.py``)."""
+
+    camera: str = knob("the camera the frames come from (evaluate drives the arm with corner2's)", "corner2",
+                       choices=CAMERAS)
+    noise: float = knob("std of the correlated noise added to the expert's displacement while recording (DART); every "
+                        "frame is still labelled with the clean expert's plan from the state it shows (0: plain "
+                        "behaviour cloning, the expert's own path)", 0.0, minimum=0.0, maximum=1.0)
+
+
+@dataclass(frozen=True)
 class TrainSpec:
     """Everything that decides the trained weights of one phase. Defaults: ~30 min on a 2-core x86 CPU (the
     aura stage, unrolled frame by frame, ~1.4 s a step)."""
 
     seed: int = knob("seeds the demonstrations, the fresh weights and every sampled batch", 0,
                      minimum=0, maximum=2**32 - 1)
+    world: str = knob("the world the demonstrations come from: sim (the 2-D world) or metaworld (Meta-World's arm: "
+                      "4-D action and state, each task's description as the instruction)", SIM, choices=WORLDS)
     preset: str = knob("the model's shape (model/init_model.py)", "sim", choices=TRAINABLE_PRESETS)
+    image_size: int = knob("the frames' side in pixels, cut into 4 x 4 patches (16 tokens a frame)", 64,
+                           minimum=16, maximum=256)
+    blind: bool = knob("the frame encoder's pixel weights held at zero, so every frame gives the same tokens: a "
+                       "state-only baseline in the checkpoint format of the camera policy (needs state)", False)
     dtype: str = knob("storage dtype of model.safetensors", "bfloat16", choices=STORAGE_DTYPES)
     head: str = knob("the action head: linear (one action a cycle, tanh(W h + b), MSE) or mlp (OpenVLA-OFT's "
                      "continuous chunk head, L1); a phase whose head differs from its checkpoint's starts the "
@@ -126,8 +150,9 @@ class TrainSpec:
         "chat-templated by the checkpoint's tokenizer (trained on them unless the phase starts from a checkpoint "
         "with one), lang-reach's naming its goal; empty: every sequence starts with prompt_ids", ())
     state: bool = knob("the model reads the robot's odometry as one token after each frame (vla.state)", False)
-    tasks: tuple[str, ...] = knob("the demonstrations alternate between these tasks", ("reach", "cue-reach"),
-                                  choices=DEMONSTRATED_TASKS)
+    tasks: tuple[str, ...] = knob("the demonstrations alternate between these tasks (the world's: the 2-D world's, or "
+                                  "Meta-World's names)", ("reach", "cue-reach"),
+                                  choices=DEMONSTRATED_TASKS + ARM_TASKS)
     episodes: int = knob("scripted-expert demonstrations for bc, aura and dms", 1200, minimum=1, maximum=100_000)
     stages: tuple[str, ...] = knob("the stages that run, always in the order perception, bc, aura, dms", STAGES,
                                    choices=STAGES)
@@ -138,6 +163,7 @@ class TrainSpec:
     aura: AuraSpec = knob("the aura memory (and with train_decoder the decoder)",
                           AuraSpec(steps=500, batch=8, lr=3e-3))
     dms: DmsSpec = knob("the dms gates on the frozen decoder", DmsSpec(steps=100, batch=2, lr=2e-2, max_frames=64))
+    metaworld: MetaWorldSpec = knob("world metaworld: how its demonstrations are recorded", MetaWorldSpec())
 
     def __post_init__(self) -> None:
         if len(set(self.stages)) != len(self.stages):
@@ -162,6 +188,32 @@ class TrainSpec:
                              f"got {list(self.aura.tasks)}")
         if self.aura.fresh and "aura" not in self.stages:
             raise ValueError("aura.fresh needs the aura stage: a fresh memory must be trained")
+        if self.image_size % 4:
+            raise ValueError(f"image_size: a frame is cut into 4 x 4 patches, so its side must be a multiple of 4, got "
+                             f"{self.image_size}")
+        if self.blind and not self.state:
+            raise ValueError("blind: a model that sees no frames needs the robot's state (state: true)")
+        self._check_world()
+
+    def _check_world(self) -> None:
+        """The rules a world puts on the tasks, stages, instructions and its own knobs."""
+        strangers = [task for task in self.tasks if task not in WORLD_TASKS[self.world]]
+        if strangers:
+            known = "Meta-World's names, e.g. MT10's " if self.world == METAWORLD else ""
+            shown = MT10 if self.world == METAWORLD else WORLD_TASKS[self.world]
+            raise ValueError(f"tasks: {strangers} are not the {self.world} world's; its scripted experts demonstrate "
+                             f"{known}{', '.join(shown)}")
+        if self.world == SIM:
+            if self.metaworld != MetaWorldSpec():
+                raise ValueError("metaworld: its knobs are for world: metaworld")
+            return
+        memory = [stage for stage in self.stages if stage not in ARM_STAGES]
+        if memory:
+            raise ValueError(f"stages: {memory} learn the 2-D world's memory tasks; the metaworld world trains "
+                             f"{list(ARM_STAGES)}: set stages to those")
+        if self.instructions:
+            raise ValueError("instructions: the metaworld world's instruction is each task's description "
+                             "(worlds/metaworld DESCRIPTIONS); leave instructions empty")
 
     @property
     def demo_batch(self) -> int:

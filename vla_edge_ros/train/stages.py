@@ -215,6 +215,19 @@ def perception(model: VlaModel, spec: StageSpec, rng: np.random.Generator, tasks
     _fit_actions(model, spec, views, progress)
 
 
+def demo_perception(model: VlaModel, demos: list[Demo], spec: StageSpec, rng: np.random.Generator,
+                    progress: Progress) -> None:
+    """``perception`` where fresh layouts cannot be posed at will (Meta-World's arm): each step ``spec.batch``
+    single frames, each from a random demonstration (distinct ones while there are enough), alone with its prompt,
+    so a batch spans as many layouts as it can and no frame history can stand in for what the frame shows."""
+    def views() -> Iterator[Batch]:
+        for _ in range(spec.steps):
+            chosen = [demos[i] for i in rng.choice(len(demos), size=spec.batch, replace=spec.batch > len(demos))]
+            yield make_batch(chosen, [rng.integers(len(demo.frames), size=1) for demo in chosen])
+
+    _fit_actions(model, spec, views(), progress)
+
+
 def _fit_actions(model: VlaModel, spec: StageSpec, steps: Iterator[Batch], progress: Progress) -> None:
     """Decoder, encoder and head on the action error of every valid frame of ``steps``' batches, plus
     ``WHERE_WEIGHT`` x the error of ``where_head``'s robot and goal positions (see ``VlaModel``)."""

@@ -378,6 +378,7 @@ class VlaModel(nn.Module):
         for layer in self.model.layers:
             layer.self_attn.dms_gate = nn.Linear(c.hidden_size, c.num_key_value_heads)
         self.memory_goal_head = nn.Linear(c.hidden_size, 2)
+        self.blind = False
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -405,6 +406,15 @@ class VlaModel(nn.Module):
             self.vision.patch_proj.weight.copy_(smooth_patch_filters(self.c.hidden_size, self.c.vision.patch_size))
 
     
+
+    def close_camera(self) -> None:
+        """Hold the frame encoder's pixel weights at zero from now on (``TrainSpec.blind``): every frame then gives
+        the same tokens (the patch bias plus the position code), in training and in the engine that loads the
+        checkpoint, so the model acts on its prompt and the robot's state alone, in the camera model's format."""
+        with torch.no_grad():
+            self.vision.patch_proj.weight.zero_()
+        self.vision.patch_proj.weight.requires_grad_(False)
+        self.blind = True
 
     def prompt_embeddings(self, prompt_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(prompt_ids)
@@ -435,7 +445,9 @@ class VlaModel(nn.Module):
         """Everything the behaviour-cloning stage trains: decoder, frame encoder, state projection, action head."""
         decoder = [p for name, p in self.model.named_parameters() if ".dms_gate." not in name]
         state = [] if self.state_proj is None else list(self.state_proj.parameters())
-        return [*decoder, *self.vision.parameters(), *state, *self.action_head.parameters()]
+        closed = self.vision.patch_proj.weight if self.blind else None  # ``close_camera``: never trained
+        vision = [p for p in self.vision.parameters() if p is not closed]
+        return [*decoder, *vision, *state, *self.action_head.parameters()]
 
     def dms_parameters(self) -> list[nn.Parameter]:
         return [p for layer in self.model.layers for p in layer.self_attn.dms_gate.parameters()]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -19,52 +19,69 @@ import numpy as np
 import torch
 
 from ..model.checkpoint import load_checkpoint
-from ..model.config import ModelConfig
+from ..model.config import ModelConfig, StateConfig, load_model_config
 from ..model.init_model import AURA_DIM, preset, write_model
 from ..model.instruction import TEMPLATE_FILE, InstructionTokenizer
 from ..model.tokenizer_files import write_tokenizer
+from ..worlds.metaworld import ACTION, description
 from ..worlds.sim.world import TaskSpec
-from .demos import odometry_statistics, record_demos
+from .arm_demos import ArmEpisode, arm_episodes, arm_state_statistics, record_arm_demos
+from .demos import Demo, odometry_statistics, record_demos
 from .recipe import Recipe
-from .spec import TrainSpec
-from .stages import behaviour_cloning, perception, train_aura, train_dms
+from .spec import METAWORLD, TrainSpec
+from .stages import behaviour_cloning, demo_perception, perception, train_aura, train_dms
 from .torch_model import VlaModel
 from .train_log import LOG_NAME, PhaseLog, write_log
-from .wording import Wording, corpus
+from .wording import Wording, arm_corpus, corpus
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", TEMPLATE_FILE)
 
 StageProgress = Callable[[str, int, int, dict[str, float]], None]
+# records a phase's Meta-World demonstrations, in order, their prompts left empty (the phase's name, for files)
+ArmRecording = Callable[[str, list[ArmEpisode]], list[Demo]]
 
 
-def train_recipe(recipe: Recipe, out: Path, progress: StageProgress = lambda *args: None) -> list[PhaseLog]:
+def train_recipe(recipe: Recipe, out: Path, progress: StageProgress = lambda *args: None,
+                 record_arm: ArmRecording = record_arm_demos) -> list[PhaseLog]:
     """Every phase of ``recipe`` where ``Recipe.chained`` puts it, ``out/train_log.json`` rewritten after each;
-    ``progress`` sees each stage as "<phase> <stage>"."""
+    ``progress`` sees each stage as "<phase> <stage>"; ``record_arm`` records Meta-World's demonstrations (the
+    command line's runs them on ``--workers`` processes)."""
     logs: list[PhaseLog] = []
     for phase, where in recipe.chained(out):
         def tagged(stage: str, step: int, steps: int, figures: dict[str, float], name: str = phase.name) -> None:
             progress(f"{name} {stage}", step, steps, figures)
 
-        logs.append(train(phase.spec, where, phase.name, tagged))
+        logs.append(train(phase.spec, where, phase.name, tagged, record_arm))
         write_log(out / LOG_NAME, logs)
     return logs
 
 
-def train(spec: TrainSpec, out: Path, name: str, progress: StageProgress = lambda *args: None) -> PhaseLog:
-    """One phase ``name``: every stage ``spec`` runs, the checkpoint written to ``out``."""
-    config = phase_config(spec)
+def train(spec: TrainSpec, out: Path, name: str, progress: StageProgress = lambda *args: None,
+          record_arm: ArmRecording = record_arm_demos) -> PhaseLog:
+    """One phase ``name``: every stage ``spec`` runs, the checkpoint written to ``out``. Meta-World's
+    demonstrations are recorded first: the state token's statistics come from them."""
+    started = time.perf_counter()
+    arm_demos = record_arm(name, arm_episodes(spec)) if spec.world == METAWORLD else []
+    recorded = time.perf_counter() - started
+    config = phase_config(spec, arm_demos)
     torch.manual_seed(spec.seed)
     rng = np.random.default_rng(spec.seed)
     log = PhaseLog(name, asdict(spec))
     model = VlaModel(config, AURA_DIM)
     if spec.init_from is not None:
         load_weights(model, Path(spec.init_from), fresh_memory=spec.aura.fresh)
+    if spec.blind:
+        model.close_camera()
     wording = phase_wording(spec, config, out)
     started = time.perf_counter()
-    demos = record_demos([TaskSpec(name=task) for task in spec.tasks], spec.episodes, spec.seed,
-                         config.vision.image_size, wording, config.action.chunk) \
-        if set(spec.stages) - {"perception"} else []
-    log.seconds["demos"] = time.perf_counter() - started
+    if spec.world == METAWORLD:
+        demos = [replace(demo, prompt=wording.spoken(description(demo.task))) for demo in arm_demos]
+    elif set(spec.stages) - {"perception"}:
+        demos = record_demos([TaskSpec(name=task) for task in spec.tasks], spec.episodes, spec.seed,
+                             config.vision.image_size, wording, config.action.chunk)
+    else:
+        demos = []
+    log.seconds["demos"] = recorded + time.perf_counter() - started
     log.demos = {"episodes": len(demos), "frames": int(sum(len(d.frames) for d in demos)),
                  "expert_success": float(np.mean([d.success for d in demos])) if demos else None}
     def run(stage: str, steps: int, body: Callable[[Callable[[int, dict[str, float]], None]], None]) -> None:
@@ -82,8 +99,11 @@ def train(spec: TrainSpec, out: Path, name: str, progress: StageProgress = lambd
         log.stages[stage] = rows
         log.seconds[stage] = time.perf_counter() - begin
 
-    run("perception", spec.perception.steps,
-        lambda step: perception(model, spec.perception, rng, spec.tasks, wording, step))
+    if spec.world == METAWORLD:  # single frames of the demonstrations: fresh layouts need a world we can pose
+        run("perception", spec.perception.steps, lambda step: demo_perception(model, demos, spec.perception, rng, step))
+    else:
+        run("perception", spec.perception.steps,
+            lambda step: perception(model, spec.perception, rng, spec.tasks, wording, step))
     run("bc", spec.bc.steps, lambda step: behaviour_cloning(model, demos, spec.bc, rng, step))
     run("aura", spec.aura.memory_warmup + spec.aura.steps,
         lambda step: train_aura(model, demos, wording, spec.aura, rng, step))
@@ -92,32 +112,48 @@ def train(spec: TrainSpec, out: Path, name: str, progress: StageProgress = lambd
     return log
 
 
-def phase_config(spec: TrainSpec) -> ModelConfig:
-    """The model a phase trains: its preset, the action head and chunk it names (written to config.json's
-    ``vla.action``, so the engine decodes the chunk), and the state token when it reads one."""
+def phase_config(spec: TrainSpec, arm_demos: Sequence[Demo] = ()) -> ModelConfig:
+    """The model a phase trains: its preset, its frames' size (4 x 4 patches), the action head and chunk it names
+    (written to config.json's ``vla.action``, so the engine decodes the chunk) in the world's action (the 2-D
+    world's 2-D velocity, the arm's 4-D action), and the state token when it reads one: the odometry normalised by
+    the 2-D world's geometry, or the arm's state by its statistics (``arm_state_statistics`` of the phase's
+    demonstrations, or of the checkpoint it starts from, whose weights learned those)."""
     config = preset(spec.preset)
-    action = replace(config.action, head=spec.head, chunk=spec.chunk,
+    arm = spec.world == METAWORLD
+    action = replace(config.action, head=spec.head, chunk=spec.chunk, dof=len(ACTION) if arm else config.action.dof,
                      mlp_hidden=spec.mlp_hidden if spec.head == "mlp" else 0)
-    config = replace(config, action=action)
+    vision = replace(config.vision, image_size=spec.image_size, patch_size=spec.image_size // 4)
+    config = replace(config, action=action, vision=vision)
     if spec.state:
-        config = replace(config, state=odometry_statistics(TaskSpec()))
+        config = replace(config, state=arm_state(spec, arm_demos) if arm else odometry_statistics(TaskSpec()))
     config.validate_vla()
     return config
+
+
+def arm_state(spec: TrainSpec, demos: Sequence[Demo]) -> StateConfig:
+    """The arm's state normalisation: the starting checkpoint's, when it reads the state, else the demonstrations'."""
+    if spec.init_from is not None:
+        started = load_model_config(spec.init_from).state
+        if started is not None:
+            return started
+    return arm_state_statistics(demos)
 
 
 def phase_wording(spec: TrainSpec, config: ModelConfig, out: Path) -> Wording:
     """How the phase words its sequences. The tokenizer, when the phase has one, is in ``out`` before any
     sequence is made: the one of the checkpoint it starts from (its embeddings learned those ids), else a new
-    one trained on the phase's instructions (``wording.corpus``)."""
+    one trained on the phase's instructions (``wording.corpus``), or on Meta-World's task descriptions
+    (``wording.arm_corpus``), which a ``world: metaworld`` phase always words its episodes with."""
     source = None if spec.init_from is None else Path(spec.init_from)
+    arm = spec.world == METAWORLD  # its instruction is always in words: each task's description
     if source is not None and (source / "tokenizer.json").is_file():
-        if not spec.instructions:
+        if not spec.instructions and not arm:
             raise ValueError(f"{source} was trained on instructions in words: give the phase its instructions")
         out.mkdir(parents=True, exist_ok=True)
         for name in TOKENIZER_FILES:
             shutil.copyfile(source / name, out / name)
-    elif spec.instructions:
-        write_tokenizer(out, corpus(spec.instructions), config.vocab_size)
+    elif spec.instructions or arm:
+        write_tokenizer(out, arm_corpus() if arm else corpus(spec.instructions), config.vocab_size)
     tokenizer = InstructionTokenizer.load(out, config.vocab_size) if (out / "tokenizer.json").is_file() else None
     return Wording(spec.instructions, spec.prompt_ids, tokenizer)
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model.instruction import InstructionTokenizer
+from ..worlds.metaworld.tasks import DESCRIPTIONS
 from ..worlds.sim import render
 from ..worlds.sim.world import CueReachEnv
 
@@ -35,6 +36,12 @@ def corpus(templates: Sequence[str]) -> list[str]:
     """The texts the tokenizer is trained on: every template with every colour, and the chat template's role
     names (otherwise spelled out letter by letter in every prompt)."""
     return [*CHAT_ROLES, *(template.replace(FIELD, colour) for template in templates for colour in render.COLOUR_NAMES)]
+
+
+def arm_corpus() -> list[str]:
+    """What a Meta-World policy's tokenizer is trained on: every task's description (all 50, so the ids of a task
+    outside the phase's are whole words too), and the chat template's role names."""
+    return [*CHAT_ROLES, *DESCRIPTIONS.values()]
 
 
 @dataclass(frozen=True)
@@ -67,7 +74,14 @@ class Wording:
         """The prompt ids of ``instruction`` (of ``instruction``'s episode)."""
         if not self.templates:
             return self.fixed
-        return tuple(int(i) for i in self.tokenizer.prompt_ids(instruction, MAX_TOKENS))
+        return self.spoken(instruction)
+
+    def spoken(self, text: str) -> tuple[int, ...]:
+        """The prompt ids of ``text`` as the runtime makes them of ``reasoning.instruction``: chat-templated and
+        tokenized by the checkpoint's tokenizer (Meta-World's instruction, a task's description, always is)."""
+        if self.tokenizer is None:
+            raise ValueError("an instruction in words needs the checkpoint's tokenizer")
+        return tuple(int(i) for i in self.tokenizer.prompt_ids(text, MAX_TOKENS))
 
 
 FIXED = Wording((), DEFAULT_PROMPT)  # the first checkpoints' wording: the same ids before every sequence

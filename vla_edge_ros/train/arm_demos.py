@@ -1,0 +1,190 @@
+"""Demonstrations of Meta-World's scripted experts, for a ``world: metaworld`` phase.
+
+An episode is the wheel's scripted expert solving one task from one seed's layout, recorded as the runtime will
+see the arm under ``vla-edge evaluate``: each step's frame from ``MetaWorldSpec.camera`` at evaluation's size
+(``ArmSpec``'s 96 x 96), resized to the model's as the engine resizes it, and the arm's 4-D state (x, y, z,
+gripper). The instruction is the task's description (the trainer words it: ``wording.arm_corpus``).
+
+The label of every frame is the expert's *plan*: its next H actions, each executed from where the one before
+left the arm (``MetaWorldEnv.expert_plan``). Action 0 is the expert's action for the frame's state. On the
+expert's own path (``noise`` 0) the plan is what the episode goes on to execute, so it is read off the episode
+(and its last frames' from H - 1 steps the expert runs past the recorded end, unrendered); with ``noise`` the
+arm is driven by the expert's action plus correlated noise on the displacement (an Ornstein-Uhlenbeck process,
+the 2-D world's DART), and each frame's plan is computed from the state it shows, the episode then put back as
+it was. The gripper's effort gets no noise: the experts command it fully open or closed.
+
+``where`` (privileged, for the training-only ``where_head``) is the object's and the goal's (x, y), mapped
+from the table to about [0, 1]. A demonstration stops at success, or where the plan of its last frame would
+run past Meta-World's 500-step limit.
+
+Rendering costs about 20 ms a frame on a CPU and the physics under 1 ms a step, so demonstrations are recorded
+as units of ``tools/parallel.py`` where the command line runs them (``vla-edge train --workers``): a unit is one
+episode (``ArmEpisode``), its result a compressed ``.npz`` file beside the run (``save_demo``); here they are
+also recorded in this process, one after the other (``record_arm_demos``). An environment is kept per task and
+reused, ``reset(seed)`` posing each layout, so a demonstration depends on its episode alone.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..model.config import StateConfig
+from ..model.vision import resize_frame
+from ..worlds.metaworld import STATE, ArmSpec, MetaWorldEnv
+from ..worlds.metaworld.spec import MAX_PATH_LENGTH
+from .demos import NOISE_THETA, Demo, demo_seed
+from .spec import TrainSpec
+
+DEMO_SCHEMA = "vla_edge_ros.arm_demo/1"  # what a unit's .npz holds; part of a parallel run's identity
+OBJECT, GOAL = slice(4, 6), slice(36, 38)  # the object's and the goal's (x, y) in the 39-value observation
+TABLE_LOW, TABLE_SPAN = np.array([-0.5, 0.3]), np.array([1.0, 0.8])  # x, y (m) of the table -> about [0, 1]
+MIN_STATE_STD = 1e-3  # a state value that hardly moves in the demonstrations is not blown up by its tiny std
+
+
+@dataclass(frozen=True)
+class ArmEpisode:
+    """One demonstration to record: everything its frames, states and labels depend on (a parallel unit's spec)."""
+
+    task: str
+    seed: int
+    camera: str = "corner2"
+    image_size: int = 64
+    chunk: int = 1
+    noise: float = 0.0
+    render: bool = True  # False (a blind model's): every frame is zeros, nothing is drawn
+
+    @property
+    def key(self) -> str:
+        """File-name safe and unique within a phase: the task and the seed."""
+        return f"{self.task}-{self.seed}"
+
+
+def arm_episodes(spec: TrainSpec) -> list[ArmEpisode]:
+    """A phase's demonstrations: ``spec.episodes`` of them, the tasks alternating, seeds ``demos.demo_seed``."""
+    return [ArmEpisode(task=spec.tasks[i % len(spec.tasks)], seed=demo_seed(spec.seed, i),
+                       camera=spec.metaworld.camera, image_size=spec.image_size, chunk=spec.chunk,
+                       noise=spec.metaworld.noise, render=not spec.blind) for i in range(spec.episodes)]
+
+
+def arm_where(observation: np.ndarray) -> np.ndarray:
+    """(object x, y, goal x, y) from the full observation, mapped from the table to about [0, 1]."""
+    return np.concatenate([(observation[OBJECT] - TABLE_LOW) / TABLE_SPAN,
+                           (observation[GOAL] - TABLE_LOW) / TABLE_SPAN]).astype(np.float32)
+
+
+class ArmRecorder:
+    """Records episodes, one Meta-World environment per (task, camera) kept open between them."""
+
+    def __init__(self) -> None:
+        self._envs: dict[tuple[str, str], MetaWorldEnv] = {}
+
+    def record(self, episode: ArmEpisode) -> Demo:
+        """The demonstration of ``episode`` (see the module doc); its prompt is left empty for the trainer."""
+        env = self._env(episode)
+        env.reset(episode.seed)
+        rng = np.random.default_rng([episode.seed, 1])
+        limit = MAX_PATH_LENGTH - episode.chunk + 1  # every recorded frame's plan stays within the step limit
+        blank = np.zeros((episode.image_size, episode.image_size, 3), np.uint8)
+        noise = np.zeros(3)
+        frames, plans, executed, where, states = [], [], [], [], []
+        while len(frames) < limit:
+            frames.append(resize_frame(env.frame(), episode.image_size) if episode.render else blank)
+            where.append(arm_where(env.observation))
+            states.append(env.state.astype(np.float32))
+            if episode.noise:
+                plans.append(env.expert_plan(episode.chunk))
+                command = plans[-1][0].astype(np.float64)
+                noise += -NOISE_THETA * noise + episode.noise * np.sqrt(2 * NOISE_THETA) * rng.standard_normal(3)
+                command[:3] += noise
+            else:
+                command = env.expert_action()
+            executed.append(env.step(command, render=False).action)
+            if env.success:
+                break
+        success = env.success
+        if not episode.noise:  # the expert's own path: the plans are what it executed, and H - 1 steps more
+            for _ in range(episode.chunk - 1):
+                executed.append(env.step(env.expert_action(), render=False).action)
+            plans = [executed[i:i + episode.chunk] for i in range(len(frames))]
+        return Demo(episode.task, np.stack(frames), np.asarray(plans, np.float32), np.stack(where), len(frames),
+                    success, np.stack(states), ())
+
+    def _env(self, episode: ArmEpisode) -> MetaWorldEnv:
+        key = (episode.task, episode.camera)
+        if key not in self._envs:
+            self._envs[key] = MetaWorldEnv(ArmSpec(task=episode.task, camera=episode.camera), episode.seed)
+        return self._envs[key]
+
+    def close(self) -> None:
+        """Frees every environment's GL context and simulation."""
+        for env in self._envs.values():
+            env.close()
+        self._envs.clear()
+
+
+def record_arm_demos(phase: str, episodes: list[ArmEpisode]) -> list[Demo]:
+    """Every episode in this process, in order (the trainer's default; ``vla-edge train`` runs them as units)."""
+    recorder = ArmRecorder()
+    try:
+        return [recorder.record(episode) for episode in episodes]
+    finally:
+        recorder.close()
+
+
+def arm_state_statistics(demos: Sequence[Demo]) -> StateConfig:
+    """``vla.state``'s normalisation of the arm's state: the mean and std of every frame's state in ``demos``."""
+    states = np.concatenate([demo.states for demo in demos]).astype(np.float64)
+    std = np.maximum(states.std(axis=0), MIN_STATE_STD)
+    return StateConfig(len(STATE), tuple(float(v) for v in states.mean(axis=0)), tuple(float(v) for v in std))
+
+
+# --- demonstrations as units of tools/parallel.py ---------------------------------------------------------------
+
+
+def save_demo(demo: Demo, path: Path) -> None:
+    """``demo`` (without its prompt, which the trainer words) as a compressed .npz, written whole or not at all."""
+    temporary = path.with_name(path.name + ".tmp.npz")
+    np.savez_compressed(temporary, schema=DEMO_SCHEMA, task=demo.task, frames=demo.frames, chunks=demo.chunks,
+                        where=demo.where, states=demo.states, success=demo.success)
+    temporary.replace(path)
+
+
+def load_demo(path: Path) -> Demo:
+    """A demonstration ``save_demo`` wrote; ValueError for a file of another kind."""
+    with np.load(path) as stored:
+        if str(stored["schema"]) != DEMO_SCHEMA:
+            raise ValueError(f"{path}: not a Meta-World demonstration of this version ({DEMO_SCHEMA})")
+        frames = stored["frames"]
+        return Demo(str(stored["task"]), frames, stored["chunks"], stored["where"], len(frames),
+                    bool(stored["success"]), stored["states"], ())
+
+
+def unit_recorder(directory: str) -> tuple[ArmRecorder, Path]:
+    """A worker's state (``Job.prepare``): its recorder and where the demonstrations go."""
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    return ArmRecorder(), path
+
+
+def record_unit(state: tuple[ArmRecorder, Path], spec: tuple[str, ArmEpisode]) -> dict[str, Any]:
+    """One unit (``Job.work``) of spec (the unit's key, its episode): the episode recorded and saved as
+    ``<key>.npz``; the result names the file and sums it up."""
+    recorder, directory = state
+    key, episode = spec
+    demo = recorder.record(episode)
+    name = f"{key}.npz"
+    save_demo(demo, directory / name)
+    return {"file": name, "frames": len(demo.frames), "success": demo.success}
+
+
+def episodes_identity(episodes: list[ArmEpisode]) -> str:
+    """What a unit's result depends on besides its key (task and seed), for ``Job.identity``: the schema and the
+    recording settings, so that a demonstration recorded with other settings is never resumed."""
+    settings = sorted({(e.camera, e.image_size, e.chunk, e.noise, e.render) for e in episodes})
+    return json.dumps([DEMO_SCHEMA, settings])
