@@ -9,7 +9,9 @@ sequence starts with the phase's fixed ``prompt_ids``, as the first checkpoints 
 
 The tokenizer is a byte-level BPE trained on the templates with every colour filled in (``corpus``), so a
 phrasing it never saw still tokenizes; a phase that starts from a checkpoint with a tokenizer keeps that one
-(its token ids are what the embeddings learned).
+(its token ids are what the embeddings learned). Meta-World's instruction is always in words: each task's
+description (``arm_corpus`` trains the tokenizer on all fifty), worded by ``Wording.spoken``, as ``vla-edge
+evaluate`` sets it as ``reasoning.instruction``.
 """
 
 from __future__ import annotations
