@@ -48,6 +48,7 @@ Progress = Callable[[int, dict[str, float]], None]
 T = TypeVar("T")
 VIEWS_PER_LAYOUT = 8
 WHERE_WEIGHT = 1.0
+GOAL_STILL = 1e-6  # a goal within this of where frame 0 showed it has not moved ([-1, 1] units)
 WARMUP_PAIRS = 64  # the memory warm-up's batch: cue + later frame of this many episodes
 AURA_OPEN_FRACTION = 1 / 3  # frozen decoder: the first steps write every frame, so the read-out learns before the gate may close
 
@@ -101,11 +102,12 @@ def goal_unmoved(batch: Batch) -> torch.Tensor:
     """[B, F] bool: the goal is where frame 0 showed it. The memory is asked where the goal is only there: a
     chase goal moves on after the written frame, so where it is later cannot be recalled, and with those frames
     in its regression the memory's error floored at 0.05 (0.006 without them) and aura fell to chance."""
-    return (batch.where[..., 2:] - batch.where[:, :1, 2:]).abs().amax(-1) < 1e-6
+    return (batch.where[..., 2:] - batch.where[:, :1, 2:]).abs().amax(-1) < GOAL_STILL
 
 
 def _static_goal(demo: Demo) -> bool:
-    return bool(np.ptp(demo.where[:, 2:], axis=0).max() == 0)
+    """Whether ``demo``'s goal stays where frame 0 showed it, by ``goal_unmoved``'s rule."""
+    return bool(np.abs(demo.where[:, 2:] - demo.where[:1, 2:]).max() < GOAL_STILL / 2)
 
 
 def batches(demos: list[Demo], spec: EpisodeStageSpec, rng: np.random.Generator, partial: bool) -> Iterator[Batch]:
