@@ -157,6 +157,15 @@ def test_sampled_frames_keep_order_and_the_start_when_they_keep_the_cue(demo):
     assert any(p[0] == 0 and (np.diff(p) > 1).any() for p in picks)  # start + recent past
 
 
+def test_strided_frames_end_at_the_last_and_keep_one_stride_per_sequence(demo):
+    rng = np.random.default_rng(0)
+    picks = [sample_frames(demo, rng, 100, max_stride=5) for _ in range(200)]
+    assert all(p[-1] == len(demo.frames) - 1 for p in picks)
+    strides = {int(np.diff(p).max()) for p in picks if p.size > 2 and p[0] > 0 and np.ptp(np.diff(p)) == 0}
+    assert strides == {1, 2, 3, 4, 5}  # sliding windows, each at one k drawn in [1, 5]
+    assert all((np.diff(p) > 5).sum() <= 1 for p in picks)  # the one gap: where the start meets the recent past
+
+
 def test_perception_views_are_labelled_with_the_expert_where_the_robot_stands():
     views = perception_samples(seed=11, image_size=64, count=5)
     frames, commands, where = views.frames, views.commands, views.where

@@ -44,7 +44,7 @@ NOT_REPRODUCIBLE = {
 # today's knobs that a flat spec predates: off, as they were
 # today's knobs that every logged phase predates (train/1 and train/2 alike): what the code of the time did
 LATER = {"aura.tasks": [], "world": "sim", "image_size": 64, "blind": False, "metaworld.camera": "corner2",
-         "metaworld.noise": 0.0}
+         "metaworld.noise": 0.0, "bc.max_stride": 1}
 PREDATED = {"aura.dagger_episodes": 0, "aura.dagger_rounds": 4, "instructions": [], "state": False, "head": "linear",
             "chunk": 1, "mlp_hidden": 128, **LATER}
 

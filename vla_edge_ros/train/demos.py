@@ -183,8 +183,9 @@ def perception_samples(seed: int, image_size: int, count: int, task: str = "reac
                  prompt)
 
 
-def sample_frames(demo: Demo, rng: np.random.Generator, max_frames: int) -> np.ndarray:
-    """Indices of the frames one training sequence keeps (see the module doc), at most ``max_frames``."""
+def sample_frames(demo: Demo, rng: np.random.Generator, max_frames: int, max_stride: int = 1) -> np.ndarray:
+    """Indices of the frames one training sequence keeps (see the module doc), at most ``max_frames``, every k-th
+    of them counted back from the last, k drawn in [1, ``max_stride``] (no draw at 1)."""
     count = len(demo.frames)
     kind = rng.choice(3, p=(0.5, 0.25, 0.25))
     if kind == 1 and count > 1:  # sliding window
@@ -194,4 +195,6 @@ def sample_frames(demo: Demo, rng: np.random.Generator, max_frames: int) -> np.n
         index = np.concatenate([np.arange(head), np.arange(rng.integers(head + 1, count), count)])
     else:
         index = np.arange(count)
+    if max_stride > 1:
+        index = index[::-1][::int(rng.integers(1, max_stride + 1))][::-1]
     return index[-max_frames:] if index.size > max_frames else index

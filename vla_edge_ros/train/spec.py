@@ -57,6 +57,16 @@ class EpisodeStageSpec(StageSpec):
 
 
 @dataclass(frozen=True)
+class BcSpec(EpisodeStageSpec):
+    """Behaviour cloning's sequences: ``EpisodeStageSpec``'s, thinned to the spacing of the engine's cycles."""
+
+    max_stride: int = knob("keep every k-th of a sequence's frames, k drawn in [1, max_stride] per sequence and "
+                           "counted back from its last frame: the engine's memory holds its cycles' frames, several "
+                           "control ticks apart where a chunk spans many ticks (Meta-World); 1: consecutive frames",
+                           1, minimum=1, maximum=1000)
+
+
+@dataclass(frozen=True)
 class AuraSpec(EpisodeStageSpec):
     """How the aura stage trains: delta-rule step, write-rate target and penalty; whether the decoder learns
     too (with its own lr and frame-history sequences beside the episodes); whether writes are supervised with
@@ -158,8 +168,7 @@ class TrainSpec:
                                    choices=STAGES)
     init_from: str | None = knob("checkpoint whose weights the phase starts from (None: fresh weights)", None)
     perception: StageSpec = knob("single frames that show what to do", StageSpec(steps=1000, batch=64, lr=1e-3))
-    bc: EpisodeStageSpec = knob("behaviour cloning on whole and partial episodes",
-                                EpisodeStageSpec(steps=900, batch=4, lr=1e-3))
+    bc: BcSpec = knob("behaviour cloning on whole and partial episodes", BcSpec(steps=900, batch=4, lr=1e-3))
     aura: AuraSpec = knob("the aura memory (and with train_decoder the decoder)",
                           AuraSpec(steps=500, batch=8, lr=3e-3))
     dms: DmsSpec = knob("the dms gates on the frozen decoder", DmsSpec(steps=100, batch=2, lr=2e-2, max_frames=64))

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from ..worlds.sim.world import TaskSpec
 from .demos import Demo, perception_samples, sample_frames
 from .rollouts import AuraPass, aura_frame, aura_rollouts
-from .spec import AuraSpec, DmsSpec, EpisodeStageSpec, StageSpec
+from .spec import AuraSpec, BcSpec, DmsSpec, EpisodeStageSpec, StageSpec
 from .torch_model import DmsMask, Prompts, VlaModel, straight_through
 from .wording import Wording
 
@@ -110,11 +110,13 @@ def _static_goal(demo: Demo) -> bool:
     return bool(np.abs(demo.where[:, 2:] - demo.where[:1, 2:]).max() < GOAL_STILL / 2)
 
 
-def batches(demos: list[Demo], spec: EpisodeStageSpec, rng: np.random.Generator, partial: bool) -> Iterator[Batch]:
-    """``spec.steps`` batches of random demos; ``partial`` samples frame subsets, else whole episodes."""
+def batches(demos: list[Demo], spec: EpisodeStageSpec, rng: np.random.Generator, partial: bool,
+            max_stride: int = 1) -> Iterator[Batch]:
+    """``spec.steps`` batches of random demos; ``partial`` samples frame subsets (``sample_frames``), else whole
+    episodes."""
     for _ in range(spec.steps):
         chosen = [demos[i] for i in rng.choice(len(demos), size=spec.batch, replace=False)]
-        picks = [sample_frames(d, rng, spec.max_frames) if partial else np.arange(min(len(d.frames), spec.max_frames))
+        picks = [sample_frames(d, rng, spec.max_frames, max_stride) if partial else np.arange(min(len(d.frames), spec.max_frames))
                  for d in chosen]
         yield make_batch(chosen, picks)
 
@@ -246,9 +248,9 @@ def _action_loss(model: VlaModel, batch: Batch) -> tuple[torch.Tensor, dict[str,
     return action + WHERE_WEIGHT * where, {"action": float(action.detach()), "where": float(where.detach())}
 
 
-def behaviour_cloning(model: VlaModel, demos: list[Demo], spec: EpisodeStageSpec, rng: np.random.Generator,
+def behaviour_cloning(model: VlaModel, demos: list[Demo], spec: BcSpec, rng: np.random.Generator,
                       progress: Progress) -> None:
-    _fit_actions(model, spec, batches(demos, spec, rng, partial=True), progress)
+    _fit_actions(model, spec, batches(demos, spec, rng, partial=True, max_stride=spec.max_stride), progress)
 
 
 def aura_unroll(model: VlaModel, batch: Batch, beta: float, forced: torch.Tensor | None = None) -> AuraPass:
