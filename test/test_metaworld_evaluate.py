@@ -132,6 +132,11 @@ def test_the_arm_steps_at_the_rate_evaluate_plans_on():
         assert step.path_length >= 0.0 and step.time_s == 1 / ARM_RATE_HZ
         message = world.state_message()
         assert message.name == ["x", "y", "z", "gripper"] and message.position == env.state.tolist()
+        assert step.frame.shape == (64, 64, 3)  # every step by default (a recorded bag's camera)
+        every_second = ArmWorld(env, 5, camera_every=2)
+        every_second.reset()
+        frames = [every_second.step(world.command(())).frame for _ in range(3)]
+        assert [frame is None for frame in frames] == [True, False, True]  # the camera's frames only
 
 
 def test_the_expert_row_succeeds_and_a_random_chunked_policy_runs_through_the_driver_deterministically(

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from ..config import Settings, load_settings
-from ..tools.arm_world import LIVE_CAMERA_RATE_HZ, PREFIX, arm_tasks
+from ..tools.arm_world import CAMERA_RATE_HZ, PREFIX, arm_tasks
 from ..worlds.sim.world import TASKS, TaskSpec
 from ..worlds.synthetic import RATE_HZ as SYNTHETIC_RATE_HZ
 
@@ -156,7 +156,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "phrasing, 'go to the {color} target')")
     p.add_argument("--camera-rate-hz", type=float, default=None,
                    help=f"the synthetic camera's frame rate (default {SYNTHETIC_RATE_HZ:g}), or the simulated arm's "
-                        f"(default {LIVE_CAMERA_RATE_HZ:g}: 80 Hz over a whole number of steps)")
+                        f"(default {CAMERA_RATE_HZ:g}: 80 Hz over a whole number of steps)")
     p.add_argument("--summary-json", type=Path, help="also write the final summary here")
     p.add_argument("--use-sim-time", action="store_true",
                    help="follow /clock, e.g. from `vla-edge play BAG --clock 100` (with --image-topic)")

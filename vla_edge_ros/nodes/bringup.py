@@ -41,7 +41,7 @@ from ..model.config import load_model_config
 from ..runtime.action_slot import ActionSlot
 from ..runtime.observation import SIM_ODOMETRY_TOPIC, observation_buffer, simulated_robot_observation
 from ..runtime.stop_signals import StopSignals
-from ..tools.arm_world import (ARM_STATE_TOPIC, LIVE_CAMERA_RATE_HZ, PREFIX, ArmTask, arm_observation, arm_tasks,
+from ..tools.arm_world import (ARM_STATE_TOPIC, CAMERA_RATE_HZ, PREFIX, ArmTask, arm_observation, arm_tasks,
                                is_arm_task)
 from ..worlds.synthetic import RATE_HZ as SYNTHETIC_RATE_HZ
 from .action_publisher import ActionPublisher
@@ -91,7 +91,7 @@ class Pipeline:
         if arm is not None:  # first: a machine without Meta-World or OSMesa is refused before anything loads
             self.sim = SimArmNode(arm, image_topic=camera["image_topic"], command_topic=publisher["command_topic"],
                                   command_type=publisher["command_type"], state_topic=camera["state_topic"] or
-                                  ARM_STATE_TOPIC, camera_rate_hz=camera_rate_hz or LIVE_CAMERA_RATE_HZ,
+                                  ARM_STATE_TOPIC, camera_rate_hz=camera_rate_hz or CAMERA_RATE_HZ,
                                   command_timeout_ms=publisher["action_timeout_ms"], **where)
         try:
             self._build(settings, where, synthetic_camera, camera_rate_hz or SYNTHETIC_RATE_HZ, sim_task,

@@ -14,9 +14,8 @@ size than 4 is dropped and counted; the arm keeps its last one.
 Rate. The arm steps at 80 Hz of wall time, one environment step (12.5 ms of simulated time) per period, as in
 evaluation, and ``vla-edge run`` sets the action publisher to 80 Hz too (``arm_observation``), so a chunk's
 actions are one step apart live as offline. The camera is slower: a frame every ``ARM_RATE_HZ /
-camera_rate_hz`` steps, 20 Hz by default (every 4th step). Evaluation renders every step, which costs nothing
-on its virtual clock; live, a 96 x 96 frame costs 20 to 40 ms of a CPU core (docs/metaworld.md), so 80 frames
-a second would need two cores on their own. 20 Hz costs about half a core, and still gives each chunk of 8
+camera_rate_hz`` steps, 20 Hz by default (every 4th step), as in evaluation. A 96 x 96 frame costs 20 to 40 ms
+of a CPU core (docs/metaworld.md), so 80 frames a second would need two cores on their own. 20 Hz costs about half a core, and still gives each chunk of 8
 actions (100 ms) two frames; with rtc the next chunk is wanted after half of one (4 steps, 50 ms): one frame.
 
 Threads. The arm steps on a thread of its own, as a simulator runs beside a robot's software rather than in
@@ -42,7 +41,7 @@ from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Float32MultiArray, Header
 
-from ..tools.arm_world import ARM_RATE_HZ, LIVE_CAMERA_RATE_HZ, ArmTask, arm_command, camera_period_steps
+from ..tools.arm_world import ARM_RATE_HZ, CAMERA_RATE_HZ, ArmTask, arm_command, camera_period_steps
 from ..worlds.metaworld import ACTION, STATE, MetaWorldEnv
 from .sim_world import Episodes
 from .synthetic_camera import image_message
@@ -54,7 +53,7 @@ class SimArmNode(Node):
     """Runs ``task`` episodes back to back on a thread of its own, driven by the 4-D actions of the command topic."""
 
     def __init__(self, task: ArmTask, *, image_topic: str, command_topic: str, command_type: str, state_topic: str,
-                 camera_rate_hz: float = LIVE_CAMERA_RATE_HZ, seed: int = 0, command_timeout_ms: float = 200.0,
+                 camera_rate_hz: float = CAMERA_RATE_HZ, seed: int = 0, command_timeout_ms: float = 200.0,
                  **node_kwargs: Any) -> None:
         """Refuses (ValueError, one line) another command type, a camera rate that does not divide 80 Hz, and a
         machine without Meta-World or OSMesa (``WorldUnavailable``), before the node joins the graph."""

@@ -38,7 +38,7 @@ ARM_RATE_HZ = 80.0  # Meta-World's step: 5 physics steps of 2.5 ms; ``ArmWorld``
 PREFIX = "metaworld/"  # --task metaworld/<name>-v3
 MT10_TASK = "mt10"  # --task mt10: the ten tasks of ``MT10``
 ARM_STATE_TOPIC = "arm/state"  # where the simulated arm's JointState would come from, when the config names none
-LIVE_CAMERA_RATE_HZ = 20.0  # run --sim's camera: a frame every 4th step (nodes/sim_arm.py says why)
+CAMERA_RATE_HZ = 20.0  # the arm's camera, live (run --sim) and in evaluate: a frame every 4th step (nodes/sim_arm.py)
 
 
 def camera_period_steps(camera_rate_hz: float) -> int:
@@ -146,7 +146,7 @@ def arm_command(values: Sequence[float]) -> np.ndarray:
 class ArmStep:
     """What one step did, in the terms the closed loop reads (as the 2-D world's ``StepResult``)."""
 
-    frame: np.ndarray
+    frame: np.ndarray | None  # None between the camera's frames
     time_s: float
     path_length: float  # metres the end effector travelled since reset
     done: bool
@@ -154,9 +154,11 @@ class ArmStep:
 
 
 class ArmWorld:
-    """The episode of ``seed`` on ``env`` (reused across episodes: ``reset`` poses this seed's layout)."""
+    """The episode of ``seed`` on ``env`` (reused across episodes: ``reset`` poses this seed's layout), its camera
+    rendering after every ``camera_every``-th step (and on reset): the loop observes nothing in between, as the
+    live arm's camera publishes nothing in between."""
 
-    def __init__(self, env: MetaWorldEnv, seed: int) -> None:
+    def __init__(self, env: MetaWorldEnv, seed: int, camera_every: int = 1) -> None:
         if env.rate_hz != ARM_RATE_HZ:
             raise ValueError(f"the Meta-World environment steps at {env.rate_hz} Hz, not the {ARM_RATE_HZ} Hz "
                              "evaluate plans its control ticks on")
@@ -164,10 +166,11 @@ class ArmWorld:
         self.rate_hz = ARM_RATE_HZ
         self.ticks = env.spec.max_steps
         self._path = 0.0
+        self.camera_every, self._steps = camera_every, 0
 
     def reset(self) -> np.ndarray:
         """The seed's first frame."""
-        self._path = 0.0
+        self._path, self._steps = 0.0, 0
         return self.env.reset(self.seed)
 
     def expert(self) -> np.ndarray:
@@ -179,7 +182,8 @@ class ArmWorld:
 
     def step(self, command: np.ndarray) -> ArmStep:
         before = self.env.state[:3]
-        outcome = self.env.step(command)
+        self._steps += 1
+        outcome = self.env.step(command, render=self._steps % self.camera_every == 0)
         self._path += float(np.linalg.norm(outcome.state[:3] - before))
         return ArmStep(outcome.frame, outcome.time_s, self._path, outcome.done, outcome.success)
 

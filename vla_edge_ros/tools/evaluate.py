@@ -80,7 +80,7 @@ from ..worlds.sim.render import COLOUR_NAMES
 from ..worlds.sim.world import VELOCITY_COMMANDS, CueReachEnv, TaskSpec, velocity_command
 from ..worlds.metaworld import STATE, MetaWorldEnv
 from ..worlds.metaworld.backend import load as load_arm_backend
-from .arm_world import ARM_STATE_TOPIC, ArmTask, ArmWorld, arm_observation
+from .arm_world import ARM_STATE_TOPIC, CAMERA_RATE_HZ, ArmTask, ArmWorld, arm_observation, camera_period_steps
 from .aura_gates import BASELINE_GATES, baseline_policy
 from .lang_reach import PROBES as LANGUAGE_PROBES
 from .lang_reach import Instructor, instructor_for, switch_plan
@@ -323,7 +323,7 @@ def aura_budget_frames(checkpoint: Checkpoint) -> int:
 class WorldStep(Protocol):
     """What a world's step reports to the loop."""
 
-    frame: np.ndarray
+    frame: np.ndarray | None  # None: the camera gave no frame this step (the loop observes nothing)
     time_s: float
     path_length: float
     done: bool
@@ -402,13 +402,14 @@ def drive_episode(world: ClosedLoopWorld, seed: int, driver: Driver | None,
         now = start + tick * period_ns
         if at_tick is not None:
             at_tick(tick, now)
-        if record is not None:
+        if record is not None and frame is not None:
             record(now, frame, world.expert())
         if driver is None:
             command = world.expert()
             values = tuple(float(v) for v in command)
         else:
-            observe(driver, world, frame, now)
+            if frame is not None:
+                observe(driver, world, frame, now)
             cycle = driver.reason_at(now, now + period_ns)  # free: it takes the newest frame (chunks: when due)
             if cycle is not None:
                 result = cycle.result
@@ -594,7 +595,8 @@ def run_unit(state: dict[str, Any], episode: EpisodeSpec) -> dict[str, Any]:
     context, instructor = state["context"], state["instructor"]
     spec, seed, probe = context.spec, episode.seed, episode.probe
     if isinstance(spec, ArmTask):
-        world = ArmWorld(_arm_env(state, spec), seed)
+        recorded = episode.variant == EXPERT and context.record_dir is not None  # a bag of every step
+        world = ArmWorld(_arm_env(state, spec), seed, 1 if recorded else camera_period_steps(CAMERA_RATE_HZ))
         if episode.variant == EXPERT:
             return asdict(_arm_expert_episode(world, spec, context.settings, context.record_dir))
         return asdict(drive_episode(world, seed, _episode_start(state, episode)()))
