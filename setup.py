@@ -16,6 +16,11 @@ from setuptools import find_packages, setup
 PACKAGE = "vla_edge_ros"
 DEPENDENCIES = runpy.run_path(str(Path(__file__).resolve().parent / PACKAGE / "dependencies.py"))
 
+# the trained checkpoints and the recipe files that made them: the 2-D world's default and Meta-World's MT10 arm
+CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                    "train_log.json")
+SHIPPED_MODELS = {"sim": ("recipe.yaml",), "metaworld": ("recipe.yaml", "state-only.yaml")}
+
 setup(
     name=PACKAGE,
     version="0.1.0",
@@ -25,9 +30,8 @@ setup(
         (f"share/{PACKAGE}", ["package.xml"]),
         (f"share/{PACKAGE}/config", glob("config/*.yaml") + glob("config/*.xml")),
         (f"share/{PACKAGE}/launch", glob("launch/*.launch.py")),
-        (f"share/{PACKAGE}/models/sim", [f"models/sim/{name}" for name in (  # the trained default checkpoint
-            "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
-            "recipe.yaml", "train_log.json")]),
+        *((f"share/{PACKAGE}/models/{model}", [f"models/{model}/{name}" for name in CHECKPOINT_FILES + recipes])
+          for model, recipes in SHIPPED_MODELS.items()),
     ],
     install_requires=DEPENDENCIES["install_requires"](),
     extras_require=DEPENDENCIES["extras_require"](),

@@ -7,6 +7,8 @@ import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -104,11 +106,13 @@ def test_the_documented_layout_names_every_package_of_the_tree():
     assert listed == on_disk
 
 
-def test_setup_installs_exactly_the_shipped_model_files():
-    """models/sim ships its checkpoint, tokenizer and chat template, recipe and one summary log, nothing else (no
-    plots, no old logs, no evaluation phrasings)."""
+@pytest.mark.parametrize("model, recipes", [("sim", ("recipe.yaml",)), ("metaworld", ("recipe.yaml", "state-only.yaml"))])
+def test_setup_installs_exactly_the_shipped_model_files(model, recipes):
+    """models/sim and models/metaworld ship their checkpoint, tokenizer and chat template, recipes and one summary
+    log, nothing else (no plots, no old logs, no evaluation phrasings, no demonstrations); at most 20 MB."""
     shipped = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
-               "recipe.yaml", "train_log.json")
+               "train_log.json", *recipes)
     data_files = dict(declared_by_setup().data_files)
-    assert sorted(data_files["share/vla_edge_ros/models/sim"]) == sorted(f"models/sim/{name}" for name in shipped)
-    assert all((ROOT / "models" / "sim" / name).is_file() for name in shipped)
+    assert sorted(data_files[f"share/vla_edge_ros/models/{model}"]) == sorted(f"models/{model}/{n}" for n in shipped)
+    assert all((ROOT / "models" / model / name).is_file() for name in shipped)
+    assert sum((ROOT / "models" / model / name).stat().st_size for name in shipped) <= 20 * 2**20

@@ -83,7 +83,7 @@ def test_a_metaworld_phase_trains_the_arms_action_and_the_2d_world_is_as_it_was(
     assert phase_config(TrainSpec()) == preset("sim")  # the 2-D world's model is untouched by the new knobs
 
 
-def test_the_draft_recipes_are_one_phase_the_baseline_blind_on_the_same_demonstrations():
+def test_the_mt10_recipes_are_one_phase_the_baseline_blind_on_the_same_demonstrations():
     """models/metaworld: the camera policy and the state-only baseline differ in nothing but ``blind``, so they
     learn from the same episodes (seeds, noise, labels)."""
     shipped = ROOT / "models" / "metaworld"
