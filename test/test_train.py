@@ -19,7 +19,7 @@ from vla_edge_ros.model.vision import resize_frame
 from vla_edge_ros.train.demos import perception_samples, record_demo, sample_frames
 from vla_edge_ros.train.recipe import load_recipe
 from vla_edge_ros.train.rollouts import aura_rollouts
-from vla_edge_ros.train.spec import AuraSpec, DmsSpec, EpisodeStageSpec, StageSpec, TrainSpec
+from vla_edge_ros.train.spec import AuraSpec, BcSpec, DmsSpec, StageSpec, TrainSpec
 from vla_edge_ros.train.stages import (
     aura_actions,
     aura_batches,
@@ -188,7 +188,7 @@ def test_behaviour_cloning_fits_a_few_demonstrations(demo):
         for name, param in model.named_parameters():  # from HF's init, as training starts
             param.normal_(0.0, 0.02) if not name.endswith("norm.weight") else param.fill_(1.0)
     losses: list[float] = []
-    behaviour_cloning(model, [demo, demo], EpisodeStageSpec(steps=40, batch=2, lr=3e-3),
+    behaviour_cloning(model, [demo, demo], BcSpec(steps=40, batch=2, lr=3e-3),
                       np.random.default_rng(0), lambda step, figures: losses.append(figures["action"]))
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
 
@@ -218,7 +218,7 @@ def test_the_aura_stage_trains_the_decoder_only_when_asked(demo):
 
 def test_train_writes_a_checkpoint_every_policy_runs_on_and_repeats_itself(tmp_path):
     spec = TrainSpec(tasks=("cue-reach",), episodes=4, perception=StageSpec(2, 8, 1e-3),
-                     bc=EpisodeStageSpec(2, 2, 1e-3, max_frames=12), aura=AuraSpec(2, 2, 1e-3, max_frames=12),
+                     bc=BcSpec(2, 2, 1e-3, max_frames=12), aura=AuraSpec(2, 2, 1e-3, max_frames=12),
                      dms=DmsSpec(2, 2, 1e-3, max_frames=8))
     first = train(spec, tmp_path / "a", "a")
     train(spec, tmp_path / "b", "b")
@@ -582,7 +582,7 @@ def test_a_chunked_phase_on_chase_writes_a_checkpoint_the_engine_decodes_chunks_
     """``head: mlp, chunk: 6`` from models/sim (a chunk of 24, so the head starts afresh): config.json declares
     the chunk, every policy decodes [6, 2], and the losses are the chunk's."""
     spec = from_shipped(tasks=("reach", "chase"), episodes=4, head="mlp", chunk=6, mlp_hidden=32,
-                        stages=("perception", "bc"), perception=StageSpec(2, 8, 1e-3), bc=EpisodeStageSpec(2, 2, 1e-3, 12))
+                        stages=("perception", "bc"), perception=StageSpec(2, 8, 1e-3), bc=BcSpec(2, 2, 1e-3, 12))
     log = train(spec, tmp_path, "chunk")
     assert set(log.stages) == {"perception", "bc"} and log.demos["episodes"] == 4
     checkpoint = load_checkpoint(tmp_path)
