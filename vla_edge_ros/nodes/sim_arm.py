@@ -15,8 +15,9 @@ Rate. The arm steps at 80 Hz of wall time, one environment step (12.5 ms of simu
 evaluation, and ``vla-edge run`` sets the action publisher to 80 Hz too (``arm_observation``), so a chunk's
 actions are one step apart live as offline. The camera is slower: a frame every ``ARM_RATE_HZ /
 camera_rate_hz`` steps, 20 Hz by default (every 4th step), as in evaluation. A 96 x 96 frame costs 20 to 40 ms
-of a CPU core (docs/metaworld.md), so 80 frames a second would need two cores on their own. 20 Hz costs about half a core, and still gives each chunk of 8
-actions (100 ms) two frames; with rtc the next chunk is wanted after half of one (4 steps, 50 ms): one frame.
+of a CPU core (docs/metaworld.md), so 80 frames a second would need two cores on their own. 20 Hz costs about
+half a core, and still gives each chunk of 8 actions (100 ms) two frames; with rtc the next chunk is wanted
+after half of one (4 steps, 50 ms): one frame.
 
 Threads. The arm steps on a thread of its own, as a simulator runs beside a robot's software rather than in
 its executor: a frame that takes 20 to 40 ms to render would otherwise hold up the action publisher's 12.5 ms
