@@ -8,6 +8,10 @@ import sys
 # Without a GPU, CUDA kernels run on Numba's simulator. It must be chosen before numba.cuda is first
 # imported anywhere in the process; an explicit NUMBA_ENABLE_CUDASIM=0 (on a GPU machine) wins.
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+# The test models are tiny: a second OpenMP thread in torch buys nothing, and on a busy machine its spinning
+# threads fight the load (two training tests took 330 s beside a training run with two threads, 13 s with
+# one). Subprocesses (the command-line tests) inherit it; `vla-edge train --threads` still sets its own.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from pathlib import Path  # noqa: E402
 

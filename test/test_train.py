@@ -188,7 +188,7 @@ def test_behaviour_cloning_fits_a_few_demonstrations(demo):
         for name, param in model.named_parameters():  # from HF's init, as training starts
             param.normal_(0.0, 0.02) if not name.endswith("norm.weight") else param.fill_(1.0)
     losses: list[float] = []
-    behaviour_cloning(model, [demo, demo], BcSpec(steps=40, batch=2, lr=3e-3),
+    behaviour_cloning(model, [demo, demo], BcSpec(steps=40, batch=2, lr=3e-3, max_frames=16),
                       np.random.default_rng(0), lambda step, figures: losses.append(figures["action"]))
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
 
@@ -291,10 +291,10 @@ def test_the_memory_warm_up_writes_the_cue_and_learns_where_it_was(demo):
     model = random_model(7)
     encoder_before = next(model.vision.parameters()).detach().clone()
     rows: list[dict[str, float]] = []
-    spec = AuraSpec(0, 2, 1e-2, max_frames=10, train_decoder=True, cue_writes=True, memory_goal=1.0, memory_warmup=120)
+    spec = AuraSpec(0, 2, 1e-2, max_frames=10, train_decoder=True, cue_writes=True, memory_goal=1.0, memory_warmup=60)
     train_aura(model, demos, FIXED, spec, np.random.default_rng(1),
                lambda step, figures: rows.append(figures))
-    assert len(rows) == 120 and all(set(r) == {"loss", "memory_goal"} for r in rows)
+    assert len(rows) == 60 and all(set(r) == {"loss", "memory_goal"} for r in rows)
     assert np.mean([r["memory_goal"] for r in rows[-10:]]) < 0.3 * np.mean([r["memory_goal"] for r in rows[:10]])
     assert torch.equal(next(model.vision.parameters()), encoder_before)
 
