@@ -112,7 +112,9 @@ def test_options_of_the_other_world_are_refused(tmp_path, capsys, arm_model):
     assert main(["evaluate", "--config", config, "--task", "metaworld/reach-v3", "--time-limit-s", "3"]) == 2
     assert "--time-limit-s is the 2-D world's" in capsys.readouterr().err
     assert main(["evaluate", "--config", config, "--task", "reach", "--max-steps", "5"]) == 2
-    assert "--max-steps is Meta-World's step limit" in capsys.readouterr().err
+    assert "--max-steps and --goal-shown-s are Meta-World's" in capsys.readouterr().err
+    assert main(["evaluate", "--config", config, "--task", "cue-reach", "--goal-shown-s", "0.3"]) == 2
+    assert "--max-steps and --goal-shown-s are Meta-World's" in capsys.readouterr().err
     with pytest.raises(SystemExit) as caught:
         main(["evaluate", "--task", "metaworld/push-v2"])
     assert caught.value.code == 2 and "unknown task 'metaworld/push-v2'" in capsys.readouterr().err
@@ -174,7 +176,22 @@ def test_the_command_line_evaluates_tasks_and_writes_one_report_over_them(arm_mo
     assert [t["task"]["task"] for t in report["tasks"]] == ["drawer-close-v3"]
     assert {(r["variant"], r["execution"]) for r in report["average"]} == {(EXPERT, None), ("fifo", "sync")}
     assert (out / "drawer-close-v3" / "evaluate.json").exists() and "drawer-close-v3" in printed
-    assert format_arm_table(report) in printed
+    assert format_arm_table(report) in printed and "goal marker" not in printed
+
+
+def test_the_memory_variant_hides_the_goal_and_says_so_or_refuses_a_task_without_one(arm_model, tmp_path, capsys):
+    loaded()
+    config = str(_config(tmp_path, arm_model))
+    base = ["evaluate", "--config", config, "--episodes", "1", "--max-steps", "30", "--cost",
+            "fixed:encode=8ms,decode=1ms", "--goal-shown-s", "0.3"]
+    assert main([*base, "--task", "metaworld/reach-v3", "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((tmp_path / "out" / "evaluate.json").read_text())
+    assert report["tasks"][0]["task"]["goal_shown_s"] == 0.3
+    assert "the goal marker drawn for the first 0.3 s only" in printed.splitlines()[0]
+    assert main([*base, "--task", "mt10", "--out", str(tmp_path / "mt10")]) == 2  # before any episode runs
+    assert "button-press-topdown-v3 draws no goal marker to hide" in capsys.readouterr().err
+    assert not (tmp_path / "mt10").exists()
 
 
 def test_the_average_pools_every_task(arm_model, tmp_path):

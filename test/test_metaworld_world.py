@@ -63,6 +63,8 @@ def test_every_mt10_task_has_a_description_and_the_descriptions_differ():
     ("height", 96.0, "height: need an int in [8, 2048]"),
     ("max_steps", MAX_PATH_LENGTH + 1, "max_steps: need an int in [1, 500]"),
     ("max_steps", 0, "max_steps: need an int in [1, 500]"),
+    ("goal_shown_s", -0.1, "goal_shown_s: need seconds >= 0"),
+    ("goal_shown_s", float("nan"), "goal_shown_s: need seconds >= 0"),
 ])
 def test_a_bad_spec_is_refused_naming_its_field_before_anything_is_imported(field, value, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
@@ -156,6 +158,30 @@ def test_a_frame_is_uint8_rgb_of_the_spec_size():
         assert frame.shape == (48, 64, 3) and frame.dtype == np.uint8 and frame.flags.c_contiguous
         assert frame.std() > 10  # a scene, not a blank buffer
         assert np.array_equal(frame, env.raw_frame())  # topview is not rolled: drawn as MuJoCo renders it
+
+
+def test_a_goal_shown_for_a_while_is_drawn_until_then_and_changes_nothing_else(push):
+    """push-v3's green goal ball: in the frames of the first 0.3 s (24 steps) as always, then gone, the layout,
+    the physics and the next episode's first frame untouched."""
+    hidden = MetaWorldEnv(ArmSpec(goal_shown_s=0.3), seed=4)
+    try:
+        frames = {}
+        for env in (push, hidden):
+            frames[env] = [env.reset(4)]
+            for _ in range(30):
+                frames[env].append(env.step([0.3, 0.0, 0.0, 0.0]).frame)
+        assert np.array_equal(push.observation, hidden.observation)
+        for step in (0, 23):  # 23 steps are 0.2875 s
+            assert np.array_equal(frames[push][step], frames[hidden][step]), step
+        for step in (24, 30):
+            changed = np.any(frames[push][step] != frames[hidden][step], axis=-1)
+            assert 0 < changed.sum() < 40, step  # the ball alone: a few pixels of a 96 x 96 frame
+            assert (frames[push][step][changed][:, 1] > frames[hidden][step][changed][:, 1]).mean() > 0.5  # green
+        assert np.array_equal(hidden.reset(4), frames[push][0])  # drawn again from the next reset
+    finally:
+        hidden.close()
+    with pytest.raises(ValueError, match="button-press-topdown-v3 draws no goal marker to hide"):
+        MetaWorldEnv(ArmSpec(task="button-press-topdown-v3", goal_shown_s=0.3), seed=0)
 
 
 def test_the_corner_camera_is_turned_upright_by_half_a_turn_not_mirrored(push):

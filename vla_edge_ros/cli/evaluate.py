@@ -36,8 +36,9 @@ def task_name(text: str) -> str:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     if is_arm_task(args.task):
         return _evaluate_arm(args)
-    if args.max_steps is not None:
-        raise ValueError("--max-steps is Meta-World's step limit; the 2-D world's tasks take --time-limit-s")
+    if args.max_steps is not None or args.goal_shown_s is not None:
+        raise ValueError("--max-steps and --goal-shown-s are Meta-World's; the 2-D world's tasks take --time-limit-s "
+                         "(and cue-reach shows its cue for a while of its own)")
     settings = load_settings(args.config)
     time_limit = TaskSpec().time_limit_s if args.time_limit_s is None else args.time_limit_s
     spec = TaskSpec(name=args.task, time_limit_s=time_limit)
@@ -67,7 +68,8 @@ def _evaluate_arm(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.task}: --instructions is for lang-reach; Meta-World's instruction is each task's "
                          "description")
     settings = load_settings(args.config)
-    tasks = arm_tasks(args.task, max_steps=MAX_PATH_LENGTH if args.max_steps is None else args.max_steps)
+    tasks = arm_tasks(args.task, max_steps=MAX_PATH_LENGTH if args.max_steps is None else args.max_steps,
+                      goal_shown_s=args.goal_shown_s)
     report = evaluate_arm(settings, tasks, ARM_POLICIES if args.policy is None else args.policy,
                           ARM_BUDGETS if args.budgets is None else args.budgets, args.episodes, args.seed, args.cost,
                           args.out, args.record, executions=args.execution or (), workers=args.workers,
@@ -106,6 +108,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-steps", type=int, default=None, metavar="N",
                    help=f"Meta-World: an episode ends at success or after N steps of 12.5 ms (default "
                         f"{MAX_PATH_LENGTH}, Meta-World's limit)")
+    p.add_argument("--goal-shown-s", type=float, default=None, metavar="SECONDS",
+                   help="Meta-World: draw the goal marker (reach's and push's ball) only for the first SECONDS of each "
+                        "episode, so the policy must remember where it was (default: always drawn)")
     p.add_argument("--instructions", type=Path, metavar="FILE",
                    help="lang-reach: instruction templates, one a line with {color} (never ones the model was "
                         "trained on); each seed draws one")

@@ -17,6 +17,7 @@ from typing import Any
 from ..config import Settings
 from ..runtime.block_costs import CostModel
 from ..runtime.loader import load_model
+from ..worlds.metaworld import MetaWorldEnv
 from ..worlds.metaworld.backend import load as load_backend
 from .arm_world import ARM_RATE_HZ, ArmTask, arm_observation
 from .evaluate import evaluate, success_counts, write_report
@@ -37,6 +38,9 @@ def evaluate_arm(settings: Settings, tasks: Sequence[ArmTask], variants: Sequenc
     # machine without Meta-World or OSMesa (each one line)
     arm_observation(settings, load_model(settings).config, tasks[0], "evaluate")
     load_backend()
+    for task in tasks:  # a goal to hide must be drawn in the first place (the scene tells, so it is opened)
+        if task.goal_shown_s is not None:
+            MetaWorldEnv(task.arm, 0).close()
     reports = []
     for task in tasks:
         progress(f"{task.name}: \"{task.description}\" ({episodes} episodes a row, "
@@ -87,7 +91,9 @@ def format_arm_table(report: dict[str, Any]) -> str:
     """One row per task and row (the expert first), then the average over tasks."""
     lines = [f"Meta-World: {report['episodes']} episodes a row per task (seeds {report['seed']}.."
              f"{report['seed'] + report['episodes'] - 1}), {report['rate_hz']:.0f} steps a second, one action a step, "
-             f"cost model {report['cost_model']}",
+             f"cost model {report['cost_model']}" + "".join(sorted({
+                 f", the goal marker drawn for the first {task['task']['goal_shown_s']:g} s only"
+                 for task in report["tasks"] if task["task"].get("goal_shown_s") is not None})),
              f"{'task':<24} {'row':>12} {'exec':>8} {'success':>7} {'95% CI':>13} {'steps':>6} {'steps ok':>8} "
              f"{'refused':>7} {'missed':>6} {'starved':>7} {'cmd/s':>5} {'jerk':>7} {'invalid':>7}"]
     for task in report["tasks"]:

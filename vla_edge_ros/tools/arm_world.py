@@ -60,6 +60,7 @@ class ArmTask:
     width: int = 96
     height: int = 96
     max_steps: int = MAX_PATH_LENGTH
+    goal_shown_s: float | None = None  # the goal marker drawn for the first seconds only (a memory test)
 
     @property
     def name(self) -> str:
@@ -74,7 +75,7 @@ class ArmTask:
     @property
     def arm(self) -> ArmSpec:
         return ArmSpec(task=self.task, camera=self.camera, width=self.width, height=self.height,
-                       max_steps=self.max_steps)
+                       max_steps=self.max_steps, goal_shown_s=self.goal_shown_s)
 
     @property
     def description(self) -> str:
@@ -91,12 +92,12 @@ def is_arm_task(name: str) -> bool:
     return name == MT10_TASK or name.startswith(PREFIX)
 
 
-def arm_tasks(name: str, *, max_steps: int = MAX_PATH_LENGTH) -> list[ArmTask]:
+def arm_tasks(name: str, *, max_steps: int = MAX_PATH_LENGTH, goal_shown_s: float | None = None) -> list[ArmTask]:
     """The tasks ``--task name`` stands for, each checked; ValueError naming the known ones for another name."""
     if name == MT10_TASK:
-        tasks = [ArmTask(task, max_steps=max_steps) for task in MT10]
+        tasks = [ArmTask(task, max_steps=max_steps, goal_shown_s=goal_shown_s) for task in MT10]
     elif name.startswith(PREFIX) and name.removeprefix(PREFIX) in TASKS:
-        tasks = [ArmTask(name.removeprefix(PREFIX), max_steps=max_steps)]
+        tasks = [ArmTask(name.removeprefix(PREFIX), max_steps=max_steps, goal_shown_s=goal_shown_s)]
     else:
         raise ValueError(f"unknown task {name!r}: Meta-World's are {MT10_TASK} (its ten tasks) or {PREFIX}<task>, "
                          f"one of {', '.join(TASKS)}")

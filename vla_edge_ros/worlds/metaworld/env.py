@@ -18,6 +18,11 @@ generator, which is seeded on every reset, so the same seed gives the same layou
 in any process, and a reset replays the episode. The draw is the environment's (some tasks redraw until the
 goal is far enough from the object), not ours, so every layout is one Meta-World itself would pose.
 
+Goal marker. Where the task draws its goal (reach's red ball, push's green one: the scene's ``goal`` site),
+``spec.goal_shown_s`` draws it only in the frames of the first that many seconds, as the 2-D world's cue-reach
+shows its cue: a policy must then remember where the goal was. The site is only drawn, never simulated, so
+hiding it changes no physics and no success.
+
 Privileged state. ``observation`` is the environment's full 39-value vector (hand, gripper, object
 positions and orientations, the previous step's, and the goal). The scripted expert reads it; a policy
 under evaluation must not: it gets the frame, ``state`` and the description.
@@ -39,6 +44,7 @@ from .spec import ArmSpec
 STATE = ("x", "y", "z", "gripper")  # ``state``'s order
 ACTION = ("dx", "dy", "dz", "grip")  # an action's order
 EXPERT_WARNING = r"Constant\(s\) may be too high"  # the experts' gains saturate by design; the env clips
+GOAL_SITE = "goal"  # the scene's goal marker, a site drawn at the goal (transparent where a task hides it)
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,7 @@ class MetaWorldEnv:
         self._env._freeze_rand_vec = False
         self._env.seeded_rand_vec = True
         self._expert = backend.experts[spec.task]()
+        self._goal = self._goal_marker() if spec.goal_shown_s is not None else None
         self._camera = Camera(self._env.model, spec.camera, spec.height, spec.width)
         self.seed = seed
         self.reset(seed)
@@ -132,8 +139,20 @@ class MetaWorldEnv:
         return self.frame()
 
     def frame(self) -> np.ndarray:
-        """The camera's view now: HxWx3 uint8 RGB, upright."""
+        """The camera's view now: HxWx3 uint8 RGB, upright (without the goal marker after ``goal_shown_s``)."""
+        if self._goal is not None:
+            site, alpha = self._goal
+            self._env.model.site_rgba[site, 3] = alpha if self.time_s < self.spec.goal_shown_s else 0.0
         return self._camera.frame(self._env.data)
+
+    def _goal_marker(self) -> tuple[int, float]:
+        """The goal site's index and its drawn opacity; ValueError for a task that draws no goal marker."""
+        model, mujoco = self._env.model, load().mujoco
+        site = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, GOAL_SITE)
+        if site < 0 or model.site_rgba[site, 3] <= 0:
+            self._env.close()
+            raise ValueError(f"goal_shown_s: {self.spec.task} draws no goal marker to hide")
+        return site, float(model.site_rgba[site, 3])
 
     def raw_frame(self) -> np.ndarray:
         """The camera's view as MuJoCo renders it, not turned upright (for tests of ``frame``)."""

@@ -6,6 +6,7 @@ slow import, and on a machine without the extra too.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .camera import CAMERAS
@@ -25,6 +26,7 @@ class ArmSpec:
     width: int = 96
     height: int = 96
     max_steps: int = MAX_PATH_LENGTH  # the episode ends here unless it succeeded first
+    goal_shown_s: float | None = None  # the goal marker drawn for this long from reset only (a memory test); None: always
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
@@ -39,6 +41,10 @@ class ArmSpec:
                 not 1 <= self.max_steps <= MAX_PATH_LENGTH:
             raise ValueError(f"max_steps: need an int in [1, {MAX_PATH_LENGTH}] (Meta-World's limit), "
                              f"got {self.max_steps!r}")
+        shown = self.goal_shown_s
+        if shown is not None and (not isinstance(shown, (int, float)) or isinstance(shown, bool)
+                                  or not math.isfinite(shown) or shown < 0):
+            raise ValueError(f"goal_shown_s: need seconds >= 0 (or None: the goal always drawn), got {shown!r}")
 
     @property
     def description(self) -> str:
