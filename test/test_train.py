@@ -12,7 +12,8 @@ import torch
 
 from vla_edge_ros.engine.vla_engine import VlaEngine
 from vla_edge_ros.memory import FifoPolicy, make_policy
-from vla_edge_ros.model.checkpoint import load_checkpoint
+from vla_edge_ros.model.checkpoint import CheckpointError, load_checkpoint
+from vla_edge_ros.model.memory_tensors import check_aura
 from vla_edge_ros.model.init_model import preset
 from vla_edge_ros.model.instruction import InstructionTokenizer
 from vla_edge_ros.model.vision import resize_frame
@@ -234,6 +235,23 @@ def test_train_writes_a_checkpoint_every_policy_runs_on_and_repeats_itself(tmp_p
         engine.set_prompt(list(PROMPT))
         action = engine.step(frame).action
         assert action.shape == (2,) and np.isfinite(action).all()
+
+
+def test_a_memory_no_stage_trained_is_left_out_and_a_later_phase_trains_it_fresh(tmp_path):
+    """A phase without the aura and dms stages writes neither memory (its gates would be initialisations read
+    as learned); a phase that starts from it and runs them carries the rest over and writes both."""
+    bc_only = TrainSpec(tasks=("cue-reach",), episodes=2, stages=("bc",), bc=BcSpec(1, 1, 1e-3, max_frames=6))
+    train(bc_only, tmp_path / "bc", "bc")
+    names = set(load_checkpoint(tmp_path / "bc").tensors)
+    assert not any(n.startswith("aura.") or ".dms_gate." in n for n in names) and "action_head.weight" in names
+    with pytest.raises(CheckpointError, match="`vla-edge train` learned ones when its recipe runs the aura stage"):
+        check_aura(load_checkpoint(tmp_path / "bc"))
+    later = replace(bc_only, init_from=str(tmp_path / "bc"), stages=("aura", "dms"),
+                    aura=AuraSpec(1, 1, 1e-3, max_frames=6), dms=DmsSpec(1, 1, 1e-3, max_frames=6))
+    train(later, tmp_path / "memory", "memory")
+    memory = load_checkpoint(tmp_path / "memory")
+    assert "aura.gate.weight" in memory.tensors and "model.layers.0.self_attn.dms_gate.weight" in memory.tensors
+    assert np.array_equal(memory.float32("action_head.weight"), load_checkpoint(tmp_path / "bc").float32("action_head.weight"))
 
 
 def test_write_labels_mark_where_the_cue_appears(demo):

@@ -87,8 +87,8 @@ def check_aura(checkpoint: Checkpoint) -> tuple[str, bool]:
     tensors = checkpoint.tensors
     missing = [name for name in AURA_PROJECTIONS if name not in tensors]
     if missing:
-        raise CheckpointError(f"{checkpoint.path}: kv.policy aura needs tensors {missing}; "
-                              "`vla-edge init-model` writes them (random), training writes learned ones")
+        raise CheckpointError(f"{checkpoint.path}: kv.policy aura needs tensors {missing}; `vla-edge init-model` "
+                              "writes them (random), `vla-edge train` learned ones when its recipe runs the aura stage")
     d_k, d_v = tensors["aura.k_proj.weight"].shape[0], tensors["aura.v_proj.weight"].shape[0]
     learned = any(name in tensors for name in AURA_GATE)
     layout = feature_layout(checkpoint.config, tensors["aura.q_proj.weight"].shape[-1],

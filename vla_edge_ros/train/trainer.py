@@ -2,8 +2,8 @@
 
 Seeded and repeatable: a phase's demonstrations, its fresh weights and every sampled batch follow from its
 ``TrainSpec.seed`` (torch runs single-threaded per op order, so the same machine gives the same bytes). Each
-phase writes config.json + model.safetensors (decoder, frame encoder, action head, aura projections and
-gate, dms gates), the next phase starts from them as a separate run would, and the output directory gets
+phase writes config.json + model.safetensors (decoder, frame encoder, action head, and the aura projections
+and gate and the dms gates once a stage has trained them), the next phase starts from them as a separate run would, and the output directory gets
 the last phase's checkpoint and train_log.json (``train_log.py``) for all of them.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -35,6 +35,7 @@ from .train_log import LOG_NAME, PhaseLog, write_log
 from .wording import Wording, arm_corpus, corpus
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", TEMPLATE_FILE)
+MEMORY_GROUPS = ("aura", "dms")  # the memory policies with tensors of their own, each trained by its stage
 
 StageProgress = Callable[[str, int, int, dict[str, float]], None]
 # records a phase's Meta-World demonstrations, in order, their prompts left empty (the phase's name, for files)
@@ -68,8 +69,9 @@ def train(spec: TrainSpec, out: Path, name: str, progress: StageProgress = lambd
     rng = np.random.default_rng(spec.seed)
     log = PhaseLog(name, asdict(spec))
     model = VlaModel(config, AURA_DIM)
+    trained_memory = {group for group in MEMORY_GROUPS if group in spec.stages}
     if spec.init_from is not None:
-        load_weights(model, Path(spec.init_from), fresh_memory=spec.aura.fresh)
+        trained_memory |= load_weights(model, Path(spec.init_from), fresh_memory=spec.aura.fresh)
     if spec.blind:
         model.close_camera()
     wording = phase_wording(spec, config, out)
@@ -108,7 +110,7 @@ def train(spec: TrainSpec, out: Path, name: str, progress: StageProgress = lambd
     run("aura", spec.aura.memory_warmup + spec.aura.steps,
         lambda step: train_aura(model, demos, wording, spec.aura, rng, step))
     run("dms", spec.dms.steps, lambda step: train_dms(model, demos, spec.dms, rng, step))
-    export(model, config, out, spec)
+    export(model, config, out, spec, trained_memory)
     return log
 
 
@@ -158,7 +160,7 @@ def phase_wording(spec: TrainSpec, config: ModelConfig, out: Path) -> Wording:
     return Wording(spec.instructions, spec.prompt_ids, tokenizer)
 
 
-def load_weights(model: VlaModel, model_dir: Path, fresh_memory: bool = False) -> None:
+def load_weights(model: VlaModel, model_dir: Path, fresh_memory: bool = False) -> set[str]:
     """Copy a checkpoint's tensors into ``model`` (all it exports, so every one must be there); its config
     must be the one ``model`` was built with, or that one without the state token, or with another action head.
     ``where_head`` keeps its fresh initialisation: it is training-only and not exported. So do the state
@@ -167,7 +169,8 @@ def load_weights(model: VlaModel, model_dir: Path, fresh_memory: bool = False) -
     state is what both heads read, so the rest carries over), and the aura memory with ``fresh_memory``
     (``AuraSpec.fresh``) or when the checkpoint's has another feature layout (``memory/aura.py``; a checkpoint
     of an earlier ``vla-edge train``, or one without the state token, which widens the query): that memory
-    cannot be carried over, and the aura stage trains this one from its start."""
+    cannot be carried over, and the aura stage trains this one from its start. A memory the checkpoint lacks
+    (no stage trained it: ``export``) stays fresh too. Returns the memories (``MEMORY_GROUPS``) carried over."""
     checkpoint = load_checkpoint(model_dir)
     adds_state = checkpoint.config.state is None and model.c.state is not None
     new_head = checkpoint.config.action != model.c.action
@@ -182,6 +185,9 @@ def load_weights(model: VlaModel, model_dir: Path, fresh_memory: bool = False) -
     if fresh_memory or any(checkpoint.tensors[name].shape != tuple(tensor.shape) for name, tensor in state.items()
                            if name.startswith("aura.") and name in checkpoint.tensors):
         state = {name: tensor for name, tensor in state.items() if not name.startswith("aura.")}
+    for group in MEMORY_GROUPS:  # a memory no stage trained is not in the checkpoint (``export``): keep it fresh
+        if not any(in_group(name, group) for name in checkpoint.tensors):
+            state = {name: tensor for name, tensor in state.items() if not in_group(name, group)}
     missing = sorted(set(state) - set(checkpoint.tensors))
     if missing:
         raise ValueError(f"{model_dir}: not a 'vla-edge train' checkpoint, it lacks {missing[:3]}")
@@ -192,10 +198,21 @@ def load_weights(model: VlaModel, model_dir: Path, fresh_memory: bool = False) -
                 raise ValueError(f"{model_dir}: {name} has shape {list(stored.shape)}, this run needs "
                                  f"{list(tensor.shape)}")
             tensor.copy_(stored)
+    return {group for group in MEMORY_GROUPS if any(in_group(name, group) for name in state)}
 
 
-def export(model: VlaModel, config: ModelConfig, out: Path, spec: TrainSpec) -> Path:
-    """The model's tensors under their checkpoint names (HF's for the decoder) as an HF directory."""
-    arrays = {name: tensor.detach().numpy().astype(np.float32) for name, tensor in model.exported_state().items()}
+def in_group(name: str, group: str) -> bool:
+    """Whether tensor ``name`` belongs to the memory policy ``group`` of ``MEMORY_GROUPS``."""
+    return name.startswith("aura.") if group == "aura" else ".self_attn.dms_gate." in name
+
+
+def export(model: VlaModel, config: ModelConfig, out: Path, spec: TrainSpec,
+           memory: Collection[str] = MEMORY_GROUPS) -> Path:
+    """The model's tensors under their checkpoint names (HF's for the decoder) as an HF directory, with the
+    memories of ``memory`` (of ``MEMORY_GROUPS``) only: those a stage trained. An initialisation is never
+    written where a policy would read it as learned (dms then scores by key novelty, aura refuses)."""
+    left_out = [group for group in MEMORY_GROUPS if group not in memory]
+    arrays = {name: tensor.detach().numpy().astype(np.float32) for name, tensor in model.exported_state().items()
+              if not any(in_group(name, group) for group in left_out)}
     metadata = {"format": "pt", "producer": "vla-edge train", "seed": str(spec.seed)}
     return write_model(out, config, arrays, spec.dtype, metadata)
