@@ -8,6 +8,7 @@ get without them. They stay small: 64 x 64 frames, a few dozen steps, one or two
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -192,6 +193,24 @@ def test_the_memory_variant_hides_the_goal_and_says_so_or_refuses_a_task_without
     assert main([*base, "--task", "mt10", "--out", str(tmp_path / "mt10")]) == 2  # before any episode runs
     assert "button-press-topdown-v3 draws no goal marker to hide" in capsys.readouterr().err
     assert not (tmp_path / "mt10").exists()
+
+
+def test_aura_on_a_checkpoint_whose_recipe_never_trained_it_is_refused_in_one_line(arm_model, tmp_path, capsys):
+    """As ``vla-edge train`` writes models/metaworld (perception and bc only): no aura tensors, no dms gates."""
+    loaded()
+    pytest.importorskip("torch")  # safetensors' bfloat16 needs it
+    from safetensors.torch import load_file, save_file
+    model = tmp_path / "no-memory"
+    shutil.copytree(arm_model, model)
+    tensors = load_file(model / "model.safetensors")
+    save_file({name: t for name, t in tensors.items() if not name.startswith("aura.")
+               and ".dms_gate." not in name}, model / "model.safetensors")
+    base = ["evaluate", "--config", str(_config(tmp_path, model)), "--task", "metaworld/reach-v3", "--episodes", "1",
+            "--max-steps", "8", "--cost", "fixed:encode=8ms,decode=1ms", "--budgets", "4"]
+    assert main([*base, "--policy", "aura", "--out", str(tmp_path / "aura")]) == 2
+    err = capsys.readouterr().err
+    assert "kv.policy aura needs tensors" in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2
+    assert main([*base, "--policy", "dms", "--out", str(tmp_path / "dms")]) == 0  # keeps by key novelty instead
 
 
 def test_the_average_pools_every_task(arm_model, tmp_path):

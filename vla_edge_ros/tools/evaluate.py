@@ -66,6 +66,7 @@ from ..memory.aura import fast_weight_bytes
 from ..model.checkpoint import Checkpoint
 from ..model.config import ModelConfig
 from ..model.layout import arena_capacity, kv_bytes_per_token, kv_page_bytes, kv_pages_for
+from ..model.memory_tensors import check_aura
 from ..runtime.action_output import Outcome
 from ..runtime.action_timeline import distinct_command, resolve_execution
 from ..runtime.admission import BlockKind, Verdict
@@ -314,6 +315,7 @@ def budget_bytes(config: ModelConfig, prompt_tokens: int, budget_frames: int | N
 def aura_budget_frames(checkpoint: Checkpoint) -> int:
     """The fewest frames whose bytes (as fifo holds them) hold aura's memory token, current frame and state."""
     config = checkpoint.config
+    check_aura(checkpoint)  # one line naming what is missing (a checkpoint whose recipe never trained aura)
     d_k, d_v = checkpoint.tensors["aura.k_proj.weight"].shape[0], checkpoint.tensors["aura.v_proj.weight"].shape[0]
     token = kv_bytes_per_token(config)
     held = (1 + config.vision.tokens_per_frame) * token + fast_weight_bytes(d_k, d_v)
