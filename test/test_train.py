@@ -309,10 +309,10 @@ def test_the_memory_warm_up_writes_the_cue_and_learns_where_it_was(demo):
     model = random_model(7)
     encoder_before = next(model.vision.parameters()).detach().clone()
     rows: list[dict[str, float]] = []
-    spec = AuraSpec(0, 2, 1e-2, max_frames=10, train_decoder=True, cue_writes=True, memory_goal=1.0, memory_warmup=60)
+    spec = AuraSpec(0, 2, 1e-2, max_frames=10, train_decoder=True, cue_writes=True, memory_goal=1.0, memory_warmup=30)
     train_aura(model, demos, FIXED, spec, np.random.default_rng(1),
                lambda step, figures: rows.append(figures))
-    assert len(rows) == 60 and all(set(r) == {"loss", "memory_goal"} for r in rows)
+    assert len(rows) == 30 and all(set(r) == {"loss", "memory_goal"} for r in rows)
     assert np.mean([r["memory_goal"] for r in rows[-10:]]) < 0.3 * np.mean([r["memory_goal"] for r in rows[:10]])
     assert torch.equal(next(model.vision.parameters()), encoder_before)
 

@@ -84,12 +84,17 @@ def test_a_metaworld_phase_trains_the_arms_action_and_the_2d_world_is_as_it_was(
 
 
 def test_the_mt10_recipes_are_one_phase_the_baseline_blind_on_the_same_demonstrations():
-    """models/metaworld: the camera policy and the state-only baseline differ in nothing but ``blind``, so they
+    """models/metaworld: the camera policy and the state-only baseline differ in nothing but ``blind`` and the
+    stages' lengths (the baseline keeps those it was measured at, the camera recipe's first ones), so they
     learn from the same episodes (seeds, noise, labels)."""
     shipped = ROOT / "models" / "metaworld"
     (camera,), (baseline,) = (load_recipe(shipped / name).phases for name in ("recipe.yaml", "state-only.yaml"))
     assert camera.spec.tasks == MT10 and camera.spec.stages == ("perception", "bc") and not camera.spec.blind
-    assert replace(baseline.spec, blind=False) == camera.spec and baseline.spec.blind
+    assert baseline.spec.perception.steps <= camera.spec.perception.steps
+    assert baseline.spec.bc.steps <= camera.spec.bc.steps
+    lengths = {"perception": replace(baseline.spec.perception, steps=camera.spec.perception.steps),
+               "bc": replace(baseline.spec.bc, steps=camera.spec.bc.steps)}
+    assert replace(baseline.spec, blind=False, **lengths) == camera.spec and baseline.spec.blind
     assert [(e.task, e.seed, e.noise) for e in arm_episodes(baseline.spec)] == \
         [(e.task, e.seed, e.noise) for e in arm_episodes(camera.spec)]
 
