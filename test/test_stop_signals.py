@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 
 import pytest
 
@@ -88,3 +89,41 @@ def test_the_same_signal_again_while_stopping_is_the_same_request_and_another_is
 
     assert run_until_interrupted("prog", body) == 2
     assert capsys.readouterr().err == "prog: interrupted by SIGTERM while stopping\n"
+
+
+def test_a_second_sigint_handled_inside_the_first_handler_is_the_same_request():
+    """Both SIGINTs of a Ctrl-C under launch arrive together, and Python may run the second's handler between
+    two lines of the first's. Whichever line it lands on, the first must not take the second's request for an
+    escalation (it did: 'interrupted by SIGINT while stopping', exit 2, in a launch test)."""
+    lines = []
+
+    def trace(frame, event, arg):
+        if frame.f_code is StopSignals.__call__.__code__ and event == "line":
+            lines.append(frame.f_lineno)
+        return trace
+
+    stop = StopSignals()
+    stop.running = True
+    sys.settrace(trace)
+    try:
+        stop(signal.SIGINT, None)
+    finally:
+        sys.settrace(None)
+    for nested_after in sorted(set(lines)):  # the second handler run just before each line of the first
+        stop = StopSignals()
+        stop.running = True
+
+        def nested(frame, event, arg, stop=stop, at=nested_after, done=[]):
+            if frame.f_code is StopSignals.__call__.__code__ and event == "line" and frame.f_lineno == at and not done:
+                done.append(True)
+                sys.settrace(None)
+                stop(signal.SIGINT, None)  # the second delivery, handled inside the first
+                sys.settrace(nested)
+            return nested
+
+        sys.settrace(nested)
+        try:
+            stop(signal.SIGINT, None)
+        finally:
+            sys.settrace(None)
+        assert stop.requested == "SIGINT" and stop.interruption is None, nested_after

@@ -76,10 +76,12 @@ class StopSignals:
 
     def __call__(self, number: int, frame: FrameType | None) -> None:
         name = signal.Signals(number).name
-        if name == self.requested:  # delivered again (terminal and launch): already being served
-            return
+        # Python may run the handler for a second signal between any two lines of this one (both SIGINTs of a
+        # Ctrl-C under launch arrive together), so the request is made first and the test for "already being
+        # served" comes after it: a nested call that made the same request leaves this one nothing to raise.
         if self.running and self.requested is None:
             self.requested = name
+        if name == self.requested:  # asked now, or delivered again (terminal and launch): being served
             return
         self.interruption = Interrupted(f"interrupted by {name} {'while stopping' if self.requested else self.phase}")
         raise self.interruption
