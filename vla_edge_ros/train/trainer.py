@@ -3,8 +3,9 @@
 Seeded and repeatable: a phase's demonstrations, its fresh weights and every sampled batch follow from its
 ``TrainSpec.seed`` (torch runs single-threaded per op order, so the same machine gives the same bytes). Each
 phase writes config.json + model.safetensors (decoder, frame encoder, action head, and the aura projections
-and gate and the dms gates once a stage has trained them), the next phase starts from them as a separate run would, and the output directory gets
-the last phase's checkpoint and train_log.json (``train_log.py``) for all of them.
+and gate and the dms gates once a stage has trained them), the next phase starts from them as a separate run
+would, and the output directory gets the last phase's checkpoint and train_log.json (``train_log.py``) for
+all of them.
 """
 
 from __future__ import annotations
