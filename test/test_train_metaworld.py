@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from vla_edge_ros.cli import main
@@ -23,10 +24,14 @@ from vla_edge_ros.config import ConfigError
 from vla_edge_ros.engine.vla_engine import VlaEngine
 from vla_edge_ros.memory import FifoPolicy
 from vla_edge_ros.model.checkpoint import load_checkpoint
-from vla_edge_ros.model.init_model import preset
-from vla_edge_ros.train.arm_demos import ArmEpisode, ArmRecorder, arm_episodes, arm_state_statistics, load_demo
+from vla_edge_ros.model.init_model import AURA_DIM, preset
+from vla_edge_ros.train.arm_demos import (ArmEpisode, ArmRecorder, PlanLabeller, arm_episodes, arm_state_statistics,
+                                          load_demo, pieces)
+from vla_edge_ros.train.demos import Demo
 from vla_edge_ros.train.recipe import load_recipe
 from vla_edge_ros.train.spec import TrainSpec
+from vla_edge_ros.train.stages import dagger
+from vla_edge_ros.train.torch_model import VlaModel
 from vla_edge_ros.train.trainer import phase_config, train
 from vla_edge_ros.worlds.metaworld import MT10, ArmSpec, MetaWorldEnv, WorldUnavailable, backend
 
@@ -65,6 +70,10 @@ def _recipe(path: Path, **knobs) -> Path:
     ({"blind": True}, r"blind: a model that sees no frames needs the robot's state \(state: true\)"),
     ({"image_size": 66}, "image_size: a frame is cut into 4 x 4 patches"),
     ({**SMALL, "metaworld": {"camera": "topdown"}}, "metaworld.camera"),
+    ({"stages": ["bc", "dagger"]}, "stages: dagger collects the Meta-World arm's closed-loop episodes"),
+    ({**SMALL, "dagger": {"batch": 8, "episodes": 3}}, "cannot fill half a batch of 8"),
+    ({**SMALL, "dagger": {"cost": "measured"}}, "dagger.cost: the collected episodes run on a fixed cost model"),
+    ({**SMALL, "dagger": {"cost": "fixed:encode=8ms"}}, "fixed cost model lacks decode"),
 ])
 def test_a_metaworld_phase_is_refused_in_one_line_naming_the_key(tmp_path, knobs, message):
     with pytest.raises(ConfigError, match=message):
@@ -81,6 +90,60 @@ def test_a_metaworld_phase_trains_the_arms_action_and_the_2d_world_is_as_it_was(
     config = phase_config(replace(spec, state=False))
     assert (config.action.dof, config.action.chunk, config.vision.image_size, config.vision.patch_size) == (4, 4, 32, 8)
     assert phase_config(TrainSpec()) == preset("sim")  # the 2-D world's model is untouched by the new knobs
+
+
+def test_a_dagger_phase_resolves_its_configuration_against_the_recipe_then_the_package(tmp_path):
+    (tmp_path / "mine.yaml").write_text("{}\n")
+    dagger_phase = {**SMALL, "stages": ["perception", "bc", "dagger"]}
+    mine = load_recipe(_recipe(tmp_path / "r.yaml", **dagger_phase, dagger={"config": "mine.yaml"})).phases[0].spec
+    shipped = load_recipe(_recipe(tmp_path / "s.yaml", **dagger_phase)).phases[0].spec
+    assert mine.dagger.config == str(tmp_path / "mine.yaml")
+    assert shipped.dagger.config == str(ROOT / "config" / "metaworld.yaml")
+
+
+def test_a_missing_dagger_configuration_is_refused_before_anything_is_recorded(tmp_path, capsys):
+    recipe = _recipe(tmp_path / "r.yaml", **SMALL | {"stages": ["perception", "bc", "dagger"]},
+                     dagger={"config": "absent.yaml"})
+    assert main(["train", "--recipe", str(recipe), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    assert "absent.yaml" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_the_dagger_stage_collects_with_the_weights_of_the_time_and_trains_on_half_its_own():
+    """Two collections over four steps: the first before any step, the second after two, each seeing the weights
+    as they were then; every batch after a collection holds its episodes beside demonstrations."""
+    spec = TrainSpec(world="metaworld", tasks=TASKS, episodes=4, head="mlp", chunk=4, mlp_hidden=32, image_size=32,
+                     stages=("perception", "bc", "dagger"))
+    torch.manual_seed(0)
+    model = VlaModel(phase_config(spec), AURA_DIM)
+    rng = np.random.default_rng(0)
+
+    def demo(task: str, value: float) -> Demo:
+        frames = np.full((6, 32, 32, 3), int(abs(value) * 255), np.uint8)
+        return Demo(task, frames, np.full((6, 4, 4), value, np.float32), np.zeros((6, 4), np.float32), 6, True,
+                    np.zeros((6, 4), np.float32), (1, 2))
+
+    seen: list[tuple[int, torch.Tensor]] = []
+
+    def collect(round_: int) -> list[Demo]:
+        seen.append((round_, model.action_head.state_dict()[next(iter(model.action_head.state_dict()))].clone()))
+        return [demo("push-v3", -0.5)]
+
+    losses: list[float] = []
+    dagger(model, [demo("reach-v3", 0.5)] * 2, replace(spec.dagger, steps=4, batch=2, rounds=2, episodes=1), rng,
+           collect, lambda step, figures: losses.append(figures["action"]))
+    assert [round_ for round_, _ in seen] == [0, 1] and len(losses) == 4
+    assert not torch.equal(seen[0][1], seen[1][1])  # the second collection drove the weights two steps on
+
+
+def test_a_driven_episode_is_cut_into_pieces_that_keep_every_frame_in_order():
+    frames = np.arange(300).reshape(300, 1, 1, 1).astype(np.uint8) * np.ones((1, 2, 2, 3), np.uint8)
+    demo = Demo("push-v3", frames, np.zeros((300, 4, 4), np.float32), np.zeros((300, 4), np.float32), 300, False,
+                np.arange(300 * 4, dtype=np.float32).reshape(300, 4), (3,))
+    cut = pieces(demo, 128)
+    assert [len(piece.frames) for piece in cut] == [128, 128, 44]
+    assert all(piece.cue_frames == len(piece.frames) and piece.prompt == (3,) and not piece.success for piece in cut)
+    np.testing.assert_array_equal(np.concatenate([piece.states for piece in cut]), demo.states)
+    np.testing.assert_array_equal(np.concatenate([piece.frames for piece in cut]), demo.frames)
 
 
 def test_the_mt10_recipes_are_one_phase_the_baseline_blind_on_the_same_demonstrations():
@@ -171,6 +234,56 @@ def test_train_on_two_tasks_with_workers_and_evaluate_the_checkpoint_on_the_arm(
     policy = [cell for cell in report["tasks"][0]["cells"] if cell["variant"] == "fifo"][0]
     assert policy["episodes"] == 1 and policy["invalid"] == 0
     assert not any("prompt_token_ids" in note for note in report["tasks"][0]["notes"])  # it reads the description
+
+
+def test_a_step_the_expert_drives_is_labelled_as_its_demonstration_is():
+    """``PlanLabeller`` on an episode the expert itself drives records what ``ArmRecorder`` does for it: the same
+    frames, states, object positions and plans (on the expert's path a plan is what it goes on to execute)."""
+    loaded()
+    episode = ArmEpisode("reach-v3", 10**6, image_size=32, chunk=4)
+    recorder = ArmRecorder()
+    try:
+        recorded = recorder.record(episode)
+    finally:
+        recorder.close()
+    labeller = PlanLabeller(episode)
+    with MetaWorldEnv(ArmSpec(task="reach-v3"), seed=0) as env:
+        env.reset(episode.seed)
+        while not env.success:
+            labeller.see(env)
+            env.step(env.expert_action(), render=False)
+        labelled = labeller.demo(env.success)
+    assert labelled.success and len(labelled.frames) == len(recorded.frames)
+    for name in ("frames", "states", "where"):
+        np.testing.assert_array_equal(getattr(labelled, name), getattr(recorded, name))
+    np.testing.assert_allclose(labelled.chunks, recorded.chunks, atol=1e-6)
+
+
+def test_a_dagger_phase_drives_the_arm_with_its_own_weights_and_resumes_them(tmp_path):
+    """Two collections of two episodes each, the runtime driving the arm with the phase's weights of the time on two
+    worker processes, each step labelled; the log says what was collected, the checkpoints of the collections are
+    gone, and ``--resume`` reuses every episode and gives the same weights."""
+    loaded()
+    out = tmp_path / "arm"
+    recipe = _recipe(tmp_path / "r.yaml", **SMALL | {"stages": ["perception", "bc", "dagger"]},
+                     dagger={"steps": 4, "batch": 2, "episodes": 2, "rounds": 2, "max_steps": 12, "window": 5,
+                             "max_frames": 8})
+    assert main(["train", "--recipe", str(recipe), "--out", str(out), "--workers", "2", "--quiet"]) == 0
+    log = json.loads((out / "train_log.json").read_text())["phases"][0]
+    assert [(r["round"], r["episodes"]) for r in log["dagger"]] == [(0, 2), (1, 2)]
+    assert sorted(log["losses"]) == ["bc", "dagger", "perception"] and log["losses"]["dagger"]["steps"] == 4
+    driven = sorted((out / "demos").glob("arm-dagger*.npz"))
+    assert [path.name.split("-")[1] + "-" + path.name.split("-")[2] for path in driven] == \
+        ["dagger0-push", "dagger0-reach", "dagger1-push", "dagger1-reach"]
+    for path in driven:  # a step is labelled while its plan of 4 fits in the 12 steps: steps 0-8
+        demo = load_demo(path)
+        assert len(demo.frames) == 9 and demo.chunks.shape == (9, 4, 4) and np.abs(demo.chunks).max() <= 1
+    assert not (out / "dagger").exists()
+    weights = (out / "model.safetensors").read_bytes()
+    stamps = {path: path.stat().st_mtime_ns for path in driven}
+    assert main(["train", "--recipe", str(recipe), "--out", str(out), "--workers", "2", "--quiet", "--resume"]) == 0
+    assert {path: path.stat().st_mtime_ns for path in driven} == stamps
+    assert (out / "model.safetensors").read_bytes() == weights
 
 
 def test_a_blind_phase_acts_on_the_state_alone_in_the_camera_models_format(tmp_path):

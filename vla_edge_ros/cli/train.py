@@ -4,8 +4,10 @@ phase as the recipe file says (``train/recipe.py``), and write an HF checkpoint.
 Every knob that decides the weights is in the recipe, so the file and train_log.json say how a checkpoint was
 made. The flags are only how this machine runs it: where to write, torch's threads, progress bars,
 ``--scale`` for a smoke run of a recipe (the log records the scaled steps), and ``--workers`` / ``--ray`` /
-``--resume`` for Meta-World's demonstrations, recorded as units of ``tools/parallel.py`` (one episode each,
-saved under ``OUT/demos``): rendering is most of their cost, and the units are independent.
+``--resume`` for Meta-World's demonstrations and the dagger stage's episodes, recorded as units of
+``tools/parallel.py`` (one episode each, saved under ``OUT/demos``): rendering is most of their cost, and the
+units are independent. The dagger stage's episodes are driven by the runtime (``tools/arm_rollouts.py``) and
+labelled by the trainer's ``PlanLabeller``: this module is where the two meet.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from ..tools.parallel import Job, UnitsFailed, Unit, progress_bar, run_units
 from .args import add_parallel_arguments, count
 
 if TYPE_CHECKING:  # the trainer's modules load at run time, after the recipe is checked
+    from ..tools.arm_rollouts import PolicyDrive
     from ..train.arm_demos import ArmEpisode
     from ..train.demos import Demo
+    from ..train.spec import DaggerSpec
 
 DEMOS_DIR = "demos"  # under --out: Meta-World's demonstrations, one .npz an episode (what --resume keeps)
 
@@ -39,9 +43,13 @@ def _fraction(text: str) -> float:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from ..config import load_settings
     from ..train.recipe import load_recipe
 
     recipe = load_recipe(args.recipe)  # before torch loads: a bad file is refused at once
+    for phase in recipe.phases:  # so is the configuration a dagger stage drives under, not hours later
+        if "dagger" in phase.spec.stages:
+            load_settings(phase.spec.dagger.config)
     if args.scale < 1:
         recipe = recipe.scaled(args.scale)
 
@@ -67,7 +75,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if step + 1 == steps:
             bar.close()
 
-    logs = train_recipe(recipe, args.out, progress, _arm_recording(args))
+    logs = train_recipe(recipe, args.out, progress, _arm_recording(args), _arm_rollouts(args))
     phases = ", ".join(f"{log.name} {sum(log.seconds.values()):.0f} s" for log in logs)
     print(f"wrote {args.out} (config.json, model.safetensors, train_log.json); {phases}")
     return 0
@@ -96,6 +104,67 @@ def _arm_recording(args: argparse.Namespace) -> Callable[[str, list[ArmEpisode]]
         return [load_demo(directory / summary.results[unit.key]["file"]) for unit in units]
 
     return record
+
+
+def _arm_rollouts(args: argparse.Namespace) -> Callable[[str, Path, list[ArmEpisode], DaggerSpec], list[Demo]]:
+    """How the dagger stage's episodes are collected: units as the demonstrations are, each the runtime driving
+    the arm with the collection's checkpoint (``tools/arm_rollouts.py``) while ``PlanLabeller`` labels every step,
+    saved to ``OUT/demos/<phase>-dagger<round>-<task>-<seed>.npz``. A unit resumes only for the same checkpoint
+    bytes, configuration and cost model."""
+    from ..config import load_settings
+    from ..runtime.block_costs import parse_cost
+    from ..tools.arm_rollouts import PolicyDrive
+    from ..train.arm_demos import episodes_identity, load_demo
+
+    directory = args.out / DEMOS_DIR
+
+    def collect(name: str, checkpoint: Path, episodes: list[ArmEpisode], spec: DaggerSpec) -> list[Demo]:
+        settings = load_settings(spec.config).replace("reasoning", {"model_dir": str(checkpoint)})
+        drive = PolicyDrive(settings, parse_cost(spec.cost), spec.max_steps)
+        keys = [f"{name}-{episode.key}" for episode in episodes]
+        units = [Unit(key, (key, episode)) for key, episode in zip(keys, episodes)]
+        weights = hashlib.sha256((checkpoint / "model.safetensors").read_bytes()).hexdigest()
+        identity = hashlib.sha256(f"{episodes_identity(episodes)} {weights} {settings.values} {spec.cost} "
+                                  f"{spec.max_steps}"
+                                  .encode()).hexdigest()
+        job = Job(rollout_driver, rollout_unit, (drive, str(directory)), identity)
+        bar = (lambda done, total: None) if args.quiet else progress_bar(f"{name} episodes")
+        summary = run_units(job, units, args.out, workers=args.workers, ray_address=args.ray, resume=args.resume,
+                            progress=bar)
+        if summary.failed:
+            key, why = next(iter(summary.failed.items()))
+            raise UnitsFailed(f"{len(summary.failed)} of {len(units)} dagger episodes failed (first: {key}: {why}); "
+                              f"--resume runs only those")
+        return [load_demo(directory / summary.results[unit.key]["file"]) for unit in units]
+
+    return collect
+
+
+def rollout_driver(context: tuple[PolicyDrive, str]) -> tuple[dict, Path]:
+    """A worker's state (``Job.prepare``) for the dagger stage's units: the policy, loaded once, and where the
+    episodes go."""
+    from ..tools.arm_rollouts import prepare_drive
+
+    drive, directory = context
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    return prepare_drive(drive), path
+
+
+def rollout_unit(state: tuple[dict, Path], spec: tuple[str, ArmEpisode]) -> dict:
+    """One unit (``Job.work``): the policy drives the episode, every step labelled (``PlanLabeller``), saved as
+    ``<key>.npz``; the result names the file and sums it up."""
+    from ..tools.arm_rollouts import drive_arm
+    from ..train.arm_demos import PlanLabeller, save_demo
+
+    drive, directory = state
+    key, episode = spec
+    labeller = PlanLabeller(episode)
+    outcome = drive_arm(drive, episode.task, episode.seed, labeller.see)
+    demo = labeller.demo(outcome.success)
+    name = f"{key}.npz"
+    save_demo(demo, directory / name)
+    return {"file": name, "frames": len(demo.frames), "success": demo.success}
 
 
 def register(sub: argparse._SubParsersAction) -> None:

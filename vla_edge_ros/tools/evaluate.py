@@ -601,7 +601,7 @@ def run_unit(state: dict[str, Any], episode: EpisodeSpec) -> dict[str, Any]:
         world = ArmWorld(_arm_env(state, spec), seed, 1 if recorded else camera_period_steps(CAMERA_RATE_HZ))
         if episode.variant == EXPERT:
             return asdict(_arm_expert_episode(world, spec, context.settings, context.record_dir))
-        return asdict(drive_episode(world, seed, _episode_start(state, episode)()))
+        return asdict(drive_episode(world, seed, episode_start(state, episode)()))
     env = CueReachEnv(spec, seed)
     if episode.variant == EXPERT:
         if probe == "swap":
@@ -610,7 +610,7 @@ def run_unit(state: dict[str, Any], episode: EpisodeSpec) -> dict[str, Any]:
             return asdict(_named(_expert_episode(spec, seed, context.settings, context.record_dir), env, instructor))
         hook = _switch(env, seed, None, instructor, False) if probe == "switch" else None
         return asdict(_named(run_episode(env, seed, None, at_tick=hook), env, instructor))
-    start = _episode_start(state, episode)
+    start = episode_start(state, episode)
     if probe == "swap":
         return asdict(cue_swap(spec, seed, start))
     if instructor is None:
@@ -621,7 +621,7 @@ def run_unit(state: dict[str, Any], episode: EpisodeSpec) -> dict[str, Any]:
     return asdict(_named(run_episode(env, seed, driver, at_tick=hook), env, instructor))
 
 
-def _episode_start(state: dict[str, Any], episode: EpisodeSpec) -> Callable[..., Driver]:
+def episode_start(state: dict[str, Any], episode: EpisodeSpec) -> Callable[..., Driver]:
     """What starts a driver for ``episode`` on its cell's engine (built on first use, kept by the worker), its
     memory restarted from a prompt (the engine's own, or the one given), on a fresh virtual clock."""
     context = state["context"]
@@ -706,7 +706,7 @@ def evaluate(settings: Settings, spec: Task, variants: Sequence[str], budgets: S
     if arm:
         load_arm_backend()  # WorldUnavailable (one line: what to install) before any worker starts
     costs.require(block_kinds(checkpoint.config) + ((BlockKind.PROMPT,) if templates else ()))  # the switch's
-    prompt_tokens = _prompt_tokens(settings, checkpoint, spec, templates)
+    prompt_tokens = longest_prompt(settings, checkpoint, spec, templates)
     aura_budget = aura_budget_frames(checkpoint) if any(v.startswith("aura") for v in order) else None
     notes = [f"{AURA_NOTE} ({aura_budget} frames)"] if aura_budget else []
     if arm and not reads_words(settings, checkpoint):
@@ -783,7 +783,7 @@ def evaluate(settings: Settings, spec: Task, variants: Sequence[str], budgets: S
             "runtime_s": run.pop("seconds"), "run": run, "cells": [report(cell) for cell in cells]}
 
 
-def _prompt_tokens(settings: Settings, checkpoint: Checkpoint, spec: Task, templates: tuple[str, ...]) -> int:
+def longest_prompt(settings: Settings, checkpoint: Checkpoint, spec: Task, templates: tuple[str, ...]) -> int:
     """The longest prompt an episode starts with: the configured one, or the longest of every template with every
     colour and the blind one (lang-reach; each checked as an instruction first, before anything runs)."""
     if not templates:

@@ -128,6 +128,42 @@ class ArmRecorder:
         self._envs.clear()
 
 
+class PlanLabeller:
+    """Labels the steps of an episode someone else drives (the policy, in the dagger stage) as a demonstration of
+    ``episode``'s settings: ``see(env)`` before each step records what a demonstration records there (frame, state,
+    where, the expert's plan from that state), ``demo`` hands it over. A step whose plan would run past the step
+    limit is not recorded, as a demonstration stops short of it."""
+
+    def __init__(self, episode: ArmEpisode) -> None:
+        self.episode = episode
+        self._blank = np.zeros((episode.image_size, episode.image_size, 3), np.uint8)
+        self._frames: list[np.ndarray] = []
+        self._plans: list[np.ndarray] = []
+        self._where: list[np.ndarray] = []
+        self._states: list[np.ndarray] = []
+
+    def see(self, env: MetaWorldEnv) -> None:
+        if env.steps + self.episode.chunk > env.spec.max_steps:  # ``record``'s limit: every action of the plan runs
+            return
+        self._frames.append(resize_frame(env.frame(), self.episode.image_size) if self.episode.render else self._blank)
+        self._where.append(arm_where(env.observation))
+        self._states.append(env.state.astype(np.float32))
+        self._plans.append(env.expert_plan(self.episode.chunk))
+
+    def demo(self, success: bool) -> Demo:
+        """What was seen (at least the first step), its prompt left empty for the trainer."""
+        return Demo(self.episode.task, np.stack(self._frames), np.asarray(self._plans, np.float32),
+                    np.stack(self._where), len(self._frames), success, np.stack(self._states), ())
+
+
+def pieces(demo: Demo, window: int) -> list[Demo]:
+    """``demo`` cut into consecutive pieces of at most ``window`` frames (``DaggerSpec.window``), each a demonstration
+    of its own: bc samples a demonstration's sequences back from its last frame."""
+    cuts = range(0, len(demo.frames), window)
+    return [Demo(demo.task, demo.frames[i:i + window], demo.chunks[i:i + window], demo.where[i:i + window],
+                 len(demo.frames[i:i + window]), demo.success, demo.states[i:i + window], demo.prompt) for i in cuts]
+
+
 def record_arm_demos(phase: str, episodes: list[ArmEpisode]) -> list[Demo]:
     """Every episode in this process, in order (the trainer's default; ``vla-edge train`` runs them as units)."""
     recorder = ArmRecorder()

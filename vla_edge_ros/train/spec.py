@@ -12,12 +12,14 @@ from dataclasses import MISSING, dataclass, field, replace
 from typing import Any
 
 from ..model.init_model import PRESETS, STORAGE_DTYPES
+from ..runtime.block_costs import parse_cost
 from ..worlds.metaworld.camera import CAMERAS
+from ..worlds.metaworld.spec import MAX_PATH_LENGTH
 from ..worlds.metaworld.tasks import MT10
 from ..worlds.metaworld.tasks import TASKS as ARM_TASKS
 from .wording import DEFAULT_PROMPT, FIELD
 
-STAGES = ("perception", "bc", "aura", "dms")  # in the order they run
+STAGES = ("perception", "bc", "dagger", "aura", "dms")  # in the order they run
 # training drives the simulator's 2-D velocity: a preset with a linear head of 2 degrees of freedom
 TRAINABLE_PRESETS = tuple(name for name, config in PRESETS.items()
                           if config.action.head == "linear" and config.action.dof == 2)
@@ -27,7 +29,8 @@ DEMONSTRATED_TASKS = ("reach", "cue-reach", "lang-reach", "chase")  # the script
 SIM, METAWORLD = "sim", "metaworld"  # the worlds a phase trains on: the package's 2-D world, Meta-World's arm
 WORLDS = (SIM, METAWORLD)
 WORLD_TASKS = {SIM: DEMONSTRATED_TASKS, METAWORLD: ARM_TASKS}  # each world's scripted experts
-ARM_STAGES = ("perception", "bc")  # aura and dms learn the 2-D world's memory tasks; Meta-World's need no memory
+ARM_STAGES = ("perception", "bc", "dagger")  # aura and dms learn the 2-D world's memory tasks; Meta-World's need no memory
+ROLLOUT_COST = "fixed:encode=8ms,decode=1ms"  # the cycle cost MT10's figures are measured at (docs/metaworld.md)
 
 
 def knob(doc: str, default: Any = MISSING, *, minimum: float | None = None, maximum: float | None = None,
@@ -64,6 +67,37 @@ class BcSpec(EpisodeStageSpec):
                            "counted back from its last frame: the engine's memory holds its cycles' frames, several "
                            "control ticks apart where a chunk spans many ticks (Meta-World); 1: consecutive frames",
                            1, minimum=1, maximum=1000)
+
+
+@dataclass(frozen=True)
+class DaggerSpec(BcSpec):
+    """Behaviour cloning on the arm's own closed-loop episodes beside the demonstrations (DAgger, Ross et al.
+    2011): ``rounds`` times, evenly spread, the policy as it is then drives ``episodes`` fresh layouts through the
+    runtime as ``vla-edge evaluate`` does, and every step it visits is labelled with the expert's plan from there."""
+
+    rounds: int = knob("collections of the policy's episodes, evenly spread over the steps, the first at step 0", 2,
+                       minimum=1, maximum=1000)
+    episodes: int = knob("the policy's episodes per collection, the phase's tasks alternating, on seeds drawn from "
+                         "2**31 up (never an evaluation's or a demonstration's)", 100, minimum=1, maximum=100_000)
+    window: int = knob("a collected episode is cut into pieces of at most this many steps, each sampled as a "
+                       "demonstration is (its sequences end at its last frame): a failed episode runs to the step "
+                       "limit, and bc's sequences reach back max_frames x max_stride frames at most", 128,
+                       minimum=1, maximum=100_000)
+    max_steps: int = knob("a collected episode ends at success or after this many steps (evaluate's --max-steps)",
+                          MAX_PATH_LENGTH, minimum=1, maximum=MAX_PATH_LENGTH)
+    cost: str = knob("the fixed cost model the collected episodes' cycles are charged (evaluate's --cost)",
+                     ROLLOUT_COST)
+    config: str = knob("the runtime configuration the policy drives under (evaluate's --config; its model_dir is "
+                       "replaced by the weights of the time): relative, against the recipe file, then the package "
+                       "share", "config/metaworld.yaml")
+
+    def __post_init__(self) -> None:
+        if self.episodes < self.batch // 2:
+            raise ValueError(f"dagger.episodes: {self.episodes} episodes a collection cannot fill half a batch of "
+                             f"{self.batch} (dagger.batch)")
+        if parse_cost(self.cost).fixed_ns is None:
+            raise ValueError(f"dagger.cost: the collected episodes run on a fixed cost model (fixed:encode=...ms,"
+                             f"decode=...ms), so they do not depend on the machine's load; got {self.cost!r}")
 
 
 @dataclass(frozen=True)
@@ -164,11 +198,14 @@ class TrainSpec:
                                   "Meta-World's names)", ("reach", "cue-reach"),
                                   choices=DEMONSTRATED_TASKS + ARM_TASKS)
     episodes: int = knob("scripted-expert demonstrations for bc, aura and dms", 1200, minimum=1, maximum=100_000)
-    stages: tuple[str, ...] = knob("the stages that run, always in the order perception, bc, aura, dms", STAGES,
-                                   choices=STAGES)
+    stages: tuple[str, ...] = knob("the stages that run, always in the order perception, bc, dagger, aura, dms "
+                                   "(dagger: world metaworld only)",
+                                   tuple(stage for stage in STAGES if stage != "dagger"), choices=STAGES)
     init_from: str | None = knob("checkpoint whose weights the phase starts from (None: fresh weights)", None)
     perception: StageSpec = knob("single frames that show what to do", StageSpec(steps=1000, batch=64, lr=1e-3))
     bc: BcSpec = knob("behaviour cloning on whole and partial episodes", BcSpec(steps=900, batch=4, lr=1e-3))
+    dagger: DaggerSpec = knob("world metaworld: bc on the policy's own closed-loop episodes beside the demonstrations",
+                              DaggerSpec(steps=2000, batch=8, lr=3e-4, max_frames=16, max_stride=24))
     aura: AuraSpec = knob("the aura memory (and with train_decoder the decoder)",
                           AuraSpec(steps=500, batch=8, lr=3e-3))
     dms: DmsSpec = knob("the dms gates on the frozen decoder", DmsSpec(steps=100, batch=2, lr=2e-2, max_frames=64))
@@ -215,6 +252,9 @@ class TrainSpec:
         if self.world == SIM:
             if self.metaworld != MetaWorldSpec():
                 raise ValueError("metaworld: its knobs are for world: metaworld")
+            if "dagger" in self.stages:
+                raise ValueError("stages: dagger collects the Meta-World arm's closed-loop episodes; the 2-D world's "
+                                 "DAgger is aura.dagger_episodes")
             return
         memory = [stage for stage in self.stages if stage not in ARM_STAGES]
         if memory:
@@ -231,18 +271,21 @@ class TrainSpec:
         histories = self.aura.bc_batch if self.aura.train_decoder else 0
         shares = len(self.aura.tasks) or len(self.tasks)
         episodes = -(-self.aura.batch // shares) * len(self.tasks)
-        drawn = {"bc": self.bc.batch, "aura": max(episodes, histories), "dms": self.dms.batch}
+        drawn = {"bc": self.bc.batch, "dagger": self.dagger.batch - self.dagger.batch // 2,
+                 "aura": max(episodes, histories), "dms": self.dms.batch}
         return max((drawn[name] for name in self.stages if name in drawn), default=0)
 
     def scaled(self, factor: float) -> TrainSpec:
-        """The same spec with every stage's steps, the memory warm-up, the demonstrations and DAgger's episodes
+        """The same spec with every stage's steps, the memory warm-up, the demonstrations and both DAgger's episodes
         scaled, as few as a batch still needs (smoke runs)."""
         def scale(count: int, least: int = 1) -> int:
             return max(least, round(count * factor)) if count else 0
 
         aura = replace(self.aura, steps=scale(self.aura.steps), memory_warmup=scale(self.aura.memory_warmup),
                        dagger_episodes=scale(self.aura.dagger_episodes, self.aura.batch // 2))
+        dagger = replace(self.dagger, steps=scale(self.dagger.steps),
+                         episodes=scale(self.dagger.episodes, self.dagger.batch // 2))
         return replace(self, episodes=scale(self.episodes, self.demo_batch),
                        perception=replace(self.perception, steps=scale(self.perception.steps)),
-                       bc=replace(self.bc, steps=scale(self.bc.steps)), aura=aura,
+                       bc=replace(self.bc, steps=scale(self.bc.steps)), dagger=dagger, aura=aura,
                        dms=replace(self.dms, steps=scale(self.dms.steps)))

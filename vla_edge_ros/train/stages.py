@@ -1,4 +1,5 @@
-"""The three training stages: behaviour cloning, then the aura memory and the dms gates on the frozen decoder.
+"""The training stages: behaviour cloning (and on the arm DAgger), then the aura memory and the dms gates on the
+frozen decoder.
 
 1. Behaviour cloning: decoder, frame encoder and action head regress the expert's command at the
    last token of every frame (MSE on the normalised command; a chunked ``mlp`` head: L1 over the expert's
@@ -8,7 +9,8 @@
    little variety (the model needs ~10x more steps on them to learn where the robot and the goal
    are), and a few hundred layouts are memorised rather than understood (held-out loss 5x the
    training loss). ``behaviour_cloning`` then trains on whole and partial episodes, where the
-   decoder learns to carry the cue through the hold.
+   decoder learns to carry the cue through the hold. On the Meta-World arm, ``dagger`` goes on with the
+   policy's own closed-loop episodes, labelled by the expert, beside the demonstrations.
 2. ``train_aura``: only the aura projections and write gate learn. Each frame is seen as the engine's
    aura policy shows it: prompt, one memory token (what the fast weights return before this frame's
    write), the frame; the write then stores the frame's last hidden state (``aura_unroll``). Loss: the
@@ -40,7 +42,7 @@ import torch.nn.functional as F
 from ..worlds.sim.world import TaskSpec
 from .demos import Demo, perception_samples, sample_frames
 from .rollouts import AuraPass, aura_frame, aura_rollouts
-from .spec import AuraSpec, BcSpec, DmsSpec, EpisodeStageSpec, StageSpec
+from .spec import AuraSpec, BcSpec, DaggerSpec, DmsSpec, EpisodeStageSpec, StageSpec
 from .torch_model import DmsMask, Prompts, VlaModel, straight_through
 from .wording import Wording
 
@@ -251,6 +253,26 @@ def _action_loss(model: VlaModel, batch: Batch) -> tuple[torch.Tensor, dict[str,
 def behaviour_cloning(model: VlaModel, demos: list[Demo], spec: BcSpec, rng: np.random.Generator,
                       progress: Progress) -> None:
     _fit_actions(model, spec, batches(demos, spec, rng, partial=True, max_stride=spec.max_stride), progress)
+
+
+def dagger(model: VlaModel, demos: list[Demo], spec: DaggerSpec, rng: np.random.Generator,
+           collect: Callable[[int], list[Demo]], progress: Progress) -> None:
+    """Behaviour cloning with half of each batch from the policy's own episodes: ``collect(round)`` gathers them
+    with the weights of the time (``spec.rounds`` times, evenly spread, the first at step 0), and the pool grows
+    with each (DAgger's aggregation); the other half are demonstrations, so what the experts showed stays."""
+    every = max(1, spec.steps // spec.rounds)
+    own = spec.batch // 2
+    pool: list[Demo] = []
+
+    def steps() -> Iterator[Batch]:
+        for step in range(spec.steps):
+            if step % every == 0 and step // every < spec.rounds:
+                pool.extend(collect(step // every))
+            chosen = [demos[i] for i in rng.choice(len(demos), size=spec.batch - own, replace=False)]
+            chosen += [pool[i] for i in rng.choice(len(pool), size=own, replace=len(pool) < own)]
+            yield make_batch(chosen, [sample_frames(d, rng, spec.max_frames, spec.max_stride) for d in chosen])
+
+    _fit_actions(model, spec, steps(), progress)
 
 
 def aura_unroll(model: VlaModel, batch: Batch, beta: float, forced: torch.Tensor | None = None) -> AuraPass:

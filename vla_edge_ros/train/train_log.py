@@ -32,12 +32,14 @@ class PhaseLog:
     stages: dict[str, list[dict[str, float]]] = field(default_factory=dict)  # every step's figures, per stage
     seconds: dict[str, float] = field(default_factory=dict)  # per stage, and "demos"
     demos: dict[str, Any] = field(default_factory=dict)
+    dagger: list[dict[str, Any]] = field(default_factory=list)  # per collection: episodes, frames, policy's success
     spec_schema: str = SCHEMA
 
     def summary(self) -> dict[str, Any]:
         """The phase as train_log.json holds it: each stage's figures summarised, the rest as it is."""
-        return {"name": self.name, "spec_schema": self.spec_schema, "spec": self.spec, "seconds": self.seconds,
-                "demos": self.demos, "losses": {stage: summarise(rows) for stage, rows in self.stages.items()}}
+        summary = {"name": self.name, "spec_schema": self.spec_schema, "spec": self.spec, "seconds": self.seconds,
+                   "demos": self.demos, "losses": {stage: summarise(rows) for stage, rows in self.stages.items()}}
+        return summary | ({"dagger": self.dagger} if self.dagger else {})
 
 
 def summarise(rows: list[dict[str, float]]) -> dict[str, Any]:

@@ -26,11 +26,11 @@ from ..model.instruction import TEMPLATE_FILE, InstructionTokenizer
 from ..model.tokenizer_files import write_tokenizer
 from ..worlds.metaworld import ACTION, description
 from ..worlds.sim.world import TaskSpec
-from .arm_demos import ArmEpisode, arm_episodes, arm_state_statistics, record_arm_demos
+from .arm_demos import ArmEpisode, arm_episodes, arm_state_statistics, pieces, record_arm_demos
 from .demos import Demo, odometry_statistics, record_demos
 from .recipe import Recipe
-from .spec import METAWORLD, TrainSpec
-from .stages import behaviour_cloning, demo_perception, perception, train_aura, train_dms
+from .spec import METAWORLD, DaggerSpec, TrainSpec
+from .stages import behaviour_cloning, dagger, demo_perception, perception, train_aura, train_dms
 from .torch_model import VlaModel
 from .train_log import LOG_NAME, PhaseLog, write_log
 from .wording import Wording, arm_corpus, corpus
@@ -41,27 +41,34 @@ MEMORY_GROUPS = ("aura", "dms")  # the memory policies with tensors of their own
 StageProgress = Callable[[str, int, int, dict[str, float]], None]
 # records a phase's Meta-World demonstrations, in order, their prompts left empty (the phase's name, for files)
 ArmRecording = Callable[[str, list[ArmEpisode]], list[Demo]]
+# the dagger stage's collection: (a name for its files, the checkpoint whose policy drives, the episodes, the stage's
+# knobs) -> each episode as the policy drove it, labelled as a demonstration (``arm_demos.PlanLabeller``), in order
+ArmRollouts = Callable[[str, Path, list[ArmEpisode], DaggerSpec], list[Demo]]
+DAGGER_DIR = "dagger"  # under a phase's output while it runs: the checkpoint of each collection
 
 
 def train_recipe(recipe: Recipe, out: Path, progress: StageProgress = lambda *args: None,
-                 record_arm: ArmRecording = record_arm_demos) -> list[PhaseLog]:
+                 record_arm: ArmRecording = record_arm_demos, rollout_arm: ArmRollouts | None = None) -> list[PhaseLog]:
     """Every phase of ``recipe`` where ``Recipe.chained`` puts it, ``out/train_log.json`` rewritten after each;
     ``progress`` sees each stage as "<phase> <stage>"; ``record_arm`` records Meta-World's demonstrations (the
-    command line's runs them on ``--workers`` processes)."""
+    command line's runs them on ``--workers`` processes), ``rollout_arm`` the dagger stage's episodes (the
+    runtime drives them: the command line gives it)."""
     logs: list[PhaseLog] = []
     for phase, where in recipe.chained(out):
         def tagged(stage: str, step: int, steps: int, figures: dict[str, float], name: str = phase.name) -> None:
             progress(f"{name} {stage}", step, steps, figures)
 
-        logs.append(train(phase.spec, where, phase.name, tagged, record_arm))
+        logs.append(train(phase.spec, where, phase.name, tagged, record_arm, rollout_arm))
         write_log(out / LOG_NAME, logs)
     return logs
 
 
 def train(spec: TrainSpec, out: Path, name: str, progress: StageProgress = lambda *args: None,
-          record_arm: ArmRecording = record_arm_demos) -> PhaseLog:
+          record_arm: ArmRecording = record_arm_demos, rollout_arm: ArmRollouts | None = None) -> PhaseLog:
     """One phase ``name``: every stage ``spec`` runs, the checkpoint written to ``out``. Meta-World's
     demonstrations are recorded first: the state token's statistics come from them."""
+    if "dagger" in spec.stages and rollout_arm is None:
+        raise ValueError(f"phase {name}: the dagger stage needs the runtime to drive the arm (vla-edge train gives it)")
     started = time.perf_counter()
     arm_demos = record_arm(name, arm_episodes(spec)) if spec.world == METAWORLD else []
     recorded = time.perf_counter() - started
@@ -108,6 +115,27 @@ def train(spec: TrainSpec, out: Path, name: str, progress: StageProgress = lambd
         run("perception", spec.perception.steps,
             lambda step: perception(model, spec.perception, rng, spec.tasks, wording, step))
     run("bc", spec.bc.steps, lambda step: behaviour_cloning(model, demos, spec.bc, rng, step))
+
+    def collect(round_: int) -> list[Demo]:
+        """The dagger stage's ``round_``-th collection: the weights as they are now, exported with the tokenizer,
+        drive fresh layouts (the tasks alternating); each episode comes back worded and cut into pieces."""
+        where = out / DAGGER_DIR / f"round-{round_}"
+        export(model, config, where, spec, trained_memory)
+        for file in TOKENIZER_FILES:
+            shutil.copyfile(out / file, where / file)
+        seeds = rng.integers(2**31, 2**62, size=spec.dagger.episodes)
+        episodes = [ArmEpisode(task=spec.tasks[i % len(spec.tasks)], seed=int(seed), camera=spec.metaworld.camera,
+                               image_size=spec.image_size, chunk=spec.chunk, render=not spec.blind)
+                    for i, seed in enumerate(seeds)]
+        assert rollout_arm is not None  # checked on entry
+        driven = rollout_arm(f"{name}-dagger{round_}", where, episodes, spec.dagger)
+        log.dagger.append({"round": round_, "episodes": len(driven), "frames": int(sum(len(d.frames) for d in driven)),
+                           "policy_success": float(np.mean([d.success for d in driven]))})
+        return [replace(piece, prompt=wording.spoken(description(piece.task)))
+                for demo in driven for piece in pieces(demo, spec.dagger.window)]
+
+    run("dagger", spec.dagger.steps, lambda step: dagger(model, demos, spec.dagger, rng, collect, step))
+    shutil.rmtree(out / DAGGER_DIR, ignore_errors=True)
     run("aura", spec.aura.memory_warmup + spec.aura.steps,
         lambda step: train_aura(model, demos, wording, spec.aura, rng, step))
     run("dms", spec.dms.steps, lambda step: train_dms(model, demos, spec.dms, rng, step))

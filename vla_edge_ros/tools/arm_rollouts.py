@@ -1,0 +1,70 @@
+"""The Meta-World arm driven by a checkpoint's policy exactly as ``vla-edge evaluate`` drives it, with a look at the
+arm before every step: how ``vla-edge train``'s dagger stage collects the policy's own episodes.
+
+Nothing here labels or trains: ``drive_arm`` runs one episode of ``evaluate.drive_episode`` (the same frame buffer,
+gate, virtual clock, memory policy, action timeline and camera rate as an evaluation's episode) and calls
+``before_step(env)`` before each of the arm's steps; the command line hands it ``train/arm_demos.PlanLabeller``,
+which records the step as a demonstration would. Why the runtime and not the torch model: the states worth
+labelling are those the policy reaches as it is deployed, chunks executed by the timeline after the cycle's
+latency, its memory the engine's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import Settings
+from ..runtime.block_costs import CostModel
+from ..runtime.loader import load_model
+from ..worlds.metaworld import MetaWorldEnv
+from ..worlds.metaworld.spec import MAX_PATH_LENGTH
+from .arm_world import CAMERA_RATE_HZ, ArmStep, ArmTask, ArmWorld, arm_observation, camera_period_steps
+from .evaluate import EvalContext, Episode, EpisodeSpec, drive_episode, episode_start, longest_prompt
+
+ROLLOUT_POLICY, ROLLOUT_BUDGET = "fifo", 16  # evaluate's Meta-World row (cli/evaluate.py: ARM_POLICIES, ARM_BUDGETS)
+
+
+@dataclass(frozen=True)
+class PolicyDrive:
+    """What every worker needs to drive any task (picklable): the configuration, whose ``reasoning.model_dir`` is
+    the checkpoint, the cost model its cycles are charged, and the steps an episode may take."""
+
+    settings: Settings
+    costs: CostModel
+    max_steps: int = MAX_PATH_LENGTH
+
+
+class WatchedArmWorld(ArmWorld):
+    """``ArmWorld`` calling ``before_step(env)`` before each step, the arm as the step finds it."""
+
+    def __init__(self, env: MetaWorldEnv, seed: int, camera_every: int,
+                 before_step: Callable[[MetaWorldEnv], None]) -> None:
+        super().__init__(env, seed, camera_every)
+        self.before_step = before_step
+
+    def step(self, command: Any) -> ArmStep:
+        self.before_step(self.env)
+        return super().step(command)
+
+
+def prepare_drive(drive: PolicyDrive) -> dict[str, Any]:
+    """A worker's state: the checkpoint, loaded once, and per task (on first use) its evaluation context, engines
+    and environment."""
+    return {"drive": drive, "checkpoint": load_model(drive.settings), "tasks": {}}
+
+
+def drive_arm(state: dict[str, Any], task: str, seed: int, before_step: Callable[[MetaWorldEnv], None]) -> Episode:
+    """One episode of ``task`` from ``seed``'s layout, the policy driving (``ROLLOUT_POLICY`` at ``ROLLOUT_BUDGET``
+    frames, the configured execution), ``before_step`` seeing the arm before every step."""
+    if task not in state["tasks"]:
+        drive, checkpoint = state["drive"], state["checkpoint"]
+        spec = ArmTask(task, max_steps=drive.max_steps)
+        settings = arm_observation(drive.settings, checkpoint.config, spec, "the dagger stage")
+        context = EvalContext(settings, spec, drive.costs, None, (), longest_prompt(settings, checkpoint, spec, ()))
+        state["tasks"][task] = {"context": context, "checkpoint": checkpoint, "engines": {}, "instructor": None,
+                                "arm": MetaWorldEnv(spec.arm, 0)}
+    cell = state["tasks"][task]
+    world = WatchedArmWorld(cell["arm"], seed, camera_period_steps(CAMERA_RATE_HZ), before_step)
+    return drive_episode(world, seed, episode_start(cell, EpisodeSpec(ROLLOUT_POLICY, ROLLOUT_BUDGET, seed))())
