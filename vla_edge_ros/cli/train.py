@@ -85,25 +85,34 @@ def _arm_recording(args: argparse.Namespace) -> Callable[[str, list[ArmEpisode]]
     """How the phases' Meta-World demonstrations are recorded: as units (``tools/parallel.py``) on ``--workers``
     processes or ``--ray``, each episode saved to ``OUT/demos/<phase>-<task>-<seed>.npz`` and loaded back in
     order; with ``--resume`` the episodes an earlier run of the same settings left are kept."""
-    from ..train.arm_demos import episodes_identity, load_demo, record_unit, unit_recorder
+    from ..train.arm_demos import episodes_identity, record_unit, unit_recorder
 
     directory = args.out / DEMOS_DIR
 
     def record(phase: str, episodes: list[ArmEpisode]) -> list[Demo]:
-        keys = [f"{phase}-{episode.key}" for episode in episodes]
-        units = [Unit(key, (key, episode)) for key, episode in zip(keys, episodes)]
         identity = hashlib.sha256(episodes_identity(episodes).encode()).hexdigest()
         job = Job(unit_recorder, record_unit, str(directory), identity)
-        bar = (lambda done, total: None) if args.quiet else progress_bar(f"{phase} demonstrations")
-        summary = run_units(job, units, args.out, workers=args.workers, ray_address=args.ray, resume=args.resume,
-                            progress=bar)
-        if summary.failed:
-            key, why = next(iter(summary.failed.items()))
-            raise UnitsFailed(f"{len(summary.failed)} of {len(units)} demonstrations failed (first: {key}: {why}); "
-                              f"--resume records only those")
-        return [load_demo(directory / summary.results[unit.key]["file"]) for unit in units]
+        return _episode_units(args, job, phase, episodes, "demonstrations")
 
     return record
+
+
+def _episode_units(args: argparse.Namespace, job: Job, name: str, episodes: list[ArmEpisode], what: str) -> list[Demo]:
+    """Each of ``episodes`` as a unit of ``job`` (on ``--workers`` processes or ``--ray``, ``--resume`` keeping those
+    an earlier run of the same job left), saved as ``OUT/demos/<name>-<task>-<seed>.npz`` and loaded back in order;
+    any failure is one line."""
+    from ..train.arm_demos import load_demo
+
+    keys = [f"{name}-{episode.key}" for episode in episodes]
+    units = [Unit(key, (key, episode)) for key, episode in zip(keys, episodes)]
+    bar = (lambda done, total: None) if args.quiet else progress_bar(f"{name} {what}")
+    summary = run_units(job, units, args.out, workers=args.workers, ray_address=args.ray, resume=args.resume,
+                        progress=bar)
+    if summary.failed:
+        key, why = next(iter(summary.failed.items()))
+        raise UnitsFailed(f"{len(summary.failed)} of {len(units)} {what} failed (first: {key}: {why}); "
+                          f"--resume runs only those")
+    return [load_demo(args.out / DEMOS_DIR / summary.results[unit.key]["file"]) for unit in units]
 
 
 def _arm_rollouts(args: argparse.Namespace) -> Callable[[str, Path, list[ArmEpisode], DaggerSpec], list[Demo]]:
@@ -114,28 +123,18 @@ def _arm_rollouts(args: argparse.Namespace) -> Callable[[str, Path, list[ArmEpis
     from ..config import load_settings
     from ..runtime.block_costs import parse_cost
     from ..tools.arm_rollouts import PolicyDrive
-    from ..train.arm_demos import episodes_identity, load_demo
+    from ..train.arm_demos import episodes_identity
 
     directory = args.out / DEMOS_DIR
 
     def collect(name: str, checkpoint: Path, episodes: list[ArmEpisode], spec: DaggerSpec) -> list[Demo]:
         settings = load_settings(spec.config).replace("reasoning", {"model_dir": str(checkpoint)})
         drive = PolicyDrive(settings, parse_cost(spec.cost), spec.max_steps)
-        keys = [f"{name}-{episode.key}" for episode in episodes]
-        units = [Unit(key, (key, episode)) for key, episode in zip(keys, episodes)]
         weights = hashlib.sha256((checkpoint / "model.safetensors").read_bytes()).hexdigest()
         identity = hashlib.sha256(f"{episodes_identity(episodes)} {weights} {settings.values} {spec.cost} "
-                                  f"{spec.max_steps}"
-                                  .encode()).hexdigest()
+                                  f"{spec.max_steps}".encode()).hexdigest()
         job = Job(rollout_driver, rollout_unit, (drive, str(directory)), identity)
-        bar = (lambda done, total: None) if args.quiet else progress_bar(f"{name} episodes")
-        summary = run_units(job, units, args.out, workers=args.workers, ray_address=args.ray, resume=args.resume,
-                            progress=bar)
-        if summary.failed:
-            key, why = next(iter(summary.failed.items()))
-            raise UnitsFailed(f"{len(summary.failed)} of {len(units)} dagger episodes failed (first: {key}: {why}); "
-                              f"--resume runs only those")
-        return [load_demo(directory / summary.results[unit.key]["file"]) for unit in units]
+        return _episode_units(args, job, name, episodes, "dagger episodes")
 
     return collect
 
