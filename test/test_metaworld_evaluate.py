@@ -196,7 +196,7 @@ def test_the_memory_variant_hides_the_goal_and_says_so_or_refuses_a_task_without
 
 
 def test_aura_on_a_checkpoint_whose_recipe_never_trained_it_is_refused_in_one_line(arm_model, tmp_path, capsys):
-    """As ``vla-edge train`` writes models/metaworld (perception and bc only): no aura tensors, no dms gates."""
+    """As ``vla-edge train`` writes models/metaworld (perception, bc and dagger only): no aura tensors, no dms gates."""
     loaded()
     pytest.importorskip("torch")  # safetensors' bfloat16 needs it
     from safetensors.torch import load_file, save_file

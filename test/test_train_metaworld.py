@@ -147,17 +147,19 @@ def test_a_driven_episode_is_cut_into_pieces_that_keep_every_frame_in_order():
 
 
 def test_the_mt10_recipes_are_one_phase_the_baseline_blind_on_the_same_demonstrations():
-    """models/metaworld: the camera policy and the state-only baseline differ in nothing but ``blind`` and the
-    stages' lengths (the baseline keeps those it was measured at, the camera recipe's first ones), so they
-    learn from the same episodes (seeds, noise, labels)."""
+    """models/metaworld: the camera policy and the state-only baseline differ in nothing but ``blind``, the
+    stages' lengths (the baseline keeps those it was measured at, the camera recipe's first ones) and the camera
+    policy's dagger stage, so they learn from the same demonstrations (seeds, noise, labels)."""
     shipped = ROOT / "models" / "metaworld"
     (camera,), (baseline,) = (load_recipe(shipped / name).phases for name in ("recipe.yaml", "state-only.yaml"))
-    assert camera.spec.tasks == MT10 and camera.spec.stages == ("perception", "bc") and not camera.spec.blind
+    assert camera.spec.tasks == MT10 and camera.spec.stages == ("perception", "bc", "dagger") and not camera.spec.blind
+    assert baseline.spec.stages == ("perception", "bc")
     assert baseline.spec.perception.steps <= camera.spec.perception.steps
     assert baseline.spec.bc.steps <= camera.spec.bc.steps
     lengths = {"perception": replace(baseline.spec.perception, steps=camera.spec.perception.steps),
                "bc": replace(baseline.spec.bc, steps=camera.spec.bc.steps)}
-    assert replace(baseline.spec, blind=False, **lengths) == camera.spec and baseline.spec.blind
+    assert replace(baseline.spec, blind=False, stages=camera.spec.stages, dagger=camera.spec.dagger,
+                   **lengths) == camera.spec and baseline.spec.blind
     assert [(e.task, e.seed, e.noise) for e in arm_episodes(baseline.spec)] == \
         [(e.task, e.seed, e.noise) for e in arm_episodes(camera.spec)]
 
