@@ -17,7 +17,7 @@ from vla_edge_ros.config import defaults
 from vla_edge_ros.model.checkpoint import load_checkpoint
 from vla_edge_ros.train.recipe import load_recipe
 from vla_edge_ros.tools.lang_reach import read_templates
-from vla_edge_ros.train.spec import AuraSpec
+from vla_edge_ros.train.spec import AuraSpec, TrainSpec
 from vla_edge_ros.worlds.sim.render import COLOUR_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,8 +43,10 @@ NOT_REPRODUCIBLE = {
 }
 # today's knobs that a flat spec predates: off, as they were
 # today's knobs that every logged phase predates (train/1 and train/2 alike): what the code of the time did
+# (the dagger stage's knobs: at their defaults, since a 2-D world phase cannot run that stage)
 LATER = {"aura.tasks": [], "world": "sim", "image_size": 64, "blind": False, "metaworld.camera": "corner2",
-         "metaworld.noise": 0.0, "bc.max_stride": 1}
+         "metaworld.noise": 0.0, "bc.max_stride": 1,
+         **{f"dagger.{name}": value for name, value in asdict(TrainSpec().dagger).items()}}
 PREDATED = {"aura.dagger_episodes": 0, "aura.dagger_rounds": 4, "instructions": [], "state": False, "head": "linear",
             "chunk": 1, "mlp_hidden": 128, **LATER}
 
@@ -151,7 +153,7 @@ def recipe_file(tmp_path: Path, text: str) -> Path:
     ("phases: [{name: a, aura: {steps: many}}]", "aura.steps must be of type int, got str 'many'"),
     ("phases: [{name: a, aura: {train_decoder: 1}}]", "aura.train_decoder must be of type bool"),
     ("phases: [{name: a, bc: {lr: 3e-4}}]", "bc.lr must be a number, got the text '3e-4'"),
-    ("phases: [{name: a, stages: [bc, polish]}]", "stages[1] must be one of ['perception', 'bc', 'aura', 'dms']"),
+    ("phases: [{name: a, stages: [bc, polish]}]", "stages[1] must be one of ['perception', 'bc', 'dagger', 'aura', 'dms']"),
     ("phases: [{name: a, stages: bc}]", "stages must be a list of str"),
     ("phases: [{name: a, dms: {steps: 0}}]", "dms.steps=0 is below the minimum 1"),
     ("phases: [{name: a, aura: {dagger_rounds: 0}}]", "aura.dagger_rounds=0 is below the minimum 1"),
