@@ -479,6 +479,26 @@ def test_a_trajectory_robot_never_commanded_gets_no_stop_on_deactivate(graph):
 
 
 @needs_ros
+def test_a_new_episode_drops_the_chunks_held_and_blends_none_of_them_into_its_first(graph):
+    """``ActionSlot.new_episode`` (what the reasoning node's ~/reset_episode does): the new episode's first chunk is
+    commanded as it is, even when it arrives before the publisher ticks again; rtc would otherwise blend the held
+    chunk (of the episode before) into its overlap."""
+    heard = graph.listen(Float32MultiArray, "/vla/command")
+    slot = ActionSlot()
+    graph.start(slot, control_rate_hz=50.0, execution="rtc", action_timeout_ms=60000.0, action_min=[-1e6],
+                action_max=[1e6])
+    obs = time.monotonic_ns()
+    slot.put(np.full((500, 1), 7.0, np.float32), obs, 0, obs)
+    assert graph.spin_until(lambda: [m for _, m in heard if list(m.data) == [7.0]])
+    slot.new_episode()
+    now = time.monotonic_ns()
+    slot.put(np.full((500, 1), -3.0, np.float32), now, 0, now)  # no tick in between: nothing spins here
+    assert graph.spin_until(lambda: len([m for t, m in heard if t > now]) >= 5)
+    after = [m.data[0] for t, m in heard if t > now]
+    assert set(after) <= {7.0, -3.0} and after[-1] == -3.0, after  # 7.0: only what was already on the wire
+
+
+@needs_ros
 def test_a_chunk_is_executed_one_action_a_tick_after_a_live_switch_and_a_bad_one_never_reaches_the_wire(graph):
     """sync holds a chunk's first action; set live to chunk, the ticks walk through the chunk, each tick's action
     never ahead of its time (a tick may be late, never early). A chunk holding a NaN (not in its first row) is

@@ -97,6 +97,30 @@ def test_the_model_drives_the_simulated_arm_with_four_values_within_the_limits(a
             pipeline.shutdown()
 
 
+def test_each_new_episode_is_announced_and_starts_the_reasoning_nodes_memory_afresh(arm_model):
+    """Episodes of 12 steps back to back: before each new layout the arm calls ``~/reset_episode`` and waits for
+    the answer, so the reasoning node starts a new episode (its memory from the prompt, the slot's chunks
+    withdrawn) as evaluate starts one; none goes unannounced."""
+    from vla_edge_ros.nodes.bringup import Pipeline
+
+    loaded()
+    task = ArmTask("reach-v3", width=64, height=64, max_steps=12)
+    with private_graph() as (context, _):
+        pipeline = Pipeline(_settings(arm_model), context=context, sim_task=task)
+        try:
+            sim, reasoning = pipeline.sim, pipeline.reasoning
+            started = reasoning.episodes
+            deadline = time.monotonic() + WAIT_S
+            while sim.tally.count < 3:
+                assert time.monotonic() < deadline, f"episodes do not end: {sim.status()}"
+                pipeline.run(duration_s=0.2)
+            assert sim.unannounced == 0 and sim.summary()["unannounced_episodes"] == 0
+            assert reasoning.episodes - started >= sim.tally.count - 1  # each announced one applied by now, or next
+            assert pipeline.slot.episode >= 1
+        finally:
+            pipeline.shutdown()
+
+
 def test_the_arm_takes_four_values_or_a_stop_and_drops_the_rest(arm_model):
     from std_msgs.msg import Float32MultiArray
 

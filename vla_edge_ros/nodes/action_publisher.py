@@ -59,6 +59,7 @@ class ActionPublisher(ManagedNode):
         the node runs without knowing its engine."""
         super().__init__("action_publisher", **node_kwargs)
         self._slot = slot
+        self._episode = slot.episode  # the slot's episode the timeline holds chunks of
         self._dof = dof
         self._params = NodeParameters(self, "action_publisher", settings)
         self._knobs = OutputKnobs.of(self._params.snapshot())  # replaced whole on a live change
@@ -90,6 +91,7 @@ class ActionPublisher(ManagedNode):
     def _activate(self) -> None:
         self._ticks = EventWindow(RATE_WINDOW_S)
         self._timeline.reset()  # no chunk from before: the first tick commands what reasoning hands over now
+        self._episode = self._slot.episode
         self._last = None  # the first tick's decision is logged, whatever the last one before was
         self._start_timer()
         self.get_logger().info(f"active: commanding {self._publisher.topic_name} at "
@@ -145,6 +147,9 @@ class ActionPublisher(ManagedNode):
         knobs, timeline = self._knobs, self._timeline
         timeout_ms = knobs.action_timeout_ms
         rejected = sum(timeline.rejected.values())
+        if self._slot.episode != self._episode:  # a new episode (``ActionSlot.new_episode``): nothing held from before
+            self._episode = self._slot.episode
+            timeline.reset()
         command = timeline.command(self._slot.latest(), now, knobs, round(1e9 / self._params["control_rate_hz"]))
         if sum(timeline.rejected.values()) > rejected:
             self._ticks.add("rejected", now)

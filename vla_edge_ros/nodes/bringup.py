@@ -47,6 +47,7 @@ from ..worlds.synthetic import RATE_HZ as SYNTHETIC_RATE_HZ
 from .action_publisher import ActionPublisher
 from .camera_subscriber import CameraSubscriber
 from .managed_node import TransitionError
+from .reasoning import NODE_NAME as REASONING_NODE_NAME
 from .reasoning import ReasoningNode
 from .ros_session import ros_session
 from .sim_arm import SimArmNode
@@ -92,7 +93,8 @@ class Pipeline:
             self.sim = SimArmNode(arm, image_topic=camera["image_topic"], command_topic=publisher["command_topic"],
                                   command_type=publisher["command_type"], state_topic=camera["state_topic"] or
                                   ARM_STATE_TOPIC, camera_rate_hz=camera_rate_hz or CAMERA_RATE_HZ,
-                                  command_timeout_ms=publisher["action_timeout_ms"], **where)
+                                  command_timeout_ms=publisher["action_timeout_ms"],
+                                  reset_service=f"{REASONING_NODE_NAME}/reset_episode", **where)
         try:
             self._build(settings, where, synthetic_camera, camera_rate_hz or SYNTHETIC_RATE_HZ, sim_task,
                         sim_instructions, use_sim_time)

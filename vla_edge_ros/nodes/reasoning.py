@@ -22,7 +22,10 @@ deadline (``horizon``, handed over by bringup; without it, the fixed ``deadline_
 Live changes reach the engine between cycles, on the reasoning thread: gate knobs at once, memory
 policy knobs (``kv.*``) at the start of the next cycle, and a new ``kv.policy`` at the next episode,
 which the ``~/reset_episode`` service (std_srvs/Trigger) starts: the cache restarts from the pinned
-prompt under the configured policy. While unconfigured a change is only kept, for the next configure.
+prompt under the configured policy, the slot's chunks are withdrawn (``ActionSlot.new_episode``: the publisher
+stops until the new episode's first chunk and blends nothing of the old episode's into it), and no frame received
+before the request starts the new episode (a simulator that resets its world asks first, then shows the new
+layout). While unconfigured a change is only kept, for the next configure.
 
 A new instruction (``instruction_topic`` or the ``instruction`` parameter: ``instruction_input.py``) is
 checked where it arrives and applied between cycles, after at least one frame cycle since the previous
@@ -63,6 +66,7 @@ from .managed_node import ManagedNode
 from .parameters import NodeParameters
 
 _IDLE_S = 0.0005  # how long the loop sleeps when no new frame has arrived
+NODE_NAME = "reasoning"  # its services are ~/reset_episode, ~/save_memory under this name
 LEVELS = {Level.OK: OK, Level.WARN: WARN, Level.ERROR: ERROR}
 _SAVE_WAIT_S = 5.0  # how long ~/save_memory waits for the reasoning thread to write the block
 _JOIN_S = 5.0  # how long deactivate waits for the cycle in progress to end
@@ -75,7 +79,7 @@ class ReasoningNode(ManagedNode):
         """``settings``: the whole configuration; its reasoning section declares the parameters, and configure
         loads the engine from those parameters' values (the other sections as given, so the loader can check
         that the commands fit the model's action)."""
-        super().__init__("reasoning", **node_kwargs)
+        super().__init__(NODE_NAME, **node_kwargs)
         self.buffer = buffer
         self.slot = slot
         self._settings = settings
@@ -97,6 +101,7 @@ class ReasoningNode(ManagedNode):
         self._pending_lock = threading.Lock()
         self._pending_knobs: MemoryKnobs | None = None
         self._reset_requested = False
+        self._reset_ns = 0  # when the last ~/reset_episode asked (monotonic ns): older frames are an old episode's
         self._save_requests: list[tuple[threading.Event, list[str]]] = []
         self._zero_counters()
         self._stop = threading.Event()  # one per activation: a thread that outlived its deactivate stays stopped
@@ -220,6 +225,8 @@ class ReasoningNode(ManagedNode):
             return response
         with self._pending_lock:
             self._reset_requested = True
+            self._reset_ns = time.monotonic_ns()  # older frames, and their answers: the old episode
+        self.slot.new_episode()  # now: the publisher's next tick stops, whatever the reasoning thread is doing
         response.success = True
         response.message = (f"new episode from the next cycle: prompt re-prefilled, memory policy "
                             f"{self.params['kv.policy']}")
@@ -282,7 +289,7 @@ class ReasoningNode(ManagedNode):
                 time.sleep(_IDLE_S)
                 continue
             frame = self.buffer.read_latest()
-            if frame is None:
+            if frame is None or frame.receive_ns < self._reset_ns:  # none, or the episode before's
                 time.sleep(_IDLE_S)
                 continue
             try:
@@ -302,8 +309,9 @@ class ReasoningNode(ManagedNode):
         if result.invalid:
             self.invalid_outputs += 1
             self.get_logger().error(f"no action from this frame: {result.invalid}", throttle_duration_sec=5.0)
-        # not while deactivating: the slot is about to be cleared, and must stay so
-        if result.chunk is not None and not stop.is_set():
+        # not while deactivating (the slot is about to be cleared, and must stay so), nor an answer to a frame of the
+        # episode before a reset (asked for while this cycle ran)
+        if result.chunk is not None and not stop.is_set() and frame.receive_ns >= self._reset_ns:
             self.slot.put(result.chunk, result.ready_ns, frame.stamp_ns, frame.receive_ns)
             self.actions += 1
         feed.after_cycle(frame, result)

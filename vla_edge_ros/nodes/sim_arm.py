@@ -27,7 +27,13 @@ counts a late restart instead of rushing through a burst of steps on stale comma
 
 Episodes. The first starts on ``start`` (the pipeline calls it once the nodes are up, so the model's loading
 does not eat the first episode), from seed ``seed``; each ends at success or at the task's step limit, is
-logged and counted, and the next starts from the next seed, as the 2-D world's robot does.
+logged and counted, and the next starts from the next seed, as the 2-D world's robot does. Between two, the
+arm jumps to a new layout, which no robot does, so it says so first: with ``reset_service`` it calls the
+reasoning node's ``~/reset_episode`` and waits for the answer before showing the new layout. Each episode then
+starts as ``vla-edge evaluate`` starts one: the memory from the prompt, no chunk of the last layout executed or
+blended in, no frame of it read. Unannounced, the old episode's memory and chunk ran on into the new one and
+sent the arm astray: drawer-open succeeded on 1 of 3 episodes live, the first, against 1.00 offline (an episode
+that could not be announced is counted).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from rclpy.node import Node
 from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Float32MultiArray, Header
+from std_srvs.srv import Trigger
 
 from ..tools.arm_world import ARM_RATE_HZ, CAMERA_RATE_HZ, ArmTask, arm_command, camera_period_steps
 from ..worlds.metaworld import ACTION, STATE, MetaWorldEnv
@@ -48,6 +55,7 @@ from .sim_world import Episodes
 from .synthetic_camera import image_message
 
 ARM_COMMAND_TYPE = "float32_multi_array"
+ANNOUNCE_TIMEOUT_S = 2.0  # how long the arm waits for the reasoning node to take a new episode
 
 
 class SimArmNode(Node):
@@ -55,7 +63,7 @@ class SimArmNode(Node):
 
     def __init__(self, task: ArmTask, *, image_topic: str, command_topic: str, command_type: str, state_topic: str,
                  camera_rate_hz: float = CAMERA_RATE_HZ, seed: int = 0, command_timeout_ms: float = 200.0,
-                 **node_kwargs: Any) -> None:
+                 reset_service: str | None = None, **node_kwargs: Any) -> None:
         """Refuses (ValueError, one line) another command type, a camera rate that does not divide 80 Hz, and a
         machine without Meta-World or OSMesa (``WorldUnavailable``), before the node joins the graph."""
         if command_type != ARM_COMMAND_TYPE:
@@ -68,13 +76,14 @@ class SimArmNode(Node):
         super().__init__("sim_arm", **node_kwargs)
         self.tally = Episodes()  # to_success: steps to success
         self.commands = self.malformed_commands = 0
-        self.steps = self.stale_steps = self.frames = self.late_restarts = 0
+        self.steps = self.stale_steps = self.frames = self.late_restarts = self.unannounced = 0
         self.failure: str | None = None  # why the arm stopped stepping, if it did
         self._timeout_ns = int(command_timeout_ms * 1e6)
         self._command: tuple[np.ndarray, int] | None = None  # the newest action and when it came (node clock)
         self._image = self.create_publisher(Image, image_topic, qos_profile_sensor_data)
         self._state = self.create_publisher(JointState, state_topic, qos_profile_sensor_data)
         self.create_subscription(Float32MultiArray, command_topic, self._take, 10)
+        self._reset = None if reset_service is None else self.create_client(Trigger, reset_service)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started: float | None = None  # monotonic time of the first step
@@ -141,9 +150,26 @@ class SimArmNode(Node):
         self.get_logger().info(f"{self.task.task} episode {self.tally.count} (seed {self.seed}): "
                                f"{'succeeded' if outcome.success else 'failed'} after {outcome.steps} steps "
                                f"({outcome.time_s:.2f} s simulated); {so_far}")
+        self._announce()
         self.seed += 1
         self.env.reset(self.seed)
         self._publish()
+
+    def _announce(self) -> None:
+        """Ask for a new episode (``reset_service``) and wait for the answer, before the new layout is shown; one
+        that cannot be asked or is refused is counted and logged, and the arm goes on."""
+        if self._reset is None:
+            return
+        answered = threading.Event()
+        if self._reset.service_is_ready():
+            future = self._reset.call_async(Trigger.Request())
+            future.add_done_callback(lambda _: answered.set())
+            if answered.wait(ANNOUNCE_TIMEOUT_S) and future.result() is not None and future.result().success:
+                self._command = None  # the old layout's: the arm holds still until the new episode's first
+                return
+        self.unannounced += 1
+        self.get_logger().warning(f"the new episode could not be announced on {self._reset.srv_name}: its memory "
+                                  f"and the last chunk run on into it", throttle_duration_sec=5.0)
 
     def _publish(self) -> None:
         """The state, then the frame seen in it, with one stamp: the arm was there when it was seen."""
@@ -180,7 +206,7 @@ class SimArmNode(Node):
                 "steps": self.steps, "step_rate_hz": self.step_rate_hz(),
                 "camera_rate_hz": self.camera_rate_hz, "frames": self.frames, "commands": self.commands,
                 "malformed_commands": self.malformed_commands, "stale_steps": self.stale_steps,
-                "late_restarts": self.late_restarts, "failure": self.failure}
+                "late_restarts": self.late_restarts, "unannounced_episodes": self.unannounced, "failure": self.failure}
 
     def destroy_node(self) -> None:
         """Stop stepping (the thread publishes through this node), then free the environment's GL context."""

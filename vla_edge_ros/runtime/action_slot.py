@@ -42,6 +42,7 @@ def frozen_chunk(values: np.ndarray) -> np.ndarray:
 class ActionSlot:
     def __init__(self) -> None:
         self._latest: TimedAction | None = None
+        self.episode = 0  # bumped by ``new_episode``: the publisher drops what it holds when it changes
 
     def put(self, values: np.ndarray, ready_ns: int, frame_stamp_ns: int, obs_ns: int) -> None:
         """Publish a chunk ([H, dof], or one action [dof]) whose observation was received at ``obs_ns``."""
@@ -54,3 +55,10 @@ class ActionSlot:
         """Withdraw the newest chunk (reasoning stopped): the publisher commands a stop, not the rest of an old
         frame's chunk, which could run on for up to a horizon (or ``action_timeout_ms`` in ``sync``)."""
         self._latest = None
+
+    def new_episode(self) -> None:
+        """A new episode started: every chunk handed over so far answers another episode's frames. The newest is
+        withdrawn and ``episode`` bumped, so the publisher drops all it holds (even if it never ticked while the
+        slot was empty) and blends nothing of them into the new episode's first chunk."""
+        self._latest = None
+        self.episode += 1
