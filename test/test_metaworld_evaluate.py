@@ -165,6 +165,32 @@ def test_the_expert_row_succeeds_and_a_random_chunked_policy_runs_through_the_dr
     assert cell["episode_ticks"]["mean"] <= 60
 
 
+def test_the_dagger_stage_drives_the_arm_as_evaluate_does_and_sees_every_step_before_it_runs(arm_model, tmp_path):
+    """``tools/arm_rollouts.drive_arm`` (what training's dagger stage collects with) gives the episode evaluate's own
+    unit gives for the same checkpoint, configuration, cost, seed and step limit, and calls its look before every
+    step, the arm as that step finds it."""
+    loaded()
+    from dataclasses import asdict
+
+    from vla_edge_ros.config import load_settings
+    from vla_edge_ros.tools.arm_rollouts import PolicyDrive, drive_arm, prepare_drive
+
+    config = Path(__file__).resolve().parents[1] / "config" / "metaworld.yaml"
+    settings = load_settings(config).replace("reasoning", {"model_dir": str(arm_model), "backend": "numpy"})
+    state = prepare_drive(PolicyDrive(settings, FIXED, max_steps=12))
+    seen: list[int] = []
+    episode = drive_arm(state, "reach-v3", 3, lambda env: seen.append(env.steps))
+    assert seen == list(range(12)) and episode.ticks == 12 and episode.actions > 0
+    raw = yaml.safe_load(config.read_text())
+    raw["reasoning"]["ros__parameters"].update(model_dir=str(arm_model), backend="numpy")
+    local = tmp_path / "arm.yaml"
+    local.write_text(yaml.safe_dump(raw))
+    assert main(["evaluate", "--config", str(local), "--task", "metaworld/reach-v3", "--episodes", "1", "--seed", "3",
+                 "--max-steps", "12", "--cost", FIXED.describe(), "--out", str(tmp_path / "eval")]) == 0
+    unit = json.loads((tmp_path / "eval" / "reach-v3" / "units" / "fifo_b16_s3.json").read_text())["result"]
+    assert asdict(episode) == unit
+
+
 def test_the_command_line_evaluates_tasks_and_writes_one_report_over_them(arm_model, tmp_path, capsys):
     loaded()
     out = tmp_path / "out"

@@ -261,6 +261,7 @@ def test_a_step_the_expert_drives_is_labelled_as_its_demonstration_is():
     np.testing.assert_allclose(labelled.chunks, recorded.chunks, atol=1e-6)
 
 
+@pytest.mark.slow  # 30-60 s: two trainings with worker processes; the parts are tested alone in the default tier
 def test_a_dagger_phase_drives_the_arm_with_its_own_weights_and_resumes_them(tmp_path):
     """Two collections of two episodes each, the runtime driving the arm with the phase's weights of the time on two
     worker processes, each step labelled; the log says what was collected, the checkpoints of the collections are
