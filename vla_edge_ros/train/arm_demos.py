@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -159,9 +159,9 @@ class PlanLabeller:
 def pieces(demo: Demo, window: int) -> list[Demo]:
     """``demo`` cut into consecutive pieces of at most ``window`` frames (``DaggerSpec.window``), each a demonstration
     of its own: bc samples a demonstration's sequences back from its last frame."""
-    cuts = range(0, len(demo.frames), window)
-    return [Demo(demo.task, demo.frames[i:i + window], demo.chunks[i:i + window], demo.where[i:i + window],
-                 len(demo.frames[i:i + window]), demo.success, demo.states[i:i + window], demo.prompt) for i in cuts]
+    cuts = [slice(i, i + window) for i in range(0, len(demo.frames), window)]
+    return [replace(demo, frames=demo.frames[cut], chunks=demo.chunks[cut], where=demo.where[cut],
+                    cue_frames=len(demo.frames[cut]), states=demo.states[cut]) for cut in cuts]
 
 
 def record_arm_demos(phase: str, episodes: list[ArmEpisode]) -> list[Demo]:

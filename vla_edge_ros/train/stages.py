@@ -255,24 +255,29 @@ def behaviour_cloning(model: VlaModel, demos: list[Demo], spec: BcSpec, rng: np.
     _fit_actions(model, spec, batches(demos, spec, rng, partial=True, max_stride=spec.max_stride), progress)
 
 
+def aggregated(demos: list[Demo], steps: int, batch: int, rounds: int, collect: Callable[[int], list[Demo]],
+               rng: np.random.Generator) -> Iterator[list[Demo]]:
+    """DAgger's episodes for each of ``steps`` batches: half of each (``batch // 2``) from the policy's own episodes,
+    which ``collect(round)`` gathers with the weights of the time (``rounds`` times, evenly spread, the first at
+    step 0) into a pool that grows with each (DAgger's aggregation); the other half demonstrations, so what the
+    experts showed stays."""
+    every = max(1, steps // rounds)
+    own = batch // 2
+    pool: list[Demo] = []
+    for step in range(steps):
+        if step % every == 0 and step // every < rounds:
+            pool.extend(collect(step // every))
+        chosen = [demos[i] for i in rng.choice(len(demos), size=batch - own, replace=False)]
+        yield chosen + [pool[i] for i in rng.choice(len(pool), size=own, replace=len(pool) < own)]
+
+
 def dagger(model: VlaModel, demos: list[Demo], spec: DaggerSpec, rng: np.random.Generator,
            collect: Callable[[int], list[Demo]], progress: Progress) -> None:
-    """Behaviour cloning with half of each batch from the policy's own episodes: ``collect(round)`` gathers them
-    with the weights of the time (``spec.rounds`` times, evenly spread, the first at step 0), and the pool grows
-    with each (DAgger's aggregation); the other half are demonstrations, so what the experts showed stays."""
-    every = max(1, spec.steps // spec.rounds)
-    own = spec.batch // 2
-    pool: list[Demo] = []
-
-    def steps() -> Iterator[Batch]:
-        for step in range(spec.steps):
-            if step % every == 0 and step // every < spec.rounds:
-                pool.extend(collect(step // every))
-            chosen = [demos[i] for i in rng.choice(len(demos), size=spec.batch - own, replace=False)]
-            chosen += [pool[i] for i in rng.choice(len(pool), size=own, replace=len(pool) < own)]
-            yield make_batch(chosen, [sample_frames(d, rng, spec.max_frames, spec.max_stride) for d in chosen])
-
-    _fit_actions(model, spec, steps(), progress)
+    """Behaviour cloning on ``aggregated`` batches: the arm's demonstrations and the policy's own episodes
+    (``collect``), sampled as bc samples its sequences."""
+    chosen = aggregated(demos, spec.steps, spec.batch, spec.rounds, collect, rng)
+    _fit_actions(model, spec, (make_batch(episodes, [sample_frames(d, rng, spec.max_frames, spec.max_stride)
+                                                      for d in episodes]) for episodes in chosen), progress)
 
 
 def aura_unroll(model: VlaModel, batch: Batch, beta: float, forced: torch.Tensor | None = None) -> AuraPass:
@@ -367,16 +372,13 @@ def aura_batches(model: VlaModel, demos: list[Demo], wording: Wording, spec: Aur
     if not spec.dagger_episodes:
         yield from batches(demos, spec, rng, partial=False)
         return
-    own = spec.batch // 2
     tasks = [TaskSpec(name=name) for name in dict.fromkeys(demo.task for demo in demos)]
-    every = max(1, spec.steps // spec.dagger_rounds)
-    pool: list[Demo] = []
-    for step in range(spec.steps):
-        if step % every == 0 and step // every < spec.dagger_rounds:
-            seeds = [int(seed) for seed in rng.integers(2**31, 2**62, size=spec.dagger_episodes)]
-            pool += aura_rollouts(model, wording, tasks, seeds, spec.beta, spec.max_frames)
-        chosen = [demos[i] for i in rng.choice(len(demos), size=spec.batch - own, replace=False)]
-        chosen += [pool[i] for i in rng.choice(len(pool), size=own, replace=False)]
+
+    def collect(round_: int) -> list[Demo]:
+        seeds = [int(seed) for seed in rng.integers(2**31, 2**62, size=spec.dagger_episodes)]
+        return aura_rollouts(model, wording, tasks, seeds, spec.beta, spec.max_frames)
+
+    for chosen in aggregated(demos, spec.steps, spec.batch, spec.dagger_rounds, collect, rng):
         yield make_batch(chosen, [np.arange(min(len(demo.frames), spec.max_frames)) for demo in chosen])
 
 
