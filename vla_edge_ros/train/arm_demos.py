@@ -67,9 +67,14 @@ class ArmEpisode:
 
 def arm_episodes(spec: TrainSpec) -> list[ArmEpisode]:
     """A phase's demonstrations: ``spec.episodes`` of them, the tasks alternating, seeds ``demos.demo_seed``."""
-    return [ArmEpisode(task=spec.tasks[i % len(spec.tasks)], seed=demo_seed(spec.seed, i),
-                       camera=spec.metaworld.camera, image_size=spec.image_size, chunk=spec.chunk,
-                       noise=spec.metaworld.noise, render=not spec.blind) for i in range(spec.episodes)]
+    return [arm_episode(spec, i, demo_seed(spec.seed, i), spec.metaworld.noise) for i in range(spec.episodes)]
+
+
+def arm_episode(spec: TrainSpec, index: int, seed: int, noise: float) -> ArmEpisode:
+    """The ``index``-th episode of a phase (its task: the phase's tasks alternating) from ``seed``, recorded with the
+    phase's camera, frame size, chunk and blindness."""
+    return ArmEpisode(task=spec.tasks[index % len(spec.tasks)], seed=seed, camera=spec.metaworld.camera,
+                      image_size=spec.image_size, chunk=spec.chunk, noise=noise, render=not spec.blind)
 
 
 def arm_where(observation: np.ndarray) -> np.ndarray:

@@ -26,7 +26,7 @@ from ..model.instruction import TEMPLATE_FILE, InstructionTokenizer
 from ..model.tokenizer_files import write_tokenizer
 from ..worlds.metaworld import ACTION, description
 from ..worlds.sim.world import TaskSpec
-from .arm_demos import ArmEpisode, arm_episodes, arm_state_statistics, pieces, record_arm_demos
+from .arm_demos import ArmEpisode, arm_episode, arm_episodes, arm_state_statistics, pieces, record_arm_demos
 from .demos import Demo, odometry_statistics, record_demos
 from .recipe import Recipe
 from .spec import METAWORLD, DaggerSpec, TrainSpec
@@ -124,9 +124,7 @@ def train(spec: TrainSpec, out: Path, name: str, progress: StageProgress = lambd
         for file in TOKENIZER_FILES:
             shutil.copyfile(out / file, where / file)
         seeds = rng.integers(2**31, 2**62, size=spec.dagger.episodes)
-        episodes = [ArmEpisode(task=spec.tasks[i % len(spec.tasks)], seed=int(seed), camera=spec.metaworld.camera,
-                               image_size=spec.image_size, chunk=spec.chunk, render=not spec.blind)
-                    for i, seed in enumerate(seeds)]
+        episodes = [arm_episode(spec, i, int(seed), noise=0.0) for i, seed in enumerate(seeds)]
         assert rollout_arm is not None  # checked on entry
         driven = rollout_arm(f"{name}-dagger{round_}", where, episodes, spec.dagger)
         log.dagger.append({"round": round_, "episodes": len(driven), "frames": int(sum(len(d.frames) for d in driven)),
