@@ -166,14 +166,14 @@ def test_the_expert_row_succeeds_and_a_random_chunked_policy_runs_through_the_dr
 
 
 def test_the_dagger_stage_drives_the_arm_as_evaluate_does_and_sees_every_step_before_it_runs(arm_model, tmp_path):
-    """``tools/arm_rollouts.drive_arm`` (what training's dagger stage collects with) gives the episode evaluate's own
+    """``tools/policy_rollouts.drive_arm`` (what training's dagger stage collects with) gives the episode evaluate's own
     unit gives for the same checkpoint, configuration, cost, seed and step limit, and calls its look before every
     step, the arm as that step finds it."""
     loaded()
     from dataclasses import asdict
 
     from vla_edge_ros.config import load_settings
-    from vla_edge_ros.tools.arm_rollouts import PolicyDrive, drive_arm, prepare_drive
+    from vla_edge_ros.tools.policy_rollouts import PolicyDrive, drive_arm, prepare_drive
 
     config = Path(__file__).resolve().parents[1] / "config" / "metaworld.yaml"
     settings = load_settings(config).replace("reasoning", {"model_dir": str(arm_model), "backend": "numpy"})

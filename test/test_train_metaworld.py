@@ -26,14 +26,15 @@ from vla_edge_ros.memory import FifoPolicy
 from vla_edge_ros.model.checkpoint import load_checkpoint
 from vla_edge_ros.model.init_model import AURA_DIM, preset
 from vla_edge_ros.train.arm_demos import (ArmEpisode, ArmRecorder, PlanLabeller, arm_episodes, arm_state_statistics,
-                                          load_demo, pieces)
-from vla_edge_ros.train.demos import Demo
+                                          pieces)
+from vla_edge_ros.train.demos import Demo, load_demo
 from vla_edge_ros.train.recipe import load_recipe
 from vla_edge_ros.train.spec import TrainSpec
 from vla_edge_ros.train.stages import dagger
 from vla_edge_ros.train.torch_model import VlaModel
 from vla_edge_ros.train.trainer import phase_config, train
 from vla_edge_ros.worlds.metaworld import MT10, ArmSpec, MetaWorldEnv, WorldUnavailable, backend
+from train_runs import assert_resume_keeps
 
 pytestmark = pytest.mark.train
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +71,7 @@ def _recipe(path: Path, **knobs) -> Path:
     ({"blind": True}, r"blind: a model that sees no frames needs the robot's state \(state: true\)"),
     ({"image_size": 66}, "image_size: a frame is cut into 4 x 4 patches"),
     ({**SMALL, "metaworld": {"camera": "topdown"}}, "metaworld.camera"),
-    ({"stages": ["bc", "dagger"]}, "stages: dagger collects the Meta-World arm's closed-loop episodes"),
+    ({"dagger": {"max_steps": 100}}, "dagger.max_steps: the 2-D world's episodes end at their task's time limit"),
     ({**SMALL, "dagger": {"batch": 8, "episodes": 3}}, "cannot fill half a batch of 8"),
     ({**SMALL, "dagger": {"cost": "measured"}}, "dagger.cost: the collected episodes run on a fixed cost model"),
     ({**SMALL, "dagger": {"cost": "fixed:encode=8ms"}}, "fixed cost model lacks decode"),
@@ -282,11 +283,7 @@ def test_a_dagger_phase_drives_the_arm_with_its_own_weights_and_resumes_them(tmp
         demo = load_demo(path)
         assert len(demo.frames) == 9 and demo.chunks.shape == (9, 4, 4) and np.abs(demo.chunks).max() <= 1
     assert not (out / "dagger").exists()
-    weights = (out / "model.safetensors").read_bytes()
-    stamps = {path: path.stat().st_mtime_ns for path in driven}
-    assert main(["train", "--recipe", str(recipe), "--out", str(out), "--workers", "2", "--quiet", "--resume"]) == 0
-    assert {path: path.stat().st_mtime_ns for path in driven} == stamps
-    assert (out / "model.safetensors").read_bytes() == weights
+    assert_resume_keeps(recipe, out, driven)
 
 
 def test_a_blind_phase_acts_on_the_state_alone_in_the_camera_models_format(tmp_path):

@@ -43,7 +43,7 @@ NOT_REPRODUCIBLE = {
 }
 # today's knobs that a flat spec predates: off, as they were
 # today's knobs that every logged phase predates (train/1 and train/2 alike): what the code of the time did
-# (the dagger stage's knobs: at their defaults, since a 2-D world phase cannot run that stage)
+# (the dagger stage's knobs: at their defaults, since no logged 2-D world phase ran that stage)
 LATER = {"aura.tasks": [], "world": "sim", "image_size": 64, "blind": False, "metaworld.camera": "corner2",
          "metaworld.noise": 0.0, "bc.max_stride": 1,
          **{f"dagger.{name}": value for name, value in asdict(TrainSpec().dagger).items()}}

@@ -5,9 +5,10 @@ Every knob that decides the weights is in the recipe, so the file and train_log.
 made. The flags are only how this machine runs it: where to write, torch's threads, progress bars,
 ``--scale`` for a smoke run of a recipe (the log records the scaled steps), and ``--workers`` / ``--ray`` /
 ``--resume`` for Meta-World's demonstrations and the dagger stage's episodes, recorded as units of
-``tools/parallel.py`` (one episode each, saved under ``OUT/demos``): rendering is most of their cost, and the
-units are independent. The dagger stage's episodes are driven by the runtime (``tools/arm_rollouts.py``) and
-labelled by the trainer's ``PlanLabeller``: this module is where the two meet.
+``tools/parallel.py`` (one episode each, saved under ``OUT/demos``): rendering and the runtime's cycles are most
+of their cost, and the units are independent. The dagger stage's episodes are driven by the runtime
+(``tools/policy_rollouts.py``) and labelled by the trainer's ``PlanLabeller`` (the arm) or ``PlanarLabeller`` (the
+2-D world): this module is where the two meet.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from ..tools.parallel import Job, UnitsFailed, Unit, progress_bar, run_units
 from .args import add_parallel_arguments, count
 
 if TYPE_CHECKING:  # the trainer's modules load at run time, after the recipe is checked
-    from ..tools.arm_rollouts import PolicyDrive
+    from ..tools.policy_rollouts import PolicyDrive
     from ..train.arm_demos import ArmEpisode
-    from ..train.demos import Demo
+    from ..train.demos import Demo, PlanarEpisode
     from ..train.spec import DaggerSpec
 
 DEMOS_DIR = "demos"  # under --out: Meta-World's demonstrations, one .npz an episode (what --resume keeps)
@@ -75,7 +76,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if step + 1 == steps:
             bar.close()
 
-    logs = train_recipe(recipe, args.out, progress, _arm_recording(args), _arm_rollouts(args))
+    logs = train_recipe(recipe, args.out, progress, _arm_recording(args), _rollouts(args))
     phases = ", ".join(f"{log.name} {sum(log.seconds.values()):.0f} s" for log in logs)
     print(f"wrote {args.out} (config.json, model.safetensors, train_log.json); {phases}")
     return 0
@@ -97,11 +98,12 @@ def _arm_recording(args: argparse.Namespace) -> Callable[[str, list[ArmEpisode]]
     return record
 
 
-def _episode_units(args: argparse.Namespace, job: Job, name: str, episodes: list[ArmEpisode], what: str) -> list[Demo]:
+def _episode_units(args: argparse.Namespace, job: Job, name: str, episodes: list[ArmEpisode] | list[PlanarEpisode],
+                   what: str) -> list[Demo]:
     """Each of ``episodes`` as a unit of ``job`` (on ``--workers`` processes or ``--ray``, ``--resume`` keeping those
     an earlier run of the same job left), saved as ``OUT/demos/<name>-<task>-<seed>.npz`` and loaded back in order;
     any failure is one line."""
-    from ..train.arm_demos import load_demo
+    from ..train.demos import load_demo
 
     keys = [f"{name}-{episode.key}" for episode in episodes]
     units = [Unit(key, (key, episode)) for key, episode in zip(keys, episodes)]
@@ -115,23 +117,29 @@ def _episode_units(args: argparse.Namespace, job: Job, name: str, episodes: list
     return [load_demo(args.out / DEMOS_DIR / summary.results[unit.key]["file"]) for unit in units]
 
 
-def _arm_rollouts(args: argparse.Namespace) -> Callable[[str, Path, list[ArmEpisode], DaggerSpec], list[Demo]]:
+def _rollouts(args: argparse.Namespace
+              ) -> Callable[[str, Path, list[ArmEpisode] | list[PlanarEpisode], DaggerSpec], list[Demo]]:
     """How the dagger stage's episodes are collected: units as the demonstrations are, each the runtime driving
-    the arm with the collection's checkpoint (``tools/arm_rollouts.py``) while ``PlanLabeller`` labels every step,
-    saved to ``OUT/demos/<phase>-dagger<round>-<task>-<seed>.npz``. A unit resumes only for the same checkpoint
-    bytes, configuration and cost model."""
+    the world with the collection's checkpoint (``tools/policy_rollouts.py``) while the world's labeller labels
+    what the policy visits, saved to ``OUT/demos/<phase>-dagger<round>-<task>-<seed>.npz``. A unit resumes only for
+    the same episodes, checkpoint bytes, configuration and cost model."""
     from ..config import load_settings
     from ..runtime.block_costs import parse_cost
-    from ..tools.arm_rollouts import PolicyDrive
+    from ..tools.policy_rollouts import PolicyDrive
     from ..train.arm_demos import episodes_identity
+    from ..train.demos import PlanarEpisode, planar_identity
 
     directory = args.out / DEMOS_DIR
 
-    def collect(name: str, checkpoint: Path, episodes: list[ArmEpisode], spec: DaggerSpec) -> list[Demo]:
+    def collect(name: str, checkpoint: Path, episodes: list[ArmEpisode] | list[PlanarEpisode],
+                spec: DaggerSpec) -> list[Demo]:
         settings = load_settings(spec.config).replace("reasoning", {"model_dir": str(checkpoint)})
-        drive = PolicyDrive(settings, parse_cost(spec.cost), spec.max_steps)
+        planar = isinstance(episodes[0], PlanarEpisode)
+        longest = max(len(episode.prompt) for episode in episodes) if planar else 0
+        drive = PolicyDrive(settings, parse_cost(spec.cost), spec.max_steps, longest)
         weights = hashlib.sha256((checkpoint / "model.safetensors").read_bytes()).hexdigest()
-        identity = hashlib.sha256(f"{episodes_identity(episodes)} {weights} {settings.values} {spec.cost} "
+        described = planar_identity(episodes) if planar else episodes_identity(episodes)
+        identity = hashlib.sha256(f"{described} {weights} {settings.values} {spec.cost} "
                                   f"{spec.max_steps}".encode()).hexdigest()
         job = Job(rollout_driver, rollout_unit, (drive, str(directory)), identity)
         return _episode_units(args, job, name, episodes, "dagger episodes")
@@ -142,7 +150,7 @@ def _arm_rollouts(args: argparse.Namespace) -> Callable[[str, Path, list[ArmEpis
 def rollout_driver(context: tuple[PolicyDrive, str]) -> tuple[dict, Path]:
     """A worker's state (``Job.prepare``) for the dagger stage's units: the policy, loaded once, and where the
     episodes go."""
-    from ..tools.arm_rollouts import prepare_drive
+    from ..tools.policy_rollouts import prepare_drive
 
     drive, directory = context
     path = Path(directory)
@@ -150,16 +158,21 @@ def rollout_driver(context: tuple[PolicyDrive, str]) -> tuple[dict, Path]:
     return prepare_drive(drive), path
 
 
-def rollout_unit(state: tuple[dict, Path], spec: tuple[str, ArmEpisode]) -> dict:
-    """One unit (``Job.work``): the policy drives the episode, every step labelled (``PlanLabeller``), saved as
-    ``<key>.npz``; the result names the file and sums it up."""
-    from ..tools.arm_rollouts import drive_arm
-    from ..train.arm_demos import PlanLabeller, save_demo
+def rollout_unit(state: tuple[dict, Path], spec: tuple[str, ArmEpisode | PlanarEpisode]) -> dict:
+    """One unit (``Job.work``): the policy drives the episode, what it visits labelled as a demonstration is, saved
+    as ``<key>.npz``; the result names the file and sums it up."""
+    from ..tools.policy_rollouts import drive_arm, drive_planar
+    from ..train.arm_demos import PlanLabeller
+    from ..train.demos import PlanarEpisode, PlanarLabeller, save_demo
 
     drive, directory = state
     key, episode = spec
-    labeller = PlanLabeller(episode)
-    outcome = drive_arm(drive, episode.task, episode.seed, labeller.see)
+    if isinstance(episode, PlanarEpisode):
+        labeller = PlanarLabeller(episode)
+        outcome = drive_planar(drive, episode.task, episode.seed, episode.prompt, labeller.see)
+    else:
+        labeller = PlanLabeller(episode)
+        outcome = drive_arm(drive, episode.task, episode.seed, labeller.see)
     demo = labeller.demo(outcome.success)
     name = f"{key}.npz"
     save_demo(demo, directory / name)

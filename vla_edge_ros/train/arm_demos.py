@@ -38,10 +38,9 @@ from ..model.config import StateConfig
 from ..model.vision import resize_frame
 from ..worlds.metaworld import STATE, ArmSpec, MetaWorldEnv
 from ..worlds.metaworld.spec import MAX_PATH_LENGTH
-from .demos import NOISE_THETA, Demo, demo_seed
+from .demos import DEMO_SCHEMA, NOISE_THETA, Demo, demo_seed, save_demo
 from .spec import TrainSpec
 
-DEMO_SCHEMA = "vla_edge_ros.arm_demo/1"  # what a unit's .npz holds; part of a parallel run's identity
 OBJECT, GOAL = slice(4, 6), slice(36, 38)  # the object's and the goal's (x, y) in the 39-value observation
 TABLE_LOW, TABLE_SPAN = np.array([-0.5, 0.3]), np.array([1.0, 0.8])  # x, y (m) of the table -> about [0, 1]
 MIN_STATE_STD = 1e-3  # a state value that hardly moves in the demonstrations is not blown up by its tiny std
@@ -186,24 +185,6 @@ def arm_state_statistics(demos: Sequence[Demo]) -> StateConfig:
 
 
 # --- demonstrations as units of tools/parallel.py ---------------------------------------------------------------
-
-
-def save_demo(demo: Demo, path: Path) -> None:
-    """``demo`` (without its prompt, which the trainer words) as a compressed .npz, written whole or not at all."""
-    temporary = path.with_name(path.name + ".tmp.npz")
-    np.savez_compressed(temporary, schema=DEMO_SCHEMA, task=demo.task, frames=demo.frames, chunks=demo.chunks,
-                        where=demo.where, states=demo.states, success=demo.success)
-    temporary.replace(path)
-
-
-def load_demo(path: Path) -> Demo:
-    """A demonstration ``save_demo`` wrote; ValueError for a file of another kind."""
-    with np.load(path) as stored:
-        if str(stored["schema"]) != DEMO_SCHEMA:
-            raise ValueError(f"{path}: not a Meta-World demonstration of this version ({DEMO_SCHEMA})")
-        frames = stored["frames"]
-        return Demo(str(stored["task"]), frames, stored["chunks"], stored["where"], len(frames),
-                    bool(stored["success"]), stored["states"], ())
 
 
 def unit_recorder(directory: str) -> tuple[ArmRecorder, Path]:

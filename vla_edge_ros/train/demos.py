@@ -26,7 +26,9 @@ unknowable from the sequence; the model learns what a memory-less policy can do 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -35,6 +37,7 @@ from ..model.vision import resize_frame
 from ..worlds.sim.world import ODOMETRY, CueReachEnv, TaskSpec
 from .wording import FIXED, Wording
 
+DEMO_SCHEMA = "vla_edge_ros.demo/2"  # what a saved demonstration's .npz holds; part of a parallel run's identity
 NOISE_SIGMA = 0.3       # stationary std of the OU command noise, per component
 NOISE_THETA = 0.2       # OU mean reversion per step (~5 steps of correlation at 30 Hz)
 DEMO_FRAMES = 100       # frames recorded at most, release included (the expert needs ~25 after the release)
@@ -129,6 +132,75 @@ def record_demos(specs: list[TaskSpec], episodes: int, seed: int, image_size: in
     chunk of ``chunk`` actions."""
     return [record_demo(specs[i % len(specs)], demo_seed(seed, i), image_size, wording, chunk=chunk)
             for i in range(episodes)]
+
+
+@dataclass(frozen=True)
+class PlanarEpisode:
+    """One episode of the 2-D world the policy drives in the dagger stage (a parallel unit's spec): its task, layout
+    and the prompt ids it is told, as a demonstration of that seed is worded."""
+
+    task: str
+    seed: int
+    image_size: int
+    chunk: int
+    prompt: tuple[int, ...]
+
+    @property
+    def key(self) -> str:
+        """File-name safe and unique within a collection: the task and the seed."""
+        return f"{self.task}-{self.seed}"
+
+
+class PlanarLabeller:
+    """Labels the frames of an episode someone else drives (the policy, in the dagger stage) as ``record_demo``
+    labels a demonstration's: ``see(env, frame)`` as each frame is seen records it at the model's size with the
+    expert's chunk for the state it shows, where the robot and the goal are, and the odometry; ``demo`` hands
+    them over with the episode's prompt."""
+
+    def __init__(self, episode: PlanarEpisode) -> None:
+        self.episode = episode
+        self._frames: list[np.ndarray] = []
+        self._chunks: list[np.ndarray] = []
+        self._where: list[np.ndarray] = []
+        self._states: list[np.ndarray] = []
+
+    def see(self, env: CueReachEnv, frame: np.ndarray) -> None:
+        self._frames.append(resize_frame(frame, self.episode.image_size))
+        self._chunks.append(env.expert_chunk(self.episode.chunk))
+        self._where.append(np.concatenate([env.robot, env.targets[env.goal]]))
+        self._states.append(env.odometry())
+
+    def demo(self, success: bool) -> Demo:
+        """What was seen (at least the first frame)."""
+        spec = TaskSpec(name=self.episode.task)
+        return Demo(spec.name, np.stack(self._frames), np.asarray(self._chunks, np.float32),
+                    np.asarray(self._where, np.float32), cue_frames(spec, len(self._frames)), success,
+                    np.stack(self._states), self.episode.prompt)
+
+
+def planar_identity(episodes: list[PlanarEpisode]) -> str:
+    """What the units of ``episodes`` depend on besides their keys, for ``Job.identity``: the schema and every
+    episode's settings and prompt, so that an episode told other words is never resumed."""
+    return json.dumps([DEMO_SCHEMA, [asdict(episode) for episode in episodes]])
+
+
+def save_demo(demo: Demo, path: Path) -> None:
+    """``demo`` as a compressed .npz (a parallel unit's result file), written whole or not at all."""
+    temporary = path.with_name(path.name + ".tmp.npz")
+    np.savez_compressed(temporary, schema=DEMO_SCHEMA, task=demo.task, frames=demo.frames, chunks=demo.chunks,
+                        where=demo.where, cue_frames=demo.cue_frames, states=demo.states, success=demo.success,
+                        prompt=np.asarray(demo.prompt, np.int64))
+    temporary.replace(path)
+
+
+def load_demo(path: Path) -> Demo:
+    """A demonstration ``save_demo`` wrote; ValueError for a file of another kind."""
+    with np.load(path) as stored:
+        if str(stored["schema"]) != DEMO_SCHEMA:
+            raise ValueError(f"{path}: not a demonstration of this version ({DEMO_SCHEMA})")
+        return Demo(str(stored["task"]), stored["frames"], stored["chunks"], stored["where"],
+                    int(stored["cue_frames"]), bool(stored["success"]), stored["states"],
+                    tuple(int(i) for i in stored["prompt"]))
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, Param, read_yaml, resolve_path, shown
-from .spec import TrainSpec
+from .spec import WORLD_CONFIGS, TrainSpec
 
 PHASES_DIR = "phases"  # under the output directory: the checkpoints of every phase but the last
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # a phase's name is part of its directory's
@@ -93,8 +93,8 @@ def _phase(item: Any, number: int, path: Path, taken: set[str]) -> Phase:
     if spec.init_from is not None:
         spec = replace(spec, init_from=resolve_path(spec.init_from, path.resolve().parent))
     if "dagger" in spec.stages:
-        spec = replace(spec, dagger=replace(spec.dagger, config=resolve_path(spec.dagger.config,
-                                                                             path.resolve().parent)))
+        config = spec.dagger.config or WORLD_CONFIGS[spec.world]
+        spec = replace(spec, dagger=replace(spec.dagger, config=resolve_path(config, path.resolve().parent)))
     return Phase(name, spec)
 
 

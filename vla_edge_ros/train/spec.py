@@ -31,6 +31,7 @@ WORLDS = (SIM, METAWORLD)
 WORLD_TASKS = {SIM: DEMONSTRATED_TASKS, METAWORLD: ARM_TASKS}  # each world's scripted experts
 ARM_STAGES = ("perception", "bc", "dagger")  # aura and dms learn the 2-D world's memory tasks; Meta-World's need no memory
 ROLLOUT_COST = "fixed:encode=8ms,decode=1ms"  # the cycle cost MT10's figures are measured at (docs/metaworld.md)
+WORLD_CONFIGS = {SIM: "config/default.yaml", METAWORLD: "config/metaworld.yaml"}  # what each world's robot runs under
 
 
 def knob(doc: str, default: Any = MISSING, *, minimum: float | None = None, maximum: float | None = None,
@@ -71,9 +72,10 @@ class BcSpec(EpisodeStageSpec):
 
 @dataclass(frozen=True)
 class DaggerSpec(BcSpec):
-    """Behaviour cloning on the arm's own closed-loop episodes beside the demonstrations (DAgger, Ross et al.
+    """Behaviour cloning on the policy's own closed-loop episodes beside the demonstrations (DAgger, Ross et al.
     2011): ``rounds`` times, evenly spread, the policy as it is then drives ``episodes`` fresh layouts through the
-    runtime as ``vla-edge evaluate`` does, and every step it visits is labelled with the expert's plan from there."""
+    runtime as ``vla-edge evaluate`` does, and every step it visits is labelled as a demonstration's is there (the
+    2-D world: the expert's chunk; the arm: the expert's plan)."""
 
     rounds: int = knob("collections of the policy's episodes, evenly spread over the steps, the first at step 0", 2,
                        minimum=1, maximum=1000)
@@ -83,13 +85,14 @@ class DaggerSpec(BcSpec):
                        "demonstration is (its sequences end at its last frame): a failed episode runs to the step "
                        "limit, and bc's sequences reach back max_frames x max_stride frames at most", 128,
                        minimum=1, maximum=100_000)
-    max_steps: int = knob("a collected episode ends at success or after this many steps (evaluate's --max-steps)",
+    max_steps: int = knob("world metaworld: a collected episode ends at success or after this many steps "
+                          "(evaluate's --max-steps; the 2-D world's end at their task's time limit)",
                           MAX_PATH_LENGTH, minimum=1, maximum=MAX_PATH_LENGTH)
     cost: str = knob("the fixed cost model the collected episodes' cycles are charged (evaluate's --cost)",
                      ROLLOUT_COST)
     config: str = knob("the runtime configuration the policy drives under (evaluate's --config; its model_dir is "
                        "replaced by the weights of the time): relative, against the recipe file, then the package "
-                       "share", "config/metaworld.yaml")
+                       "share; empty: the world's own (config/default.yaml, config/metaworld.yaml)", "")
 
     def __post_init__(self) -> None:
         if self.episodes < self.batch // 2:
@@ -198,13 +201,12 @@ class TrainSpec:
                                   "Meta-World's names)", ("reach", "cue-reach"),
                                   choices=DEMONSTRATED_TASKS + ARM_TASKS)
     episodes: int = knob("scripted-expert demonstrations for bc, aura and dms", 1200, minimum=1, maximum=100_000)
-    stages: tuple[str, ...] = knob("the stages that run, always in the order perception, bc, dagger, aura, dms "
-                                   "(dagger: world metaworld only)",
+    stages: tuple[str, ...] = knob("the stages that run, always in the order perception, bc, dagger, aura, dms",
                                    tuple(stage for stage in STAGES if stage != "dagger"), choices=STAGES)
     init_from: str | None = knob("checkpoint whose weights the phase starts from (None: fresh weights)", None)
     perception: StageSpec = knob("single frames that show what to do", StageSpec(steps=1000, batch=64, lr=1e-3))
     bc: BcSpec = knob("behaviour cloning on whole and partial episodes", BcSpec(steps=900, batch=4, lr=1e-3))
-    dagger: DaggerSpec = knob("world metaworld: bc on the policy's own closed-loop episodes beside the demonstrations",
+    dagger: DaggerSpec = knob("bc on the policy's own closed-loop episodes beside the demonstrations",
                               DaggerSpec(steps=2000, batch=8, lr=3e-4, max_frames=16, max_stride=24))
     aura: AuraSpec = knob("the aura memory (and with train_decoder the decoder)",
                           AuraSpec(steps=500, batch=8, lr=3e-3))
@@ -252,9 +254,9 @@ class TrainSpec:
         if self.world == SIM:
             if self.metaworld != MetaWorldSpec():
                 raise ValueError("metaworld: its knobs are for world: metaworld")
-            if "dagger" in self.stages:
-                raise ValueError("stages: dagger collects the Meta-World arm's closed-loop episodes; the 2-D world's "
-                                 "DAgger is aura.dagger_episodes")
+            if self.dagger.max_steps != MAX_PATH_LENGTH:
+                raise ValueError("dagger.max_steps: the 2-D world's episodes end at their task's time limit; "
+                                 "max_steps is for world: metaworld")
             return
         memory = [stage for stage in self.stages if stage not in ARM_STAGES]
         if memory:

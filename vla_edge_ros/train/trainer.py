@@ -25,9 +25,9 @@ from ..model.init_model import AURA_DIM, preset, write_model
 from ..model.instruction import TEMPLATE_FILE, InstructionTokenizer
 from ..model.tokenizer_files import write_tokenizer
 from ..worlds.metaworld import ACTION, description
-from ..worlds.sim.world import TaskSpec
+from ..worlds.sim.world import CueReachEnv, TaskSpec
 from .arm_demos import ArmEpisode, arm_episode, arm_episodes, arm_state_statistics, pieces, record_arm_demos
-from .demos import Demo, odometry_statistics, record_demos
+from .demos import Demo, PlanarEpisode, odometry_statistics, record_demos
 from .recipe import Recipe
 from .spec import METAWORLD, DaggerSpec, TrainSpec
 from .stages import behaviour_cloning, dagger, demo_perception, perception, train_aura, train_dms
@@ -42,33 +42,35 @@ StageProgress = Callable[[str, int, int, dict[str, float]], None]
 # records a phase's Meta-World demonstrations, in order, their prompts left empty (the phase's name, for files)
 ArmRecording = Callable[[str, list[ArmEpisode]], list[Demo]]
 # the dagger stage's collection: (a name for its files, the checkpoint whose policy drives, the episodes, the stage's
-# knobs) -> each episode as the policy drove it, labelled as a demonstration (``arm_demos.PlanLabeller``), in order
-ArmRollouts = Callable[[str, Path, list[ArmEpisode], DaggerSpec], list[Demo]]
+# knobs) -> each episode as the policy drove it, labelled as a demonstration (``arm_demos.PlanLabeller``,
+# ``demos.PlanarLabeller``), in order
+Rollouts = Callable[[str, Path, list[ArmEpisode] | list[PlanarEpisode], DaggerSpec], list[Demo]]
 DAGGER_DIR = "dagger"  # under a phase's output while it runs: the checkpoint of each collection
 
 
 def train_recipe(recipe: Recipe, out: Path, progress: StageProgress = lambda *args: None,
-                 record_arm: ArmRecording = record_arm_demos, rollout_arm: ArmRollouts | None = None) -> list[PhaseLog]:
+                 record_arm: ArmRecording = record_arm_demos, rollouts: Rollouts | None = None) -> list[PhaseLog]:
     """Every phase of ``recipe`` where ``Recipe.chained`` puts it, ``out/train_log.json`` rewritten after each;
     ``progress`` sees each stage as "<phase> <stage>"; ``record_arm`` records Meta-World's demonstrations (the
-    command line's runs them on ``--workers`` processes), ``rollout_arm`` the dagger stage's episodes (the
+    command line's runs them on ``--workers`` processes), ``rollouts`` the dagger stage's episodes (the
     runtime drives them: the command line gives it)."""
     logs: list[PhaseLog] = []
     for phase, where in recipe.chained(out):
         def tagged(stage: str, step: int, steps: int, figures: dict[str, float], name: str = phase.name) -> None:
             progress(f"{name} {stage}", step, steps, figures)
 
-        logs.append(train(phase.spec, where, phase.name, tagged, record_arm, rollout_arm))
+        logs.append(train(phase.spec, where, phase.name, tagged, record_arm, rollouts))
         write_log(out / LOG_NAME, logs)
     return logs
 
 
 def train(spec: TrainSpec, out: Path, name: str, progress: StageProgress = lambda *args: None,
-          record_arm: ArmRecording = record_arm_demos, rollout_arm: ArmRollouts | None = None) -> PhaseLog:
+          record_arm: ArmRecording = record_arm_demos, rollouts: Rollouts | None = None) -> PhaseLog:
     """One phase ``name``: every stage ``spec`` runs, the checkpoint written to ``out``. Meta-World's
     demonstrations are recorded first: the state token's statistics come from them."""
-    if "dagger" in spec.stages and rollout_arm is None:
-        raise ValueError(f"phase {name}: the dagger stage needs the runtime to drive the arm (vla-edge train gives it)")
+    if "dagger" in spec.stages and rollouts is None:
+        raise ValueError(f"phase {name}: the dagger stage needs the runtime to drive the policy (vla-edge train gives "
+                         "it)")
     started = time.perf_counter()
     arm_demos = record_arm(name, arm_episodes(spec)) if spec.world == METAWORLD else []
     recorded = time.perf_counter() - started
@@ -118,19 +120,23 @@ def train(spec: TrainSpec, out: Path, name: str, progress: StageProgress = lambd
 
     def collect(round_: int) -> list[Demo]:
         """The dagger stage's ``round_``-th collection: the weights as they are now, exported with the tokenizer,
-        drive fresh layouts (the tasks alternating); each episode comes back worded and cut into pieces."""
+        drive fresh layouts (the tasks alternating, each worded as its demonstration would be); each episode comes
+        back labelled and cut into pieces."""
         where = out / DAGGER_DIR / f"round-{round_}"
         export(model, config, where, spec, trained_memory)
         for file in TOKENIZER_FILES:
-            shutil.copyfile(out / file, where / file)
-        seeds = rng.integers(2**31, 2**62, size=spec.dagger.episodes)
-        episodes = [arm_episode(spec, i, int(seed), noise=0.0) for i, seed in enumerate(seeds)]
-        assert rollout_arm is not None  # checked on entry
-        driven = rollout_arm(f"{name}-dagger{round_}", where, episodes, spec.dagger)
+            if (out / file).exists():  # a phase without words has none
+                shutil.copyfile(out / file, where / file)
+        seeds = [int(seed) for seed in rng.integers(2**31, 2**62, size=spec.dagger.episodes)]
+        episodes = ([arm_episode(spec, i, seed, noise=0.0) for i, seed in enumerate(seeds)] if spec.world == METAWORLD
+                    else [planar_episode(spec, wording, i, seed) for i, seed in enumerate(seeds)])
+        assert rollouts is not None  # checked on entry
+        driven = rollouts(f"{name}-dagger{round_}", where, episodes, spec.dagger)
         log.dagger.append({"round": round_, "episodes": len(driven), "frames": int(sum(len(d.frames) for d in driven)),
                            "policy_success": float(np.mean([d.success for d in driven]))})
-        return [replace(piece, prompt=wording.spoken(description(piece.task)))
-                for demo in driven for piece in pieces(demo, spec.dagger.window)]
+        if spec.world == METAWORLD:
+            driven = [replace(demo, prompt=wording.spoken(description(demo.task))) for demo in driven]
+        return [piece for demo in driven for piece in pieces(demo, spec.dagger.window)]
 
     run("dagger", spec.dagger.steps, lambda step: dagger(model, demos, spec.dagger, rng, collect, step))
     shutil.rmtree(out / DAGGER_DIR, ignore_errors=True)
@@ -139,6 +145,15 @@ def train(spec: TrainSpec, out: Path, name: str, progress: StageProgress = lambd
     run("dms", spec.dms.steps, lambda step: train_dms(model, demos, spec.dms, rng, step))
     export(model, config, out, spec, trained_memory)
     return log
+
+
+def planar_episode(spec: TrainSpec, wording: Wording, index: int, seed: int) -> PlanarEpisode:
+    """The ``index``-th of a collection's 2-D episodes (the phase's tasks alternating) from ``seed``, told what its
+    demonstration would be told (``demos.record_demo``'s wording)."""
+    task = spec.tasks[index % len(spec.tasks)]
+    env = CueReachEnv(TaskSpec(name=task), seed)
+    prompt = wording.prompt(wording.instruction(env, np.random.default_rng([seed, 3])))
+    return PlanarEpisode(task, seed, spec.image_size, spec.chunk, prompt)
 
 
 def phase_config(spec: TrainSpec, arm_demos: Sequence[Demo] = ()) -> ModelConfig:

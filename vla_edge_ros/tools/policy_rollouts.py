@@ -1,12 +1,13 @@
-"""The Meta-World arm driven by a checkpoint's policy exactly as ``vla-edge evaluate`` drives it, with a look at the
-arm before every step: how ``vla-edge train``'s dagger stage collects the policy's own episodes.
+"""A world driven by a checkpoint's policy exactly as ``vla-edge evaluate`` drives it, with a look at the world as
+the policy goes: how ``vla-edge train``'s dagger stage collects the policy's own episodes.
 
-Nothing here labels or trains: ``drive_arm`` runs one episode of ``evaluate.drive_episode`` (the same frame buffer,
-gate, virtual clock, memory policy, action timeline and camera rate as an evaluation's episode) and calls
-``before_step(env)`` before each of the arm's steps; the command line hands it ``train/arm_demos.PlanLabeller``,
-which records the step as a demonstration would. Why the runtime and not the torch model: the states worth
-labelling are those the policy reaches as it is deployed, chunks executed by the timeline after the cycle's
-latency, its memory the engine's.
+Nothing here labels or trains: ``drive_arm`` and ``drive_planar`` run one episode of ``evaluate.drive_episode``
+(the same frame buffer, gate, virtual clock, memory policy, action timeline and camera rate as an evaluation's
+episode) and show the world to a callback: the arm before each of its steps, the 2-D world with each frame it
+shows. The command line hands them the trainer's labellers (``train/arm_demos.PlanLabeller``,
+``train/demos.PlanarLabeller``), which record what a demonstration records there. Why the runtime and not the
+torch model: the states worth labelling are those the policy reaches as it is deployed, chunks executed by the
+timeline after the cycle's latency, its memory the engine's.
 """
 
 from __future__ import annotations
@@ -15,13 +16,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..config import Settings
 from ..runtime.block_costs import CostModel
 from ..runtime.loader import load_model
+from ..runtime.observation import simulated_robot_observation
 from ..worlds.metaworld import MetaWorldEnv
 from ..worlds.metaworld.spec import MAX_PATH_LENGTH
+from ..worlds.sim.world import CueReachEnv, TaskSpec
 from .arm_world import CAMERA_RATE_HZ, ArmStep, ArmTask, ArmWorld, arm_observation, camera_period_steps
-from .evaluate import EvalContext, Episode, EpisodeSpec, drive_episode, episode_start, longest_prompt
+from .evaluate import EvalContext, Episode, EpisodeSpec, drive_episode, episode_start, longest_prompt, run_episode
 
 ROLLOUT_POLICY, ROLLOUT_BUDGET = "fifo", 16  # evaluate's Meta-World row (cli/evaluate.py: ARM_POLICIES, ARM_BUDGETS)
 
@@ -29,11 +34,13 @@ ROLLOUT_POLICY, ROLLOUT_BUDGET = "fifo", 16  # evaluate's Meta-World row (cli/ev
 @dataclass(frozen=True)
 class PolicyDrive:
     """What every worker needs to drive any task (picklable): the configuration, whose ``reasoning.model_dir`` is
-    the checkpoint, the cost model its cycles are charged, and the steps an episode may take."""
+    the checkpoint, the cost model its cycles are charged, the steps an arm's episode may take, and the longest
+    prompt a 2-D episode is told (its memory's arena holds it)."""
 
     settings: Settings
     costs: CostModel
     max_steps: int = MAX_PATH_LENGTH
+    prompt_tokens: int = 0
 
 
 class WatchedArmWorld(ArmWorld):
@@ -68,3 +75,20 @@ def drive_arm(state: dict[str, Any], task: str, seed: int, before_step: Callable
     cell = state["tasks"][task]
     world = WatchedArmWorld(cell["arm"], seed, camera_period_steps(CAMERA_RATE_HZ), before_step)
     return drive_episode(world, seed, episode_start(cell, EpisodeSpec(ROLLOUT_POLICY, ROLLOUT_BUDGET, seed))())
+
+
+def drive_planar(state: dict[str, Any], task: str, seed: int, prompt: tuple[int, ...],
+                 see: Callable[[CueReachEnv, np.ndarray], None]) -> Episode:
+    """One episode of the 2-D world's ``task`` from ``seed``'s layout, told ``prompt`` (ids), the policy driving
+    (``ROLLOUT_POLICY`` at ``ROLLOUT_BUDGET`` frames, the configured execution), ``see(env, frame)`` called with each
+    frame as the robot shows it."""
+    if task not in state["tasks"]:
+        drive, checkpoint = state["drive"], state["checkpoint"]
+        spec = TaskSpec(name=task)
+        settings = simulated_robot_observation(drive.settings, checkpoint.config.state, "the dagger stage")
+        prompt_tokens = max(longest_prompt(settings, checkpoint, spec, ()), drive.prompt_tokens)
+        context = EvalContext(settings, spec, drive.costs, None, (), prompt_tokens)
+        state["tasks"][task] = {"context": context, "checkpoint": checkpoint, "engines": {}, "instructor": None}
+    env = CueReachEnv(TaskSpec(name=task), seed)
+    start = episode_start(state["tasks"][task], EpisodeSpec(ROLLOUT_POLICY, ROLLOUT_BUDGET, seed))
+    return run_episode(env, seed, start(np.asarray(prompt, np.int64)), record=lambda _now, frame, _expert: see(env, frame))
