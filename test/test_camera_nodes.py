@@ -464,7 +464,7 @@ def test_a_stale_state_and_a_silent_camera_are_named_on_diagnostics(observing):
     stale = node.report(now + 6_000_000_000)
     assert stale.level == DiagnosticStatus.ERROR  # nothing for 6 s: every part is silent by then
     fresh = node.report(now)  # every part has just arrived, no observation yet: the reason is the state's
-    assert "no robot state: the newest is 200.0 ms older than the frames (state_max_age_ms 50)" in fresh.message
+    assert "no robot state: the nearest is 200.0 ms older than the frames (state_max_age_ms 50)" in fresh.message
     for _ in range(SYNC_DEPTH + 2):  # the wrist camera goes silent: the front's frames find no partner
         _deliver(executor, front, _image(_scene(), stamp_ns=1_300_000_000), node)  # front: connected above
     silent = node.report(node.cameras[1].last_frame_ns + 6_000_000_000)

@@ -185,9 +185,9 @@ def _stream(driver: Driver, settings, frames: int, copies: FrameCopies | None) -
             driver.gate.configure(GateKnobs.of({**settings["reasoning"], "deadline_ms": 33.0}))
         arrival = round(index * 1e9 / 30)
         image = camera.frame()
-        seq = driver.camera(image, stamp_ns=index, arrival_ns=arrival)
+        [settled] = driver.camera(image, stamp_ns=index, arrival_ns=arrival)
         if copies is not None:
-            copies.add(seq, image, layout, driver.feed.latest())
+            copies.add(settled.written.seq, image, layout, driver.feed.latest())
         clock.wait_until(arrival)
         while clock() < round((index + 1) * 1e9 / 30):
             cycle = driver.reason()

@@ -11,7 +11,7 @@ import pytest
 from vla_edge_ros.config import ObservationKnobs
 from vla_edge_ros.runtime.clock import NS_PER_MS
 from vla_edge_ros.runtime.frame_buffer import FrameBuffer
-from vla_edge_ros.runtime.observation import SYNC_DEPTH, ObservationAssembler, observation_buffer
+from vla_edge_ros.runtime.observation import SYNC_DEPTH, ObservationAssembler, Settled, Written, observation_buffer
 from vla_edge_ros.runtime.robot_state import (REASONS, JointStateReader, OdometryReader, StateInput,
                                               StateInputError)
 
@@ -116,19 +116,24 @@ def assembler(cameras: int = 2, state_dim: int = 0, slop_ms: float = 10.0, max_a
     return ObservationAssembler(buffer, slop_ms, max_age_ms), buffer
 
 
+def written(settled: list[Settled]) -> Written | None:
+    """The one observation a call wrote (None: it settled nothing, or refused what it settled)."""
+    assert len(settled) <= 1, settled
+    return settled[0].written if settled else None
+
+
 def test_one_camera_without_state_writes_every_frame_at_once() -> None:
     assemble, buffer = assembler(cameras=1)
     for i in range(3):
-        assert assemble.frame(0, image(i), stamp_ns=i * 33 * MS, receive_ns=i).seq == i
+        assert written(assemble.frame(0, image(i), stamp_ns=i * 33 * MS, receive_ns=i)).seq == i
     frame = buffer.read_latest()
     assert frame.seq == 2 and frame.extra_images == () and frame.state is None and buffer.stats().dropped == 2
 
 
 def test_frames_of_two_cameras_within_the_slop_make_one_observation() -> None:
     assemble, buffer = assembler()
-    assert assemble.frame(0, image(1), 100 * MS, 1000) is None  # waiting for camera 1
-    written = assemble.frame(1, image(2), 108 * MS, 900)
-    assert written is not None and written.seq == 0
+    assert assemble.frame(0, image(1), 100 * MS, 1000) == []  # waiting for camera 1
+    assert written(assemble.frame(1, image(2), 108 * MS, 900)).seq == 0
     frame = buffer.read_latest()
     assert frame.image[0, 0, 0] == 1 and frame.extra_images[0][0, 0, 0] == 2
     assert frame.stamp_ns == 100 * MS  # the primary camera's stamp
@@ -140,7 +145,7 @@ def test_frames_further_apart_than_the_slop_never_make_an_observation() -> None:
     assemble, buffer = assembler(slop_ms=10.0)
     for i in range(10):  # camera 1 always 15 ms behind camera 0
         assemble.frame(0, image(i), i * 33 * MS, i)
-        assert assemble.frame(1, image(i), i * 33 * MS + 15 * MS, i) is None
+        assert assemble.frame(1, image(i), i * 33 * MS + 15 * MS, i) == []
     assert buffer.read_latest() is None and assemble.observations == 0
     assert sum(assemble.unsynced) == 20 - 2 * SYNC_DEPTH  # the queues are bounded; every frame leaves counted
     assert "no partner within sync_slop_ms 10" in assemble.last_refusal
@@ -150,13 +155,13 @@ def test_a_silent_camera_means_no_observation_and_a_bounded_wait() -> None:
     assemble, buffer = assembler()
     assemble.names = ("/front", "/wrist")
     for i in range(20):
-        assert assemble.frame(0, image(i), i * 33 * MS, i) is None
+        assert assemble.frame(0, image(i), i * 33 * MS, i) == []
     assert buffer.read_latest() is None and buffer.stats().written == 0
     assert assemble.unsynced == [20 - SYNC_DEPTH, 0] and len(assemble._waiting[0]) == SYNC_DEPTH
     assert assemble.last_refusal == "/front: frames found no partner within sync_slop_ms 10 (nothing waiting from /wrist)"
     # when it speaks again, the newest partner of its frame is taken, and what is older goes
-    written = assemble.frame(1, image(99), 19 * 33 * MS + 2 * MS, 100)
-    assert written is not None and buffer.read_latest().image[0, 0, 0] == 19
+    assert written(assemble.frame(1, image(99), 19 * 33 * MS + 2 * MS, 100)) is not None
+    assert buffer.read_latest().image[0, 0, 0] == 19
     assert assemble.unsynced == [20 - 1, 0] and not any(assemble._waiting)
 
 
@@ -175,7 +180,7 @@ def test_of_frames_with_equal_stamps_the_latest_arrival_is_taken() -> None:
     assemble, buffer = assembler()
     for value in (1, 2, 3):
         assemble.frame(1, image(value), 0, value)
-    assert assemble.frame(0, image(9), 0, 4) is not None
+    assert written(assemble.frame(0, image(9), 0, 4)) is not None
     assert buffer.read_latest().extra_images[0][0, 0, 0] == 3 and assemble.unsynced == [0, 2]
 
 
@@ -185,35 +190,79 @@ def test_a_set_needs_every_member_within_the_slop_of_each_other() -> None:
     assemble, buffer = assembler(cameras=3, slop_ms=10.0)
     assemble.frame(1, image(1), 92 * MS, 0)
     assemble.frame(2, image(2), 108 * MS, 1)
-    assert assemble.frame(0, image(0), 100 * MS, 2) is None
-    assert assemble.frame(1, image(11), 101 * MS, 3) is not None
+    assert assemble.frame(0, image(0), 100 * MS, 2) == []
+    assert written(assemble.frame(1, image(11), 101 * MS, 3)) is not None
     frame = buffer.read_latest()
     assert [frame.image[0, 0, 0], *(x[0, 0, 0] for x in frame.extra_images)] == [0, 11, 2]
 
 
-def test_an_observation_takes_the_newest_state_within_its_age() -> None:
-    assemble, buffer = assembler(cameras=1, state_dim=2, max_age_ms=50.0)
-    assemble.state(np.float32([1, 2]), 60 * MS)
-    assemble.state(np.float32([3, 4]), 90 * MS)
-    assert assemble.frame(0, image(0), 100 * MS, 0) is not None
-    assert buffer.read_latest().state.tolist() == [3.0, 4.0]
-    assemble.state(np.float32([5, 6]), 140 * MS)  # newer than the frame, within the age: fine too
-    assert assemble.frame(0, image(1), 100 * MS, 1) is not None
-    assert buffer.read_latest().state.tolist() == [5.0, 6.0]
+def streams(assemble: ObservationAssembler, states_ms: list[int], frames_ms: list[int]) -> None:
+    """States, then frames, stamped at these times (ms): what the assembler reads the two periods from."""
+    for t in states_ms:
+        assemble.state(np.float32([t]), t * MS)
+    for t in frames_ms:
+        assemble.frame(0, image(t), t * MS, t * MS)
+
+
+def test_a_frame_that_arrives_before_its_state_waits_for_it() -> None:
+    """Over DDS a frame often arrives just before the state published with it: it is held, not paired with the
+    older state, and written when its own arrives."""
+    assemble, buffer = assembler(cameras=1, state_dim=1, max_age_ms=50.0)
+    streams(assemble, [34, 67], [34, 67])
+    assert assemble.frame(0, image(0), 100 * MS, 0) == [] and assemble.holding
+    [settled] = assemble.state(np.float32([100]), 100 * MS)
+    assert settled.stamp_ns == 100 * MS and settled.written is not None and not assemble.holding
+    latest = buffer.read_latest()
+    assert latest.state.tolist() == [100.0] and latest.stamp_ns == 100 * MS
+    assert assemble.state(np.float32([133]), 133 * MS) == []  # nothing is held
+
+
+@pytest.mark.parametrize("next_ms, taken", [(105, 105.0), (135, 70.0)])
+def test_a_held_frame_takes_the_state_stamped_nearest_it_either_side(next_ms, taken) -> None:
+    assemble, buffer = assembler(cameras=1, state_dim=1, max_age_ms=50.0)
+    streams(assemble, [40, 70], [67])
+    assert assemble.frame(0, image(0), 100 * MS, 0) == []
+    assert written(assemble.state(np.float32([next_ms]), next_ms * MS)) is not None
+    assert buffer.read_latest().state.tolist() == [taken]
+
+
+def test_a_frame_waits_for_no_state_that_is_not_nearer_or_not_due_before_the_next_frame() -> None:
+    """A 10 Hz state and a 30 Hz camera: frames near the newest state are written at once with it; a frame 76 ms
+    past it waits for the one due 24 ms after it (before the next frame), and takes it."""
+    assemble, buffer = assembler(cameras=1, state_dim=1, max_age_ms=100.0)
+    streams(assemble, [-10, 90], [67])
+    for t in (100, 133):
+        assert written(assemble.frame(0, image(0), t * MS, t * MS)) is not None
+        assert buffer.read_latest().state.tolist() == [90.0]
+    assert assemble.frame(0, image(0), 166 * MS, 166 * MS) == [] and assemble.holding
+    assert written(assemble.state(np.float32([190]), 190 * MS)) is not None
+    assert buffer.read_latest().state.tolist() == [190.0]
+
+
+def test_a_state_topic_that_falls_silent_holds_one_frame_then_none() -> None:
+    """The frame the next state was due for waits until the next frame comes, then takes the newest state; the
+    next frame waits for nothing (the state is overdue) and is refused at once, its state older than the age."""
+    assemble, buffer = assembler(cameras=1, state_dim=1, max_age_ms=50.0)
+    streams(assemble, [34, 67], [34, 67])
+    assert assemble.frame(0, image(0), 100 * MS, 100) == []
+    held, refused = assemble.frame(0, image(0), 133 * MS, 133)
+    assert held.stamp_ns == 100 * MS and held.written is not None and buffer.read_latest().state.tolist() == [67.0]
+    assert refused.stamp_ns == 133 * MS and refused.written is None and not assemble.holding
+    assert "the nearest is 66.0 ms older than the frames" in refused.reason
 
 
 @pytest.mark.parametrize("state_ns, words", [
     (None, "no robot state: none has arrived yet"),
-    (40 * MS, "the newest is 60.0 ms older than the frames (state_max_age_ms 50)"),
+    (40 * MS, "the nearest is 60.0 ms older than the frames (state_max_age_ms 50)"),
     (160 * MS, "stamped 60.0 ms after the frames (state_max_age_ms 50); do the camera and the state share a clock?"),
 ])
 def test_without_a_fresh_state_there_is_no_observation(state_ns, words) -> None:
     assemble, buffer = assembler(cameras=1, state_dim=1, max_age_ms=50.0)
     if state_ns is not None:
         assemble.state(np.float32([1]), state_ns)
-    assert assemble.frame(0, image(0), 100 * MS, 0) is None
+    [refused] = assemble.frame(0, image(0), 100 * MS, 0)
+    assert refused.written is None and refused.reason.endswith(words) and assemble.last_refusal.endswith(words)
     assert buffer.stats().written == 0 and assemble.no_state == 1 and assemble.observations == 0
-    assert assemble.last_refusal.endswith(words)
 
 
 def test_the_buffer_follows_the_configured_observation() -> None:

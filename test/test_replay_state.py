@@ -112,24 +112,29 @@ def _state_bag(path: Path, states: list[object], joint_state: bool = False, lead
 
 
 def test_a_stale_state_makes_no_observation_and_a_nan_one_is_dropped(state_model, tmp_path):
-    """Odometry for frames 0-4 only, each received 2 ms before its frame, frame 2's NaN: frame 2 takes frame 1's
-    state (33 ms old), frame 7's is 100 ms old by the stamps (102 ms by arrival), still in time; frames 8 and 9
-    find only a state older than state_max_age_ms (100): no observation, no action, counted as no_state with the
-    live reason; the NaN message is dropped and counted."""
+    """Odometry for frames 0-4 only, each received 2 ms before its frame, frame 2's NaN (dropped and counted).
+    Frame 2 waits for the state due at its stamp, as a frame that came first does live; it settles when frame
+    3's arrives, 31 ms late, with frame 1's state (of the two nearest, the earlier), and its cycle misses the
+    deadline (the warm-up admits it). Frame 5 waits too, for a state that never comes, and frame 6 (its state
+    overdue: paired at once, 66 ms old) supersedes it unread. Frame 7's is 100 ms old by the stamps, still in
+    time; frames 8 and 9 find only a state older than state_max_age_ms (100): no observation, no action,
+    counted as no_state with the live reason."""
     states = [[0.1 * i, 0.0, 0.0, 0.5, 0.0, 0.0] for i in range(5)] + [None] * 5
     states[2][0] = math.nan
     bag = _state_bag(tmp_path / "stale.mcap", states, lead_ns=2_000_000)
     report = replay_bag(bag, replay_settings(state_model), ["fifo"], parse_cost(FIXED), tmp_path / "out")
     fifo = report["policies"]["fifo"]
-    assert fifo["no_state"] == 2 and fifo["actions"] == fifo["deadline_hits"] == 8 and fifo["dropped"] == 0
+    assert fifo["no_state"] == 2 and fifo["actions"] == fifo["deadline_hits"] == 6
+    assert fifo["missed"] == 1 and fifo["dropped"] == 1
     assert fifo["state_messages"] == 5 and fifo["state_dropped"]["not_finite"] == 1
-    assert sum(fifo["state_dropped"].values()) == 1 and fifo["deadline_hit_rate"] == 1.0
+    assert sum(fifo["state_dropped"].values()) == 1 and fifo["deadline_hit_rate"] == 6 / 8
     assert report["bag"]["state"] == {"topic": ODOM, "state_type": "odometry", "found": True}
     lines = (tmp_path / "out" / "decisions_fifo.txt").read_text().splitlines()
     for line, age in zip(lines[8:], ("133.3", "166.7")):
         assert line.split()[2] == "no_state" and "action=" not in line
-        assert f"no robot state: the newest is {age} ms older than the frames (state_max_age_ms 100)" in line
-    assert [line.split()[2] for line in lines[:8]] == ["admitted"] * 8
+        assert f"no robot state: the nearest is {age} ms older than the frames (state_max_age_ms 100)" in line
+    assert [line.split()[2] for line in lines[:8]] == ["admitted"] * 2 + ["missed"] + ["admitted"] * 2 + [
+        "dropped"] + ["admitted"] * 2
     markdown = (tmp_path / "out" / "report.md").read_text()
     assert "robot state `/odom`" in markdown and "2 of 10 decoded frames found none" in markdown
     assert "1 refused as the live node refuses them (not_finite: 1)" in markdown
@@ -145,8 +150,9 @@ def test_a_bag_in_which_no_frame_finds_a_state_fails_saying_why(state_model, tmp
 
 
 def test_joint_states_are_read_by_name_and_a_wrong_name_is_dropped(state_model, tmp_path):
-    """A JointState topic, named in the config: a message naming another joint is dropped (missing_joint) and the
-    frame takes the state before it; the JointState topic is not mistaken for the recorded command."""
+    """A JointState topic, named in the config: a message naming another joint is dropped (missing_joint), and the
+    frame waits for it until the next state, then takes the one before it (its cycle then lost to the next frame,
+    received with that state); the JointState topic is not mistaken for the recorded command."""
     good = (JOINT_NAMES[::-1], list(range(6)))  # any order: picked by name
     wrong = (["a", "b", "c", "d", "e", "g"], list(range(6)))
     bag = _state_bag(tmp_path / "joints.db3", [good, good, good, wrong, good, good], joint_state=True)
@@ -154,7 +160,7 @@ def test_joint_states_are_read_by_name_and_a_wrong_name_is_dropped(state_model, 
         "state_topic": "joint_states", "state_type": "joint_state", "state_joint_names": JOINT_NAMES})
     report = replay_bag(bag, settings, ["fifo"], parse_cost(FIXED), tmp_path / "out")
     fifo = report["policies"]["fifo"]
-    assert fifo["state_dropped"]["missing_joint"] == 1 and fifo["no_state"] == 0 and fifo["actions"] == 6
+    assert fifo["state_dropped"]["missing_joint"] == 1 and fifo["no_state"] == 0 and fifo["actions"] == 5
     assert report["bag"]["command_topic"] is None
     assert report["bag"]["state"] == {"topic": JOINTS, "state_type": "joint_state", "found": False}
 

@@ -142,8 +142,9 @@ SCHEMA: dict[str, tuple[Param, ...]] = {
               "must name them all.", item=str, items=(1, 256)),
         Param("state_joint_velocities", False, "For joint_state: the state also holds each joint's velocity, "
               "after all the positions."),
-        Param("state_max_age_ms", 100.0, "An observation takes the newest state only if its header stamp is within "
-              "this of the primary frame's stamp (before or after); otherwise there is no observation (no_state).",
+        Param("state_max_age_ms", 100.0, "An observation takes the state stamped nearest its primary frame only if "
+              "that stamp is within this of the frame's (before or after); otherwise there is no observation "
+              "(no_state).",
               minimum=1.0, maximum=60000.0),
     ),
     "action_publisher": (

@@ -6,7 +6,8 @@ resizes to the buffer's size when a camera's differs, and hands each frame with 
 its receive time to the observation assembler (``runtime/observation.py``), which syncs the cameras,
 pairs the state and writes whole observations to the buffer. With ``state_topic`` set it also reads
 the robot's state there (sensor_msgs/JointState or nav_msgs/Odometry, ``state_type``;
-``runtime/robot_state.py``), best effort at depth 1: the newest is all an observation takes. The
+``runtime/robot_state.py``), best effort at depth 1; the assembler keeps the last good states and pairs
+each set of frames with the one stamped nearest it, waiting for it when the frame came first. The
 callbacks never wait for reasoning and never raise: a malformed or unsupported message is dropped,
 counted by reason on /diagnostics and logged at most once every LOG_EVERY_S per reason, so a broken
 camera or state publisher cannot flood the log or take the node down.
@@ -53,7 +54,7 @@ from ..config import ObservationKnobs
 from ..runtime.event_window import EventWindow
 from ..runtime.frame_buffer import FrameBuffer
 from ..runtime.image_codec import REASONS, ImageDecodeError, frame_from_message
-from ..runtime.observation import ObservationAssembler, observation_shape
+from ..runtime.observation import ObservationAssembler, Settled, observation_shape
 from ..runtime.robot_state import REASONS as STATE_REASONS
 from ..runtime.robot_state import StateInput, state_reader
 from .diagnostics import ERROR, OK, WARN, DiagnosticsTimer, status
@@ -151,7 +152,7 @@ class CameraSubscriber(Node):
         self._state_internal_errors = 0
         if knobs.state_topic:
             reader = state_reader(knobs.state_type, knobs.state_joint_names, knobs.state_joint_velocities)
-            self.states = StateInput(reader, self.assembler.state)
+            self.states = StateInput(reader, self._state_read)
             self.state_topic = self.create_subscription(STATE_MESSAGES[knobs.state_type], knobs.state_topic,
                                                         self._on_state, subscription_qos("sensor_data")).topic_name
         self._diagnostics = DiagnosticsTimer(self, self.report)
@@ -179,19 +180,26 @@ class CameraSubscriber(Node):
             image = frame_from_message(msg, compressed, self.size)
             camera.frames += 1
             camera.last_frame_ns = receive_ns
-            written = self.assembler.frame(index, image, stamp_ns(msg.header.stamp), receive_ns)
+            settled = self.assembler.frame(index, image, stamp_ns(msg.header.stamp), receive_ns)
         except ImageDecodeError as exc:
             self._drop(exc.reason, receive_ns, f"{topic}: {exc}")
             return
         except Exception:  # a bug, not bad input: count it, show where, and keep the camera running
             self._drop(INTERNAL_ERROR, receive_ns, f"{topic}: {traceback.format_exc().rstrip()}")
             return
-        if written is None:
-            return
-        self.written += 1
-        self._last_written_ns = receive_ns
-        if self._on_frame is not None:
-            self._on_frame(written.seq, written.image)
+        self._hand_over(settled, receive_ns)
+
+    def _state_read(self, values: np.ndarray, stamp: int) -> None:
+        """A good state: kept for pairing, and the set of frames waiting for it handed over if it settled."""
+        self._hand_over(self.assembler.state(values, stamp), time.monotonic_ns())
+
+    def _hand_over(self, settled: list[Settled], now_ns: int) -> None:
+        """Tell the reasoning thread of each observation written."""
+        for written in (s.written for s in settled if s.written is not None):
+            self.written += 1
+            self._last_written_ns = now_ns
+            if self._on_frame is not None:
+                self._on_frame(written.seq, written.image)
 
     def _on_state(self, msg: JointState | Odometry) -> None:
         receive_ns = time.monotonic_ns()

@@ -10,7 +10,8 @@ calls them, in the order its clock says:
     driver = Driver(engine, settings, clock, costs)   # clock: VirtualClock (or WallClock for --realtime)
     driver.state(msg, stamp_ns, arrival_ns)             # a state message arrives (models that read one)
     driver.camera(image, stamp_ns, arrival_ns)          # a frame arrives; with its state (and the other cameras'
-                                                        # frames) it overwrites an unread observation
+                                                        # frames) it overwrites an unread observation; both
+                                                        # return the sets of frames they settled
     if driver.clock() <= t:                             # the reasoner is free at time t:
         clock.wait_until(t)
         cycle = driver.reason()                         # newest frame -> gate -> engine; the blocks' costs
@@ -53,9 +54,9 @@ from .block_costs import CostModel, VirtualTimer
 from .clock import VirtualClock, WallClock
 from .cycle_view import DebugFeed
 from .frame_buffer import Frame
-from .observation import ObservationAssembler, observation_buffer
+from .observation import ObservationAssembler, Settled, observation_buffer
 from .reasoner import CycleResult, Reasoner, block_kinds
-from .robot_state import StateInput, StateInputError, state_reader
+from .robot_state import StateInput, state_reader
 
 
 @dataclass(frozen=True)
@@ -92,21 +93,26 @@ class Driver:
         self.buffer = observation_buffer(*self.frame_size, knobs)
         self.assembler = ObservationAssembler(self.buffer, knobs.sync_slop_ms, knobs.state_max_age_ms)
         self.states = StateInput(state_reader(knobs.state_type, knobs.state_joint_names, knobs.state_joint_velocities),
-                                 self.assembler.state)
+                                 self._state_read)
+        self._settled_by_state: list[Settled] = []
         self._pending: TimedAction | None = None  # the newest chunk, until its ready time
         self._ready: TimedAction | None = None  # the newest chunk that is ready
         self.timeline.reset()
 
-    def camera(self, image: np.ndarray, stamp_ns: int, arrival_ns: int, camera: int = 0) -> int | None:
-        """A decoded frame of ``camera`` (0: the primary) arrives; the sequence number of the observation it
-        completed in the buffer, or None when it completed none (waiting for the other cameras, or no state)."""
-        written = self.assembler.frame(camera, image, stamp_ns, arrival_ns)
-        return None if written is None else written.seq
+    def camera(self, image: np.ndarray, stamp_ns: int, arrival_ns: int, camera: int = 0) -> list[Settled]:
+        """A decoded frame of ``camera`` (0: the primary) arrives; the sets of frames it settled (none while it
+        waits for the other cameras or its state), each written to the buffer or refused."""
+        return self.assembler.frame(camera, image, stamp_ns, arrival_ns)
 
-    def state(self, msg: object, stamp_ns: int, arrival_ns: int) -> StateInputError | None:
+    def state(self, msg: object, stamp_ns: int, arrival_ns: int) -> list[Settled]:
         """A state message (JointState or Odometry, as ``camera_subscriber.state_type`` says) arrives: read, it is
-        the newest state for the observations to come; refused, it is counted and its error returned."""
-        return self.states.receive(msg, stamp_ns, arrival_ns)
+        kept for pairing and may settle the set waiting for it (returned); refused, it is counted by reason."""
+        self.states.receive(msg, stamp_ns, arrival_ns)
+        settled, self._settled_by_state = self._settled_by_state, []
+        return settled
+
+    def _state_read(self, values: np.ndarray, stamp_ns: int) -> None:
+        self._settled_by_state.extend(self.assembler.state(values, stamp_ns))
 
     def horizon(self) -> Horizon | None:
         """What the gate plans on: the timeline's horizon with the newest chunk handed over, ready or not yet

@@ -18,13 +18,22 @@ could only make an older observation than the one just made. Frames that leave w
 with a camera missing, and a bounded queue behind the others. One camera alone needs no sync: each frame
 is a set.
 
-Pairing the state: a set takes the newest state that has arrived, if its header stamp lies within
-``state_max_age_ms`` of the primary frame's stamp (before or after it: a state stamped much later than the
-frames means the two clocks disagree, or the camera is that late). Otherwise the set is refused as
-``no_state`` (no state yet, stale, or ahead), its frames are used up, and no observation is written: the
-reasoner gets nothing new, the action publisher keeps the last action while it is fresh and then sends
-the safe stop. A state is never filled in, and one that failed to read (``robot_state.py``) never replaces
-the last good one. Pairing against stamps, not arrival times, is what makes a bag replay decide the same.
+Pairing the state: a complete set takes the state whose header stamp is nearest the primary frame's, if it
+lies within ``state_max_age_ms`` of it (before or after: a state stamped much later than the frames means the
+two clocks disagree, or the camera is that late). Over DDS a frame often arrives just before the state
+published with it, so a set may wait for the next state: it is *held* when that state is due nearer its stamp
+than the newest one and before the next set (due: the newest state's stamp plus the state's period; each
+stream's period is the difference of its last two stamps), and settles with the next state that arrives, or
+with what has arrived when the next set completes. A set never waits longer than a frame period, nor for a
+state topic that fell silent (the next state overdue by half its period), nor before both periods are
+known. A set with no state within the age is refused as ``no_state`` (no state yet, stale, or ahead): its
+frames are used up and no observation is written, so the reasoner gets nothing new, and the action publisher
+keeps the last action while it is fresh and then sends the safe stop. A state is never filled in, and one
+that failed to read (``robot_state.py``) never reaches the assembler. The last ``STATE_DEPTH`` good states
+are kept for pairing. Pairing against stamps, not arrival times, is what makes a bag replay decide the same.
+
+Every call that hands over a frame or a state returns the sets it settled, oldest first (``Settled``: written,
+or refused and why): a frame may settle the held set and its own, a state the held one.
 
 The observation's stamp is the primary frame's; its receive time is the earliest receive time of its
 frames, so the admission gate's deadline runs from the moment its oldest part arrived.
@@ -46,6 +55,9 @@ from .robot_state import ODOMETRY_STATE, state_reader
 
 SYNC_DEPTH = 4
 """Frames each camera keeps waiting for the others (about 130 ms of a 30 Hz camera)."""
+
+STATE_DEPTH = 16
+"""Good states kept for pairing (160 ms of a 100 Hz joint state, 530 ms of a 30 Hz odometry)."""
 
 SIM_ODOMETRY_TOPIC = "odom"
 """Where the simulated robot publishes its nav_msgs/Odometry when ``state_topic`` names no other topic."""
@@ -112,6 +124,16 @@ class Written:
     image: np.ndarray
 
 
+@dataclass(frozen=True)
+class Settled:
+    """What became of a complete set of frames: written to the buffer, or (``written`` None) refused for want of
+    a state, ``reason`` saying why. ``stamp_ns``: its primary frame's stamp."""
+
+    stamp_ns: int
+    written: Written | None
+    reason: str = ""
+
+
 class ObservationAssembler:
     """Syncs the cameras' frames, pairs the state, writes whole observations to ``buffer`` (one writer thread)."""
 
@@ -124,18 +146,25 @@ class ObservationAssembler:
         self.sync_slop_ns = round(sync_slop_ms * NS_PER_MS)
         self.state_max_age_ns = round(state_max_age_ms * NS_PER_MS)
         self._waiting: list[deque[_Waiting]] = [deque() for _ in range(self.cameras)]
-        self._state: tuple[np.ndarray, int] | None = None  # the newest good state and its stamp
+        self._states: deque[tuple[np.ndarray, int]] = deque(maxlen=STATE_DEPTH)  # good states and their stamps
+        self._held: list[_Waiting] | None = None  # a complete set waiting for the next state
+        self._last_set_ns: int | None = None  # the primary stamp of the last complete set
+        self._frame_period_ns: int | None = None  # between the last two complete sets' stamps
         self.observations = 0  # written to the buffer
         self.unsynced = [0] * self.cameras  # frames per camera that left without joining an observation
         self.no_state = 0  # complete sets refused for want of a fresh state
         self.last_refusal = ""  # why the latest set was refused, or the latest frames were left unsynced
 
-    def state(self, values: np.ndarray, stamp_ns: int) -> None:
-        """A good state (read and checked by ``robot_state``) arrived: the newest, for the sets to come."""
-        self._state = (values, int(stamp_ns))
+    def state(self, values: np.ndarray, stamp_ns: int) -> list[Settled]:
+        """A good state (read and checked by ``robot_state``) arrived; the held set, which it settles."""
+        self._states.append((values, int(stamp_ns)))
+        if self._held is None:
+            return []
+        held, self._held = self._held, None
+        return [self._settle(held)]
 
-    def frame(self, camera: int, image: np.ndarray, stamp_ns: int, receive_ns: int) -> Written | None:
-        """A decoded frame of ``camera`` (0: the primary) arrived; the observation it completed, if any."""
+    def frame(self, camera: int, image: np.ndarray, stamp_ns: int, receive_ns: int) -> list[Settled]:
+        """A decoded frame of ``camera`` (0: the primary) arrived; the sets it settled, oldest first."""
         new = _Waiting(image, int(stamp_ns), int(receive_ns))
         if self.cameras == 1:
             members = [new]
@@ -147,11 +176,40 @@ class ObservationAssembler:
                 self._unsynced(camera, 1)
             found = self._match(camera, new)
             if found is None:
-                return None
+                return []
             members = found
             for index, member in enumerate(members):
                 self._take(index, member)
-        return self._write(members)
+        settled = []
+        if self._held is not None:  # a newer set is complete: the held one takes what has arrived
+            held, self._held = self._held, None
+            settled.append(self._settle(held))
+        stamp = members[0].stamp_ns
+        if self._last_set_ns is not None and stamp > self._last_set_ns:
+            self._frame_period_ns = stamp - self._last_set_ns
+        self._last_set_ns = stamp
+        if self.buffer.state_dim and self._next_state_is_worth_waiting_for(stamp):
+            self._held = members
+        else:
+            settled.append(self._settle(members))
+        return settled
+
+    def _next_state_is_worth_waiting_for(self, stamp_ns: int) -> bool:
+        """Whether the next state is due nearer ``stamp_ns`` than the newest one, not overdue by half its period,
+        and before the next set (see the module doc)."""
+        if len(self._states) < 2 or self._frame_period_ns is None:
+            return False
+        newest = self._states[-1][1]
+        period = newest - self._states[-2][1]
+        if period <= 0:
+            return False
+        behind = stamp_ns - newest  # how far the frames are past the newest state
+        return period / 2 < behind < 1.5 * period and newest + period < stamp_ns + self._frame_period_ns
+
+    @property
+    def holding(self) -> bool:
+        """Whether a complete set waits for its state."""
+        return self._held is not None
 
     def _match(self, camera: int, new: _Waiting) -> list[_Waiting] | None:
         """The newest set holding ``new``: one waiting frame per camera, all within the slop (see the module doc)."""
@@ -191,31 +249,33 @@ class ObservationAssembler:
                              f"{self.sync_slop_ns / NS_PER_MS:g}" + (f" (nothing waiting from "
                                                                       f"{', '.join(silent)})" if silent else ""))
 
-    def _write(self, members: list[_Waiting]) -> Written | None:
+    def _settle(self, members: list[_Waiting]) -> Settled:
+        """Write ``members`` as an observation with its state, or refuse them for want of one."""
         primary = members[0]
         state = None
         if self.buffer.state_dim:
             state = self._paired_state(primary.stamp_ns)
             if state is None:
                 self.no_state += 1
-                return None
+                return Settled(primary.stamp_ns, None, self.last_refusal)
         seq = self.buffer.write(primary.image, primary.stamp_ns, min(m.receive_ns for m in members),
                                 tuple(m.image for m in members[1:]), state)
         self.observations += 1
-        return Written(seq, primary.image)
+        return Settled(primary.stamp_ns, Written(seq, primary.image))
 
     def _paired_state(self, stamp_ns: int) -> np.ndarray | None:
-        """The newest state if it is within ``state_max_age_ms`` of ``stamp_ns``; else None, and why."""
+        """The state stamped nearest ``stamp_ns`` (of equal distances, the earlier: the robot was in it when the
+        frames were taken) if within ``state_max_age_ms``; else None, and why."""
         limit = f"(state_max_age_ms {self.state_max_age_ns / NS_PER_MS:g})"
-        if self._state is None:
+        if not self._states:
             self.last_refusal = "no robot state: none has arrived yet"
             return None
-        values, state_ns = self._state
-        age_ms = (stamp_ns - state_ns) / NS_PER_MS
+        values, state_ns = min(self._states, key=lambda kept: (abs(kept[1] - stamp_ns), kept[1]))
         if abs(stamp_ns - state_ns) <= self.state_max_age_ns:
             return values
-        self.last_refusal = (f"no robot state: the newest is {age_ms:.1f} ms older than the frames {limit}"
+        age_ms = (stamp_ns - state_ns) / NS_PER_MS
+        self.last_refusal = (f"no robot state: the nearest is {age_ms:.1f} ms older than the frames {limit}"
                              if age_ms > 0 else
-                             f"no robot state: the newest is stamped {-age_ms:.1f} ms after the frames {limit}; "
+                             f"no robot state: the nearest is stamped {-age_ms:.1f} ms after the frames {limit}; "
                              "do the camera and the state share a clock?")
         return None

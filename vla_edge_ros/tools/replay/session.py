@@ -14,7 +14,7 @@ With a ``DebugTarget``, each cycle's debug image is written too (``debug_frames.
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
@@ -30,6 +30,7 @@ from ...runtime.debug_image import FrameCopies, Layout, draw_debug_image, layout
 from ...runtime.driver import Cycle, Driver
 from ...runtime.image_codec import ImageDecodeError, frame_from_message
 from ...runtime.loader import load_engine
+from ...runtime.observation import Settled
 from .debug_frames import DebugFrames, DebugTarget
 from .memory_view import MemoryRecord, MemoryView
 
@@ -166,20 +167,37 @@ def replay_policy(messages: Iterable[RecordedFrame | RecordedState], settings: S
 
     indices: dict[int, int] = {}  # debug image: the buffer's sequence number -> frame index, oldest first
 
-    def keep(seq: int, index: int, image: np.ndarray) -> None:  # the camera node's part of the debug image
-        if pictures is not None:
-            copies.add(seq, image, layout, driver.feed.latest())
-            indices[seq] = index
+    unsettled: deque[int] = deque()  # frames handed to the assembler, neither written nor refused yet (oldest first)
+
+    def settle(settled: list[Settled]) -> None:
+        """The camera node's part: each set of frames the assembler settled (replay feeds one camera, so the oldest
+        unsettled frame) is written, the newest unread observation (the buffer counts the one it overwrites as
+        dropped) and kept for the debug image, or refused for want of its state, as live."""
+        for outcome in settled:
+            index = unsettled.popleft()
+            if outcome.written is None:
+                records[index] = FrameRecord(index, arrivals[index], "no_state", outcome.reason)
+                continue
+            pending.clear()
+            pending[outcome.written.seq] = index
+            if pictures is not None:
+                copies.add(outcome.written.seq, outcome.written.image, layout, driver.feed.latest())
+                indices[outcome.written.seq] = index
 
     while True:
         while following is not None and following.arrival_ns <= clock():
             if isinstance(following, RecordedState):  # the camera node's state callback: read, counted if refused
-                driver.state(following.msg, following.stamp_ns, following.arrival_ns)
+                settle(driver.state(following.msg, following.stamp_ns, following.arrival_ns))
             else:
-                unobserved = _deliver(following, len(arrivals), driver, size, pending, keep)
-                if unobserved is not None:
-                    records[len(arrivals)] = FrameRecord(len(arrivals), following.arrival_ns, *unobserved)
                 arrivals.append(following.arrival_ns)
+                try:
+                    image = frame_from_message(following.msg, following.compressed, size)
+                except ImageDecodeError as exc:  # it never reaches the assembler
+                    records[len(arrivals) - 1] = FrameRecord(len(arrivals) - 1, following.arrival_ns, "bad_frame",
+                                                             exc.reason)
+                else:
+                    unsettled.append(len(arrivals) - 1)
+                    settle(driver.camera(image, following.stamp_ns, following.arrival_ns))
             following = next(upcoming, None)
         cycle = driver.reason()
         if cycle is None:
@@ -198,6 +216,9 @@ def replay_policy(messages: Iterable[RecordedFrame | RecordedState], settings: S
         progress(len(arrivals))
     if pictures is not None:
         pictures.close()
+    for index in unsettled:  # held for a state that never came
+        records[index] = FrameRecord(index, arrivals[index], "no_state", "the bag ended before the robot state "
+                                     "stamped with the frame")
     run.frames = [records.get(i, FrameRecord(i, t, "dropped")) for i, t in enumerate(arrivals)]
     run.buffer_dropped = driver.buffer.stats().dropped
     if driver.buffer.state_dim:
@@ -237,21 +258,3 @@ def _detail(cycle: Cycle) -> str:
     result = cycle.result
     return (result.verdict.value + (f" {result.refused_block.value}" if result.refused_block else "")
             + (f": {result.invalid}" if result.invalid else ""))
-
-
-def _deliver(recorded: RecordedFrame, index: int, driver: Driver, size: tuple[int, int],
-             pending: dict[int, int], keep: Callable[[int, int, np.ndarray], None]) -> tuple[str, str] | None:
-    """The camera node's part: decode, hand the frame to the observation assembler and, for the observation it
-    wrote to the buffer, ``keep(seq, index, image)``. A frame that made none: (outcome, why): ``bad_frame``
-    (undecodable: it never reaches the assembler) or ``no_state`` (no state to pair it with, as live)."""
-    try:
-        image = frame_from_message(recorded.msg, recorded.compressed, size)
-    except ImageDecodeError as exc:
-        return "bad_frame", exc.reason
-    seq = driver.camera(image, recorded.stamp_ns, recorded.arrival_ns)
-    if seq is None:  # one camera (replay feeds no other): only the state can be missing
-        return "no_state", driver.assembler.last_refusal
-    pending.clear()  # an unread observation is overwritten by this one (the buffer counts it as dropped)
-    pending[seq] = index
-    keep(seq, index, image)
-    return None
