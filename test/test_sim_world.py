@@ -20,16 +20,19 @@ pytestmark = pytest.mark.ros
 SHIPPED_MODEL = Path(__file__).resolve().parent.parent / "models" / "sim"
 
 
-def test_the_shipped_model_drives_the_simulated_robot(tmp_path):
-    settings = parse_settings({
+def _shipped_settings():
+    return parse_settings({
         # the longest deadline the schema allows: closing the loop is under test here, not the deadline, which
         # the gate would (rightly) refuse cycles for on a loaded machine
         "reasoning": {"ros__parameters": {"model_dir": str(SHIPPED_MODEL), "backend": "numpy", "deadline_ms": 1000.0}},
         "camera_subscriber": {"ros__parameters": {"frame_height": 96, "frame_width": 96}},
         "action_publisher": {"ros__parameters": {"command_type": "twist", "twist_dims": [0, 1, -1, -1, -1, -1]}},
     }, "test.yaml")
+
+
+def test_the_shipped_model_drives_the_simulated_robot(tmp_path):
     with private_graph() as (context, _):
-        pipeline = Pipeline(settings, context=context, sim_task="reach")
+        pipeline = Pipeline(_shipped_settings(), context=context, sim_task="reach")
         try:
             def moved() -> bool:
                 return bool(pipeline.sim.episodes or pipeline.sim.env.path_length > 0.2)
@@ -41,6 +44,26 @@ def test_the_shipped_model_drives_the_simulated_robot(tmp_path):
             assert pipeline.camera.written > 10 and pipeline.reasoning.actions > 10
             assert pipeline.sim.commands > 10  # the world heard the publisher's twists
             assert moved()  # and the robot moved on them
+        finally:
+            pipeline.shutdown()
+
+
+def test_each_new_episode_is_announced_and_starts_the_reasoning_nodes_memory_afresh():
+    """Before each new layout the world calls ``~/reset_episode`` and holds the layout back until the answer, so
+    the reasoning node starts a new episode (its memory from the prompt, the slot's chunks withdrawn) as evaluate
+    starts one; none goes unannounced."""
+    with private_graph() as (context, _):
+        pipeline = Pipeline(_shipped_settings(), context=context, sim_task="reach")
+        try:
+            sim, reasoning = pipeline.sim, pipeline.reasoning
+            started = reasoning.episodes
+            deadline = time.monotonic() + 2 * WAIT_S
+            while sim.episodes < 2:
+                assert time.monotonic() < deadline, f"episodes do not end: {sim.status()}"
+                pipeline.run(duration_s=0.2)
+            assert sim.unannounced == 0 and sim.summary()["unannounced_episodes"] == 0
+            assert reasoning.episodes - started >= sim.episodes - 1  # each announced one applied by now, or next
+            assert pipeline.slot.episode >= 1
         finally:
             pipeline.shutdown()
 

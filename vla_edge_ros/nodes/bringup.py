@@ -139,7 +139,7 @@ class Pipeline:
                                     instruction_topic=settings["reasoning"]["instruction_topic"],
                                     odometry_topic=camera["state_topic"] or SIM_ODOMETRY_TOPIC,
                                     instructions=sim_instructions, command_timeout_ms=publisher["action_timeout_ms"],
-                                    **where)
+                                    reset_service=f"{REASONING_NODE_NAME}/reset_episode", **where)
             self.nodes.append(self.sim)
         if use_sim_time:  # stamps and the publisher's watchdog follow /clock (a bag played with --clock)
             for node in self.nodes:

@@ -51,11 +51,10 @@ from std_srvs.srv import Trigger
 
 from ..tools.arm_world import ARM_RATE_HZ, CAMERA_RATE_HZ, ArmTask, arm_command, camera_period_steps
 from ..worlds.metaworld import ACTION, STATE, MetaWorldEnv
-from .sim_world import Episodes
+from .sim_world import ANNOUNCE_TIMEOUT_S, Episodes
 from .synthetic_camera import image_message
 
 ARM_COMMAND_TYPE = "float32_multi_array"
-ANNOUNCE_TIMEOUT_S = 2.0  # how long the arm waits for the reasoning node to take a new episode
 
 
 class SimArmNode(Node):

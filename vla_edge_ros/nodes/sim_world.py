@@ -8,8 +8,13 @@ nav_msgs/Odometry (``CueReachEnv.odometry``: pose x, y and yaw, twist linear x, 
 ``odom``, child frame ``base_link``) and then the view as sensor_msgs/Image rgb8, both with the same header
 stamp, so the reasoning node pairs the frame with the state it was seen in (a checkpoint that reads a state
 subscribes to it: ``simulated_robot_observation``). Finished episodes are logged and counted, and the next
-one starts from the next seed. The reasoning node is not told: a robot does not announce episodes, so the
-memory policy carries what it kept into the next one.
+one starts from the next seed. Between two the robot jumps to a new layout, which no robot does, so with
+``reset_service`` the world says so first, as the simulated arm does: it calls the reasoning node's
+``~/reset_episode`` and holds the new layout back (no step, no frame) until the answer comes, at most
+``ANNOUNCE_TIMEOUT_S``. Each episode then starts as ``vla-edge evaluate`` starts one: the memory from the
+prompt, no chunk of the last layout executed or blended in, no frame of it read. An episode that could not
+be announced is counted and logged, and the world goes on. The world runs on the executor's thread, so it
+waits by skipping its ticks, never by blocking.
 
 In ``lang-reach`` nothing in the view marks the goal: the world words it as an operator would, one
 instruction per episode on the instruction topic, sent once the reasoning node listens, so the first
@@ -31,6 +36,7 @@ from rclpy.node import Node
 from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import Image
 from std_msgs.msg import Float32MultiArray, Header, String
+from std_srvs.srv import Trigger
 
 from ..runtime.robot_state import yaw_quaternion
 from ..tools.lang_reach import instruction_of
@@ -38,6 +44,7 @@ from ..worlds.sim.world import VELOCITY_COMMANDS, CueReachEnv, TaskSpec
 from .synthetic_camera import image_message
 
 INSTRUCTION = "go to the {color} target"
+ANNOUNCE_TIMEOUT_S = 2.0  # how long a simulated world waits for the reasoning node to take a new episode
 
 
 @dataclass
@@ -66,7 +73,7 @@ class SimWorldNode(Node):
 
     def __init__(self, task: str, *, image_topic: str, command_topic: str, command_type: str, instruction_topic: str,
                  odometry_topic: str = "odom", instructions: Sequence[str] = (INSTRUCTION,), seed: int = 0,
-                 command_timeout_ms: float = 200.0, **node_kwargs: Any) -> None:
+                 command_timeout_ms: float = 200.0, reset_service: str | None = None, **node_kwargs: Any) -> None:
         if command_type not in VELOCITY_COMMANDS:
             raise ValueError(f"the simulated robot takes velocity commands ({', '.join(VELOCITY_COMMANDS)}), "
                              f"not {command_type!r}")
@@ -76,7 +83,9 @@ class SimWorldNode(Node):
         self.seed = seed
         self.env = CueReachEnv(self.spec, seed)
         self.tally = Episodes()  # to_success: seconds to reach the goal
-        self.commands = self.malformed_commands = 0
+        self.commands = self.malformed_commands = self.unannounced = 0
+        self._reset = None if reset_service is None else self.create_client(Trigger, reset_service)
+        self._announcing: tuple[Any, int, np.ndarray] | None = None  # (the call, when asked, the new layout's frame)
         self._timeout_ns = int(command_timeout_ms * 1e6)
         self._command = np.zeros(2)
         self._command_ns: int | None = None
@@ -108,6 +117,11 @@ class SimWorldNode(Node):
 
     def _tick(self) -> None:
         now = self.get_clock().now().nanoseconds
+        if self._announcing is not None:
+            if self._announced(now):
+                self._show(self._announcing[2])
+                self._announcing = None
+            return
         fresh = self._command_ns is not None and now - self._command_ns <= self._timeout_ns
         outcome = self.env.step(self._command if fresh else np.zeros(2))
         frame = outcome.frame
@@ -120,10 +134,46 @@ class SimWorldNode(Node):
             self.env = CueReachEnv(self.spec, self.seed)
             frame = self.env.reset()
             self._new_instruction()
+            if self._announce(now, frame):
+                return
+        self._show(frame)
+
+    def _show(self, frame: np.ndarray) -> None:
+        """Tell this episode's instruction if not yet told, then publish the odometry and the frame seen in it."""
         self._tell()
         stamp = self.get_clock().now().to_msg()  # the frame's and its state's: the robot was there when it was seen
         self._odometry.publish(self.odometry_message(stamp))
         self._publisher.publish(image_message(frame, Header(stamp=stamp, frame_id="camera")))
+
+    def _announce(self, now_ns: int, frame: np.ndarray) -> bool:
+        """Ask for a new episode (``reset_service``) before ``frame``, the new layout, is shown; whether the world
+        now waits for the answer (no: no service, or none ready, counted)."""
+        if self._reset is None:
+            return False
+        if not self._reset.service_is_ready():
+            self._unannounced("no service ready")
+            return False
+        self._announcing = (self._reset.call_async(Trigger.Request()), now_ns, frame)
+        self._command_ns = None  # the old layout's command: the robot holds still until the new episode's first
+        return True
+
+    def _announced(self, now_ns: int) -> bool:
+        """Whether the wait for the answer is over: answered, refused or timed out (the last two counted)."""
+        future, asked_ns, _ = self._announcing
+        if future.done():
+            result = future.result()
+            if result is None or not result.success:
+                self._unannounced(f"refused: {getattr(result, 'message', 'no answer')}")
+            return True
+        if now_ns - asked_ns > ANNOUNCE_TIMEOUT_S * 1e9:
+            self._unannounced(f"no answer in {ANNOUNCE_TIMEOUT_S:g} s")
+            return True
+        return False
+
+    def _unannounced(self, why: str) -> None:
+        self.unannounced += 1
+        self.get_logger().warning(f"the new episode could not be announced on {self._reset.srv_name} ({why}): its "
+                                  "memory and the last chunk run on into it", throttle_duration_sec=5.0)
 
     @property
     def episodes(self) -> int:
@@ -140,7 +190,7 @@ class SimWorldNode(Node):
     def summary(self) -> dict[str, Any]:
         """The world's episodes for ``vla-edge run``'s summary."""
         return {"task": self.spec.name, "episodes": self.episodes, "successes": self.successes,
-                "mean_time_to_reach_s": self.tally.mean_to_success()}
+                "mean_time_to_reach_s": self.tally.mean_to_success(), "unannounced_episodes": self.unannounced}
 
     def describe(self) -> str:
         """For the banner."""
