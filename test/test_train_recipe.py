@@ -76,7 +76,8 @@ def nested_names(flat_spec: dict[str, Any], previous: dict[str, Any] | None) -> 
 
 def test_the_shipped_recipe_resolves_to_the_specs_its_log_records(tmp_path):
     """Phase by phase, every knob of models/sim/recipe.yaml (defaults included) against what train_log.json
-    says that phase ran with; only the paths of init_from differ (they were other machines' directories).
+    says that phase ran with; only the paths of init_from and dagger.config differ (they were other machines'
+    directories).
     The first five phases logged the flat train/1 spec, the rest train/2 (TrainSpec's own nested names),
     some before the chunk head's knobs existed."""
     recipe = load_recipe(SHIPPED / "recipe.yaml")
@@ -92,6 +93,8 @@ def test_the_shipped_recipe_resolves_to_the_specs_its_log_records(tmp_path):
             expected = {**{name: PREDATED[name] for name in ("head", "chunk", "mlp_hidden")}, **LATER,
                         **dotted(log["spec"])}
         assert (resolved.pop("init_from") is None) == (expected.pop("init_from") is None), phase.name
+        for paths in (resolved, expected):  # the dagger stage's runtime configuration: the package's, found there
+            paths["dagger.config"] = Path(paths["dagger.config"]).parts[-2:] if paths["dagger.config"] else ""
         assert resolved == expected, (phase.name, {k: (resolved.get(k), expected.get(k))
                                                    for k in resolved.keys() | expected.keys()
                                                    if resolved.get(k) != expected.get(k)})
@@ -107,13 +110,15 @@ def test_the_shipped_log_sums_up_every_phase_that_made_the_checkpoint():
     assert log["schema"] == "vla_edge_ros.train/2"
     assert [sorted(phase["losses"]) for phase in log["phases"]] == [
         ["aura", "bc", "dms", "perception"], ["aura", "bc", "dms"], ["aura", "dms"], ["aura", "dms"], ["aura", "dms"],
-        ["bc", "perception"], ["perception"], ["perception"], ["perception"], ["bc", "perception"], ["aura", "dms"]]
+        ["bc", "perception"], ["perception"], ["perception"], ["perception"], ["bc", "perception"], ["aura", "dms"],
+        ["dagger", "dms"], ["perception"], ["dagger", "dms"]]
     steps = [{stage: summary["steps"] for stage, summary in phase["losses"].items()} for phase in log["phases"]]
     assert steps[3] == {"aura": 2000, "dms": 100} and steps[4] == {"aura": 600, "dms": 100}  # warm-up + stage steps
     assert steps[9] == {"perception": 1000, "bc": 900} and steps[10] == {"aura": 1600, "dms": 100}
     assert sum(step["perception"] for step in steps[5:9]) == 7500
     seconds = [sum(phase["seconds"].values()) for phase in log["phases"]]
-    assert 6000 < sum(seconds[:5]) < 7000 and 8500 < sum(seconds[5:]) < 9500  # the one-action model; the rest
+    assert 6000 < sum(seconds[:5]) < 7000 and 8500 < sum(seconds[5:11]) < 9500  # the one-action model; words, chunks
+    assert [len(phase.get("dagger", [])) for phase in log["phases"][11:]] == [3, 0, 2]  # closed-loop collections
     first = log["phases"][0]["losses"]["perception"]
     assert len(first["means"]["action"]) == 20 and first["means"]["action"][-1] < first["means"]["action"][0]
     words = log["phases"][8]["losses"]["perception"]["means"]["action"]  # the colour word grounded: lang-reach views
