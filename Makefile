@@ -9,6 +9,8 @@ STAMP  := $(VENV)/.installed
 MODEL  := models/sim
 DURATION ?= 10
 TASK ?= reach
+# pytest-xdist workers for the test targets: one per core (TEST_JOBS=0: in one process)
+TEST_JOBS ?= auto
 
 .PHONY: setup run test test-slow test-soak test-all bench docs clean
 
@@ -30,16 +32,16 @@ run: $(STAMP)
 	$(VENV)/bin/vla-edge run --config config/default.yaml --sim $(TASK) --duration $(DURATION)
 
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow and not soak" test
+	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not slow and not soak" test
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -m slow test
+	$(PY) -m pytest -q -n $(TEST_JOBS) -m slow test
 
 test-soak: $(STAMP)
-	$(PY) -m pytest -q -m soak test
+	$(PY) -m pytest -q -n $(TEST_JOBS) -m soak test
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q -m "" test
+	$(PY) -m pytest -q -n $(TEST_JOBS) -m "" test
 
 bench: $(STAMP)
 	$(PY) bench/bench_model.py

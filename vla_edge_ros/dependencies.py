@@ -79,6 +79,7 @@ TEST_TOOLS = [  # ... and what no file imports
     "nvidia-nvvm==13.0.88; platform_system == 'Linux'",  # numba-cuda compiles every kernel to sm_90/sm_87 PTX
     "nvidia-cuda-nvrtc==13.0.88; platform_system == 'Linux'",
     "osrf-pycommon",  # launch's dependency, for the launch tests (the launch wheels install with --no-deps)
+    "pytest-xdist>=3",  # make test spreads the suite over every core (-n auto)
 ]
 DOCS = ["mkdocs>=1.6,<2"]  # make docs
 
