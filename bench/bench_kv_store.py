@@ -10,9 +10,10 @@ measures both ways of getting a prompt into the arena, on the same engine in the
 Then, for the largest block, AES-GCM decrypt throughput against reading the file (page cache warm: it
 was just written), and bytes per token on disk against 2 x layers x kv_heads x head_dim x 4 (fp32 KV).
 Models: ``tiny`` and a 4-layer slice of the Qwen2.5-1.5B shape, random weights (seed 0, bf16, as
-``vla-edge init-model`` writes them), numpy backend. Nothing is downloaded.
+``vla-edge init-model`` writes them), on the numpy backend or the one ``--backend`` names. An instruction is a
+prompt of 16-64 tokens: ``--tokens 16,32,64`` measures re-tasking with a stored instruction. Nothing is downloaded.
 
-    .venv/bin/python bench/bench_kv_store.py [--tokens 1024,4096,16384] [--repeats 3]
+    .venv/bin/python bench/bench_kv_store.py [--tokens 1024,4096,16384] [--repeats 3] [--backend numpy|cuda]
 """
 
 from __future__ import annotations
@@ -132,12 +133,13 @@ def main() -> None:
     parser.add_argument("--tokens", default="1024,4096,16384", help="comma-separated prompt sizes")
     parser.add_argument("--repeats", type=int, default=3, help="loads (and fast recomputes) per size; median")
     parser.add_argument("--slow-s", type=float, default=30.0, help="a recompute slower than this is run once")
+    parser.add_argument("--backend", default="numpy", choices=("numpy", "cuda"), help="the engine's backend")
     parser.add_argument("--models-dir", type=Path, default=Path(tempfile.gettempdir()) / "vla_edge_bench_models")
     args = parser.parse_args()
     sizes = sorted(int(t) for t in args.tokens.split(","))
     began = time.perf_counter()
     print(machine())
-    print(f"backend numpy, prefill chunk {PREFILL_CHUNK_TOKENS} tokens, encrypted store (AES-256-GCM, random key)")
+    print(f"backend {args.backend}, prefill chunk {PREFILL_CHUNK_TOKENS} tokens, encrypted store (AES-256-GCM, random key)")
     rows: list[Row] = []
     speeds: dict[str, tuple[float, float, int]] = {}
     kv_per_token: dict[str, int] = {}
@@ -145,7 +147,7 @@ def main() -> None:
         for name, preset_name, layers in MODELS:
             checkpoint = load_checkpoint(model_dir(args.models_dir, preset_name, layers))
             c = checkpoint.config
-            engine = VlaEngine(checkpoint, backend="numpy",
+            engine = VlaEngine(checkpoint, backend=args.backend,
                                kv_capacity_tokens=sizes[-1] + 1 + c.vision.tokens_per_frame + c.action.dof)
             aes_key = os.urandom(32)
             store = BlockStore(Path(tmp) / preset_name, model_fingerprint(checkpoint), aes_key=aes_key,

@@ -12,6 +12,8 @@
 #    transformers on the same GPU (fp32 and bf16)
 # 5. bench/bench_gpu_linear.py: the decode GEMV over 1.5B-shape layers with fp32, bf16, int8 and int4 weights,
 #    GB/s against the card's peak bandwidth (each product first checked against the NumPy twin)
+# 6. bench/bench_kv_store.py --backend cuda: a stored instruction's KV loaded against its prefill (16-64
+#    tokens, the re-tasking case) and a 1,024-token prompt, on the 1.5B-shape slice
 # Needs python3 with numba-cuda, torch (CUDA), transformers, numpy, pyyaml, opencv; installs nothing online.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -42,4 +44,5 @@ step python3 "$repo/bench/bench_gpu.py"
 # the vision tower on one 224x224 frame, 8 of the real 32 blocks (time per block scales linearly)
 step python3 "$repo/bench/bench_gpu_vision.py" --depth 8
 step python3 "$repo/bench/bench_gpu_linear.py"
+step python3 "$repo/bench/bench_kv_store.py" --backend cuda --tokens 16,64,1024
 exit $status
