@@ -171,20 +171,35 @@ def _schedule(optimiser: torch.optim.Optimizer, spec: StageSpec) -> torch.optim.
     return torch.optim.lr_scheduler.LambdaLR(optimiser, factor)
 
 
-def _fit(params: list[torch.nn.Parameter] | list[dict[str, Any]], spec: StageSpec, steps: Iterable[T],
+def fit(params: list[torch.nn.Parameter] | list[dict[str, Any]], spec: StageSpec, steps: Iterable[T],
          loss_of: Callable[[T], tuple[torch.Tensor, dict[str, float]]], progress: Progress) -> None:
     """AdamW over ``params`` (a list of tensors at ``spec.lr``, or parameter groups with their own lr)."""
     optimiser = torch.optim.AdamW(params, lr=spec.lr, weight_decay=0.0)
     schedule = _schedule(optimiser, spec)
     trained = [p for group in optimiser.param_groups for p in group["params"]]
+    skipped = 0
     for step, batch in enumerate(steps):
         loss, figures = loss_of(batch)
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(trained, 1.0)
-        optimiser.step()
+        norm = torch.nn.utils.clip_grad_norm_(trained, 1.0)
+        finite = bool(torch.isfinite(norm))  # one non-finite gradient would turn every weight it reaches NaN for good
+        if finite:
+            optimiser.step()
+        else:
+            skipped += 1
+            if skipped > max_skipped_steps(spec.steps):
+                raise ValueError(f"training diverged: {skipped} of {step + 1} steps had a non-finite gradient "
+                                 f"(at most {max_skipped_steps(spec.steps)} of a stage's {spec.steps} are skipped); "
+                                 f"lower its lr")
         schedule.step()
-        progress(step, {"loss": float(loss.detach()), **figures})
+        progress(step, {"loss": float(loss.detach()), **figures, "skipped": float(not finite)})
+
+
+def max_skipped_steps(steps: int) -> int:
+    """Steps with a non-finite gradient a stage skips (no update, counted as ``skipped``) before it stops: an
+    isolated one (a rare batch) is survivable, a run of them is a diverged stage."""
+    return max(3, steps // 100)
 
 
 def _freeze(model: VlaModel, trainable: list[torch.nn.Parameter]) -> None:
@@ -239,7 +254,7 @@ def _fit_actions(model: VlaModel, spec: StageSpec, steps: Iterator[Batch], progr
     ``WHERE_WEIGHT`` x the error of ``where_head``'s robot and goal positions (see ``VlaModel``)."""
     params = model.decoder_parameters() + list(model.where_head.parameters())
     _freeze(model, params)
-    _fit(params, spec, steps, lambda batch: _action_loss(model, batch), progress)
+    fit(params, spec, steps, lambda batch: _action_loss(model, batch), progress)
 
 
 def _action_loss(model: VlaModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
@@ -404,7 +419,7 @@ def train_aura(model: VlaModel, demos: list[Demo], wording: Wording, spec: AuraS
         step, batch = step_batch
         return _aura_loss(model, batch, spec, step, where=False)
 
-    _fit(params, spec, enumerate(aura_batches(model, episodes, wording, spec, rng)), loss_of, progress)
+    fit(params, spec, enumerate(aura_batches(model, episodes, wording, spec, rng)), loss_of, progress)
 
 
 def cue_pairs(demos: list[Demo], count: int, rng: np.random.Generator) -> Batch:
@@ -433,7 +448,7 @@ def _warm_memory(model: VlaModel, spec: AuraSpec, demos: list[Demo], rng: np.ran
         goal = F.mse_loss(model.memory_goal_head(memory[:, 1]), batch.where[:, 1, 2:], reduction="sum") / len(memory)
         return goal, {"memory_goal": float(goal.detach())}
 
-    _fit(params, warmup, (cue_pairs(demos, WARMUP_PAIRS, rng) for _ in range(warmup.steps)), loss_of, progress)
+    fit(params, warmup, (cue_pairs(demos, WARMUP_PAIRS, rng) for _ in range(warmup.steps)), loss_of, progress)
 
 
 def _train_aura_and_decoder(model: VlaModel, episodes: list[Demo], demos: list[Demo], wording: Wording,
@@ -463,7 +478,7 @@ def _train_aura_and_decoder(model: VlaModel, episodes: list[Demo], demos: list[D
             figures["bc_action"] = bc_figures["action"]
         return loss, figures
 
-    _fit(groups, spec, enumerate(steps), loss_of, progress)
+    fit(groups, spec, enumerate(steps), loss_of, progress)
 
 
 def train_dms(model: VlaModel, demos: list[Demo], spec: DmsSpec, rng: np.random.Generator, progress: Progress) -> None:
@@ -484,4 +499,4 @@ def train_dms(model: VlaModel, demos: list[Demo], spec: DmsSpec, rng: np.random.
         loss = distill + spec.penalty * F.relu(keep_rate - 1.0 / spec.target_ratio)
         return loss, {"distill": float(distill.detach()), "keep_rate": float(keep_rate.detach())}
 
-    _fit(params, spec, batches(demos, spec, rng, partial=False), loss_of, progress)
+    fit(params, spec, batches(demos, spec, rng, partial=False), loss_of, progress)
