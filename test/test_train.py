@@ -290,7 +290,7 @@ def test_cue_write_training_writes_the_labels_then_the_gate_learns_them(demo):
     train_aura(model, demos, FIXED, spec, np.random.default_rng(0),
                lambda step, figures: rows.append(figures))
     warmup, rows = rows[:2], rows[2:]
-    assert all(set(r) == {"loss", "memory_goal"} for r in warmup)  # the memory alone first, no decoder pass
+    assert all(set(r) == {"loss", "memory_goal", "skipped"} for r in warmup)  # the memory alone first, no decoder pass
     forced = [r for r in rows if r["forced"]]
     assert len(forced) == 7 and all(r["write_rate"] == pytest.approx(0.1) for r in forced)  # 1 of 10 frames each
     assert rows[-1]["forced"] == 0.0
@@ -313,7 +313,7 @@ def test_the_memory_warm_up_writes_the_cue_and_learns_where_it_was(demo):
     spec = AuraSpec(0, 2, 1e-2, max_frames=10, train_decoder=True, cue_writes=True, memory_goal=1.0, memory_warmup=30)
     train_aura(model, demos, FIXED, spec, np.random.default_rng(1),
                lambda step, figures: rows.append(figures))
-    assert len(rows) == 30 and all(set(r) == {"loss", "memory_goal"} for r in rows)
+    assert len(rows) == 30 and all(set(r) == {"loss", "memory_goal", "skipped"} for r in rows)
     assert np.mean([r["memory_goal"] for r in rows[-10:]]) < 0.3 * np.mean([r["memory_goal"] for r in rows[:10]])
     assert torch.equal(next(model.vision.parameters()), encoder_before)
 
