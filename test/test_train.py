@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -617,7 +618,7 @@ def test_a_chunked_phase_on_chase_writes_a_checkpoint_the_engine_decodes_chunks_
         assert chunk.shape == (6, 2) and np.isfinite(chunk).all()
 
 
-def _sqrt_at_zero(weight: torch.nn.Parameter, bad: set[int]) -> object:
+def _sqrt_at_zero(weight: torch.nn.Parameter, bad: set[int]) -> Callable[[int], tuple[torch.Tensor, dict[str, float]]]:
     """A loss that is finite at every step, whose gradient is not at the steps in ``bad`` (d sqrt(x)/dx at 0):
     how an aura stage of models/sim once turned every memory weight NaN at step 1,377 of 1,600."""
     def loss_of(step: int) -> tuple[torch.Tensor, dict[str, float]]:

@@ -172,12 +172,12 @@ def _schedule(optimiser: torch.optim.Optimizer, spec: StageSpec) -> torch.optim.
 
 
 def fit(params: list[torch.nn.Parameter] | list[dict[str, Any]], spec: StageSpec, steps: Iterable[T],
-         loss_of: Callable[[T], tuple[torch.Tensor, dict[str, float]]], progress: Progress) -> None:
+        loss_of: Callable[[T], tuple[torch.Tensor, dict[str, float]]], progress: Progress) -> None:
     """AdamW over ``params`` (a list of tensors at ``spec.lr``, or parameter groups with their own lr)."""
     optimiser = torch.optim.AdamW(params, lr=spec.lr, weight_decay=0.0)
     schedule = _schedule(optimiser, spec)
     trained = [p for group in optimiser.param_groups for p in group["params"]]
-    skipped = 0
+    skipped, limit = 0, max_skipped_steps(spec.steps)
     for step, batch in enumerate(steps):
         loss, figures = loss_of(batch)
         optimiser.zero_grad(set_to_none=True)
@@ -188,9 +188,9 @@ def fit(params: list[torch.nn.Parameter] | list[dict[str, Any]], spec: StageSpec
             optimiser.step()
         else:
             skipped += 1
-            if skipped > max_skipped_steps(spec.steps):
+            if skipped > limit:
                 raise ValueError(f"training diverged: {skipped} of {step + 1} steps had a non-finite gradient "
-                                 f"(at most {max_skipped_steps(spec.steps)} of a stage's {spec.steps} are skipped); "
+                                 f"(at most {limit} of a stage's {spec.steps} are skipped); "
                                  f"lower its lr")
         schedule.step()
         progress(step, {"loss": float(loss.detach()), **figures, "skipped": float(not finite)})
