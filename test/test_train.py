@@ -18,7 +18,7 @@ from vla_edge_ros.model.memory_tensors import check_aura
 from vla_edge_ros.model.init_model import preset
 from vla_edge_ros.model.instruction import InstructionTokenizer
 from vla_edge_ros.model.vision import resize_frame
-from vla_edge_ros.train.demos import perception_samples, record_demo, sample_frames
+from vla_edge_ros.train.demos import perception_samples, record_demo, sample_frames, whole_episode
 from vla_edge_ros.train.recipe import load_recipe
 from vla_edge_ros.train.rollouts import aura_rollouts
 from vla_edge_ros.train.spec import AuraSpec, BcSpec, DmsSpec, StageSpec, TrainSpec
@@ -167,6 +167,24 @@ def test_strided_frames_end_at_the_last_and_keep_one_stride_per_sequence(demo):
     strides = {int(np.diff(p).max()) for p in picks if p.size > 2 and p[0] > 0 and np.ptp(np.diff(p)) == 0}
     assert strides == {1, 2, 3, 4, 5}  # sliding windows, each at one k drawn in [1, 5]
     assert all((np.diff(p) > 5).sum() <= 1 for p in picks)  # the one gap: where the start meets the recent past
+
+
+def test_strided_aura_episodes_start_at_the_cue_and_keep_one_stride_each(demo):
+    """An aura episode as the chunked runtime stores it: frame 0 (the cue, the one write label) and every k-th
+    after it; at stride 1 the whole episode, with no draw, so the shipped phases' batches are unchanged."""
+    rng = np.random.default_rng(0)
+    assert np.array_equal(whole_episode(demo, rng, 100), np.arange(len(demo.frames)))
+    assert np.array_equal(whole_episode(demo, rng, 10), np.arange(10))
+    assert rng.bit_generator.state == np.random.default_rng(0).bit_generator.state
+    picks = [whole_episode(demo, rng, 100, max_stride=12) for _ in range(200)]
+    assert all(p[0] == 0 and np.ptp(np.diff(p)) == 0 for p in picks)
+    assert {int(p[1]) for p in picks} == set(range(1, 13))
+    strided = [p for p in picks if p[1] == 12]
+    labels = write_labels(make_batch([demo] * len(strided), strided))
+    assert labels.sum(1).eq(1).all() and labels[:, 0].eq(1).all()  # the cue frame is written, whatever the stride
+    spec = AuraSpec(3, 2, 1e-3, max_stride=12)
+    made = list(aura_batches(random_model(3), [demo, demo], FIXED, spec, np.random.default_rng(1)))
+    assert any(batch.valid.sum() < 2 * len(demo.frames) for batch in made)
 
 
 def test_perception_views_are_labelled_with_the_expert_where_the_robot_stands():

@@ -255,6 +255,13 @@ def perception_samples(seed: int, image_size: int, count: int, task: str = "reac
                  prompt)
 
 
+def whole_episode(demo: Demo, rng: np.random.Generator, max_frames: int, max_stride: int = 1) -> np.ndarray:
+    """Indices of a whole episode's frames from its first (the cue), every k-th, k drawn in [1, ``max_stride``]
+    (no draw at 1), at most ``max_frames``: the frames a runtime that stores one a cycle holds."""
+    step = int(rng.integers(1, max_stride + 1)) if max_stride > 1 else 1
+    return np.arange(0, len(demo.frames), step)[:max_frames]
+
+
 def sample_frames(demo: Demo, rng: np.random.Generator, max_frames: int, max_stride: int = 1) -> np.ndarray:
     """Indices of the frames one training sequence keeps (see the module doc), at most ``max_frames``, every k-th
     of them counted back from the last, k drawn in [1, ``max_stride``] (no draw at 1)."""

@@ -105,10 +105,15 @@ class DaggerSpec(BcSpec):
 
 @dataclass(frozen=True)
 class AuraSpec(EpisodeStageSpec):
-    """How the aura stage trains: delta-rule step, write-rate target and penalty; whether the decoder learns
-    too (with its own lr and frame-history sequences beside the episodes); whether writes are supervised with
-    the privileged cue labels (``stages.write_labels``), after a warm-up of the memory alone; and DAgger."""
+    """How the aura stage trains: the frames' spacing, delta-rule step, write-rate target and penalty; whether
+    the decoder learns too (with its own lr and frame-history sequences beside the episodes); whether writes are
+    supervised with the privileged cue labels (``stages.write_labels``), after a warm-up of the memory alone;
+    and DAgger."""
 
+    max_stride: int = knob("keep every k-th frame, k drawn in [1, max_stride] per sequence: of an aura episode from "
+                           "its first (the cue), of train_decoder's frame histories back from their last (as bc's): "
+                           "the runtime stores a frame a cycle, every 12 ticks for a 24-action chunk; 1: every frame",
+                           1, minimum=1, maximum=1000)
     beta: float = knob("delta-rule step of a write (kv.aura.beta)", 0.5, minimum=1e-6, maximum=1.0)
     rho: float = knob("target write rate: writes above it are penalised", 0.15, minimum=0.0, maximum=1.0)
     penalty: float = knob("weight of the one-sided write-rate penalty", 1.0, minimum=0.0, maximum=1000.0)

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from ..worlds.sim.world import TaskSpec
-from .demos import Demo, perception_samples, sample_frames
+from .demos import Demo, perception_samples, sample_frames, whole_episode
 from .rollouts import AuraPass, aura_frame, aura_rollouts
 from .spec import AuraSpec, BcSpec, DaggerSpec, DmsSpec, EpisodeStageSpec, StageSpec
 from .torch_model import DmsMask, Prompts, VlaModel, straight_through
@@ -115,11 +115,11 @@ def _static_goal(demo: Demo) -> bool:
 def batches(demos: list[Demo], spec: EpisodeStageSpec, rng: np.random.Generator, partial: bool,
             max_stride: int = 1) -> Iterator[Batch]:
     """``spec.steps`` batches of random demos; ``partial`` samples frame subsets (``sample_frames``), else whole
-    episodes."""
+    episodes (``whole_episode``), every k-th frame, k drawn in [1, ``max_stride``]."""
+    pick = sample_frames if partial else whole_episode
     for _ in range(spec.steps):
         chosen = [demos[i] for i in rng.choice(len(demos), size=spec.batch, replace=False)]
-        picks = [sample_frames(d, rng, spec.max_frames, max_stride) if partial else np.arange(min(len(d.frames), spec.max_frames))
-                 for d in chosen]
+        picks = [pick(d, rng, spec.max_frames, max_stride) for d in chosen]
         yield make_batch(chosen, picks)
 
 
@@ -385,7 +385,7 @@ def aura_batches(model: VlaModel, demos: list[Demo], wording: Wording, spec: Aur
     ``spec.dagger_rounds`` collections with the weights of the time, on fresh layouts). The rollouts'
     seeds are drawn from 2**31 up: never an evaluation's."""
     if not spec.dagger_episodes:
-        yield from batches(demos, spec, rng, partial=False)
+        yield from batches(demos, spec, rng, partial=False, max_stride=spec.max_stride)
         return
     tasks = [TaskSpec(name=name) for name in dict.fromkeys(demo.task for demo in demos)]
 
@@ -394,7 +394,7 @@ def aura_batches(model: VlaModel, demos: list[Demo], wording: Wording, spec: Aur
         return aura_rollouts(model, wording, tasks, seeds, spec.beta, spec.max_frames)
 
     for chosen in aggregated(demos, spec.steps, spec.batch, spec.dagger_rounds, collect, rng):
-        yield make_batch(chosen, [np.arange(min(len(demo.frames), spec.max_frames)) for demo in chosen])
+        yield make_batch(chosen, [whole_episode(demo, rng, spec.max_frames, spec.max_stride) for demo in chosen])
 
 
 def train_aura(model: VlaModel, demos: list[Demo], wording: Wording, spec: AuraSpec, rng: np.random.Generator,
@@ -466,7 +466,8 @@ def _train_aura_and_decoder(model: VlaModel, episodes: list[Demo], demos: list[D
     _freeze(model, decoder + memory)
     groups = [{"params": decoder, "lr": spec.decoder_lr}, {"params": memory, "lr": spec.lr}]
     aura = aura_batches(model, episodes, wording, spec, rng)
-    histories = batches(demos, EpisodeStageSpec(spec.steps, spec.bc_batch, spec.lr, spec.max_frames), rng, partial=True)
+    histories = batches(demos, EpisodeStageSpec(spec.steps, spec.bc_batch, spec.lr, spec.max_frames), rng, partial=True,
+                        max_stride=spec.max_stride)
     steps = zip(aura, histories) if spec.bc_batch else ((batch, None) for batch in aura)
 
     def loss_of(step_pair: tuple[int, tuple[Batch, Batch | None]]) -> tuple[torch.Tensor, dict[str, float]]:
