@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -185,6 +186,28 @@ def test_strided_aura_episodes_start_at_the_cue_and_keep_one_stride_each(demo):
     spec = AuraSpec(3, 2, 1e-3, max_stride=12)
     made = list(aura_batches(random_model(3), [demo, demo], FIXED, spec, np.random.default_rng(1)))
     assert any(batch.valid.sum() < 2 * len(demo.frames) for batch in made)
+
+
+def test_the_aura_read_probe_tells_a_memory_the_decoder_reads_from_one_it_cannot(tmp_path):
+    """bench/aura_read_probe.py on a random model exported with its memory: with the memory's read-out at zero the
+    three aura rows are one (nothing the memory holds reaches the action), with it nonzero writing the cue moves
+    the error; the whole episode's row never goes through the memory."""
+    spec = importlib.util.spec_from_file_location("aura_read_probe", SHIPPED.parents[1] / "bench" / "aura_read_probe.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = {}
+    for name, scale in (("mute", 0.0), ("reads", 1.0)):
+        model = random_model(4)
+        with torch.no_grad():
+            model.aura.out_proj.weight.mul_(scale)
+        export(model, model.c, tmp_path / name, TrainSpec(dtype="float32"))
+        rows[name] = bench.probe(tmp_path / name, (), episodes=2, seed=987654, strides=[1, 12])
+    assert [row["stride"] for row in rows["mute"]] == [1, 12]
+    for mute, reads in zip(rows["mute"], rows["reads"]):
+        assert mute["aura, gate"] == mute["aura, cue written"] == mute["aura, no writes"]
+        assert abs(reads["aura, cue written"] - reads["aura, no writes"]) > 1e-3
+        assert mute["whole episode"] == pytest.approx(reads["whole episode"]) != mute["aura, no writes"]
+        assert 0.0 <= reads["gate writes / frame"] <= 1.0
 
 
 def test_perception_views_are_labelled_with_the_expert_where_the_robot_stands():
