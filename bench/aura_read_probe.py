@@ -18,6 +18,7 @@ stores one every 12. Demonstrations come from ``--seed`` (``demos.demo_seed``: n
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -72,16 +73,19 @@ def main() -> None:
                         help="its last phase's instruction templates word the demonstrations (a model with words)")
     parser.add_argument("--episodes", type=int, default=16)
     parser.add_argument("--seed", type=int, default=987654)
-    parser.add_argument("--strides", default="1,12")
+    parser.add_argument("--strides", type=lambda text: [int(part) for part in text.split(",")], default=[1, 12])
     args = parser.parse_args()
-    instructions = load_recipe(args.recipe).phases[-1].spec.instructions if args.recipe else ()
-    strides = [int(part) for part in args.strides.split(",")]
     print("| model | stride | " + " | ".join(ROWS) + " | gate writes / frame |")
     print("|---" * (len(ROWS) + 3) + "|")
-    for model_dir in args.model:
-        for row in probe(model_dir, instructions, args.episodes, args.seed, strides):
-            cells = [f"{row[name]:.3f}" for name in (*ROWS, "gate writes / frame")]
-            print(f"| {model_dir} | {row['stride']} | " + " | ".join(cells) + " |", flush=True)
+    try:
+        instructions = load_recipe(args.recipe).phases[-1].spec.instructions if args.recipe else ()
+        for model_dir in args.model:
+            for row in probe(model_dir, instructions, args.episodes, args.seed, args.strides):
+                cells = [f"{row[name]:.3f}" for name in (*ROWS, "gate writes / frame")]
+                print(f"| {model_dir} | {row['stride']} | " + " | ".join(cells) + " |", flush=True)
+    except (OSError, ValueError) as error:  # a missing or foreign checkpoint, a bad recipe: one line, no traceback
+        print(f"aura_read_probe: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":
