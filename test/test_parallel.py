@@ -152,6 +152,26 @@ def test_ctrl_c_stops_every_worker_and_leaves_whole_units_for_resume(tmp_path, w
     assert resumed.resumed == len(finished) and len(resumed.results) == 40
 
 
+def test_workers_whose_parent_is_killed_exit_without_a_traceback(tmp_path):
+    """SIGKILL leaves the parent no time to stop its workers: each finds its pipe closed (mid-send or waiting
+    for a unit) and exits quietly, instead of a BrokenPipeError traceback per worker on the user's terminal."""
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(HERE)!r})
+        from pathlib import Path
+        from test_parallel import job, units
+        from vla_edge_ros.tools.parallel import run_units
+        run_units(job(), units(40, sleep=0.2), Path({str(tmp_path)!r}), workers=2)
+    """)
+    process = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(list((tmp_path / "units").glob("*.json"))) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.kill()
+    _, err = process.communicate(timeout=60)  # EOF once the workers, which share stderr, are gone too
+    assert process.returncode == -signal.SIGKILL and "Traceback" not in err, err[-2000:]
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -200,8 +200,11 @@ def _serve(job: Job, tasks: Connection, results: Connection) -> None:
     one_blas_thread()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
     state = job.prepare(job.context)
-    while (unit := tasks.recv()) is not None:
-        results.send((unit.key, *_timed(job, state, unit.spec)))
+    try:
+        while (unit := tasks.recv()) is not None:
+            results.send((unit.key, *_timed(job, state, unit.spec)))
+    except (EOFError, BrokenPipeError):  # the parent was killed: nobody is left to report to, so no traceback
+        return
 
 
 class _Worker:
