@@ -99,7 +99,8 @@ def test_the_shipped_recipe_resolves_to_the_specs_its_log_records(tmp_path):
                                                    for k in resolved.keys() | expected.keys()
                                                    if resolved.get(k) != expected.get(k)})
         previous = log["spec"]
-    assert [phase.name for phase in recipe.phases if phase.spec.aura.fresh] == ["fresh-memory", "chunk-memory"]
+    fresh = ["fresh-memory", "chunk-memory", "memory-refit"]
+    assert [phase.name for phase in recipe.phases if phase.spec.aura.fresh] == fresh
     assert [phase.spec.head for phase in recipe.phases][-2:] == ["mlp"] * 2
 
 
@@ -111,14 +112,18 @@ def test_the_shipped_log_sums_up_every_phase_that_made_the_checkpoint():
     assert [sorted(phase["losses"]) for phase in log["phases"]] == [
         ["aura", "bc", "dms", "perception"], ["aura", "bc", "dms"], ["aura", "dms"], ["aura", "dms"], ["aura", "dms"],
         ["bc", "perception"], ["perception"], ["perception"], ["perception"], ["bc", "perception"], ["aura", "dms"],
-        ["dagger", "dms"], ["perception"], ["dagger", "dms"]]
+        ["dagger", "dms"], ["perception"], ["dagger", "dms"], ["aura"], *[["aura", "dms"]] * 5, ["perception"],
+        ["aura", "dms"], ["aura", "dms"]]
     steps = [{stage: summary["steps"] for stage, summary in phase["losses"].items()} for phase in log["phases"]]
     assert steps[3] == {"aura": 2000, "dms": 100} and steps[4] == {"aura": 600, "dms": 100}  # warm-up + stage steps
     assert steps[9] == {"perception": 1000, "bc": 900} and steps[10] == {"aura": 1600, "dms": 100}
     assert sum(step["perception"] for step in steps[5:9]) == 7500
     seconds = [sum(phase["seconds"].values()) for phase in log["phases"]]
     assert 6000 < sum(seconds[:5]) < 7000 and 8500 < sum(seconds[5:11]) < 9500  # the one-action model; words, chunks
-    assert [len(phase.get("dagger", [])) for phase in log["phases"][11:]] == [3, 0, 2]  # closed-loop collections
+    collections = [len(phase.get("dagger", [])) for phase in log["phases"][11:]]  # closed-loop episodes' rounds
+    assert collections == [3, 0, 2] + [0] * 9
+    assert steps[14] == {"aura": 1600} and steps[22] == {"aura": 400, "dms": 100}  # the chunked model's memory
+    assert 14500 < sum(seconds[14:]) < 16500  # the chunked model's memory, partly beside evaluations
     first = log["phases"][0]["losses"]["perception"]
     assert len(first["means"]["action"]) == 20 and first["means"]["action"][-1] < first["means"]["action"][0]
     words = log["phases"][8]["losses"]["perception"]["means"]["action"]  # the colour word grounded: lang-reach views
