@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 from vla_edge_ros.cli import main
 from vla_edge_ros.config import load_settings
 from vla_edge_ros.runtime.block_costs import parse_cost
-from vla_edge_ros.runtime.loader import load_model
+from vla_edge_ros.runtime.loader import load_model, prompt_ids
 from vla_edge_ros.tools.evaluate import run_episode
 from vla_edge_ros.tools.lang_reach import instructor_for
 from vla_edge_ros.tools.policy_rollouts import PolicyDrive, drive_planar, prepare_drive
@@ -42,10 +42,13 @@ def _recipe(path: Path, **knobs) -> Path:
 
 
 def test_a_2d_dagger_phase_drives_under_the_default_configuration_unless_told_otherwise(tmp_path):
+    """The dagger stage's episodes, and the aura stage's DAgger episodes, drive under the world's configuration."""
     shipped = load_recipe(_recipe(tmp_path / "r.yaml", **TINY)).phases[0].spec
     mine = load_recipe(_recipe(tmp_path / "m.yaml", **TINY, dagger={"config": "mine.yaml"})).phases[0].spec
     assert shipped.dagger.config == str(ROOT / "config" / "default.yaml")
     assert mine.dagger.config == str(tmp_path / "mine.yaml")
+    aura = {**TINY, "stages": ["aura"], "aura": {"steps": 2, "batch": 2, "lr": 0.01, "dagger_episodes": 2}}
+    assert load_recipe(_recipe(tmp_path / "a.yaml", **aura)).phases[0].spec.dagger.config == shipped.dagger.config
 
 
 def test_a_collected_episode_is_told_what_its_demonstration_would_be(tmp_path):
@@ -53,7 +56,7 @@ def test_a_collected_episode_is_told_what_its_demonstration_would_be(tmp_path):
                      instructions=TEMPLATES, episodes=4, stages=("bc", "dagger"))
     wording = phase_wording(spec, phase_config(spec), tmp_path)
     for index, seed in enumerate([7, 2**40 + 3, 11]):
-        episode = planar_episode(spec, wording, index, seed)
+        episode = planar_episode(spec, wording, spec.tasks[index % 2], seed)
         demo = record_demo(TaskSpec(name=episode.task), seed, spec.image_size, wording, chunk=spec.chunk)
         assert episode.task == spec.tasks[index % 2] and episode.prompt == demo.prompt
         assert (episode.image_size, episode.chunk) == (spec.image_size, spec.chunk)
@@ -96,6 +99,26 @@ def test_the_dagger_stage_drives_the_2d_world_as_evaluate_does(tmp_path):
     labelled = labeller.demo(episode.success)
     assert len(labelled.frames) == episode.ticks and labelled.chunks.shape == (episode.ticks, 24, 2)
     assert labelled.prompt == prompt and np.abs(labelled.chunks).max() <= 1
+
+
+def test_the_aura_stages_episodes_are_evaluates_aura_row(tmp_path):
+    """``drive_planar`` with the aura memory gives the episode evaluate's aura unit gives (the learned gate, its
+    budget) for the same configuration, cost and seed: the aura stage's DAgger sees what evaluate measures."""
+    settings = load_settings(ROOT / "config" / "default.yaml")
+    checkpoint = load_model(settings)
+    assert main(["evaluate", "--task", "cue-reach", "--policy", "aura", "--episodes", "1", "--seed", "5",
+                 "--cost", COST, "--out", str(tmp_path / "eval")]) == 0
+    [path] = (tmp_path / "eval" / "units").glob("aura_b*_s5.json")
+    unit = json.loads(path.read_text())["result"]
+    state = prepare_drive(PolicyDrive(settings, parse_cost(COST), policy="aura"))
+    env = CueReachEnv(TaskSpec(name="cue-reach"), 5)
+    prompt = tuple(int(i) for i in prompt_ids(settings, checkpoint))  # what evaluate tells cue-reach: the configured one
+    labeller = PlanarLabeller(PlanarEpisode("cue-reach", 5, checkpoint.config.vision.image_size, 24, prompt))
+    episode = drive_planar(state, "cue-reach", 5, prompt, labeller.see)
+    assert asdict(episode) == unit and episode.memory_writes > 0
+    assert len(labeller.demo(episode.success).frames) == episode.ticks
+    with pytest.raises(ValueError, match="fifo or aura"):
+        PolicyDrive(settings, parse_cost(COST), policy="cosine")
 
 
 @pytest.mark.slow  # about 20 s: two trainings whose collections drive a fresh model for whole episodes

@@ -21,7 +21,6 @@ from vla_edge_ros.model.instruction import InstructionTokenizer
 from vla_edge_ros.model.vision import resize_frame
 from vla_edge_ros.train.demos import perception_samples, record_demo, sample_frames, whole_episode
 from vla_edge_ros.train.recipe import load_recipe
-from vla_edge_ros.train.rollouts import aura_rollouts
 from vla_edge_ros.train.spec import AuraSpec, BcSpec, DmsSpec, StageSpec, TrainSpec
 from vla_edge_ros.train.stages import (
     aura_actions,
@@ -184,7 +183,7 @@ def test_strided_aura_episodes_start_at_the_cue_and_keep_one_stride_each(demo):
     labels = write_labels(make_batch([demo] * len(strided), strided))
     assert labels.sum(1).eq(1).all() and labels[:, 0].eq(1).all()  # the cue frame is written, whatever the stride
     spec = AuraSpec(3, 2, 1e-3, max_stride=12)
-    made = list(aura_batches(random_model(3), [demo, demo], FIXED, spec, np.random.default_rng(1)))
+    made = list(aura_batches([demo, demo], spec, np.random.default_rng(1)))
     assert any(batch.valid.sum() < 2 * len(demo.frames) for batch in made)
 
 
@@ -253,7 +252,7 @@ def test_the_aura_stage_trains_the_decoder_only_when_asked(demo):
         model = random_model(1)
         before = {name: param.detach().clone() for name, param in model.named_parameters()}
         spec = AuraSpec(2, 2, 1e-2, max_frames=12, train_decoder=train_decoder, bc_batch=2)
-        train_aura(model, demos, FIXED, spec, np.random.default_rng(0), lambda *_: None)
+        train_aura(model, demos, spec, np.random.default_rng(0), lambda *_: None)
         moved = {name for name, param in model.named_parameters() if not torch.equal(param, before[name])}
         aura = {name for name in before if name.startswith("aura.")}
         assert moved & aura
@@ -329,7 +328,7 @@ def test_cue_write_training_writes_the_labels_then_the_gate_learns_them(demo):
     rows: list[dict[str, float]] = []
     spec = AuraSpec(10, 2, 3e-2, max_frames=10, train_decoder=True, bc_batch=0, decoder_lr=1e-3, cue_writes=True,
                     forced_fraction=0.7, label_weight=1.0, memory_goal=1.0, memory_warmup=2)
-    train_aura(model, demos, FIXED, spec, np.random.default_rng(0),
+    train_aura(model, demos, spec, np.random.default_rng(0),
                lambda step, figures: rows.append(figures))
     warmup, rows = rows[:2], rows[2:]
     assert all(set(r) == {"loss", "memory_goal", "skipped"} for r in warmup)  # the memory alone first, no decoder pass
@@ -353,7 +352,7 @@ def test_the_memory_warm_up_writes_the_cue_and_learns_where_it_was(demo):
     encoder_before = next(model.vision.parameters()).detach().clone()
     rows: list[dict[str, float]] = []
     spec = AuraSpec(0, 2, 1e-2, max_frames=10, train_decoder=True, cue_writes=True, memory_goal=1.0, memory_warmup=30)
-    train_aura(model, demos, FIXED, spec, np.random.default_rng(1),
+    train_aura(model, demos, spec, np.random.default_rng(1),
                lambda step, figures: rows.append(figures))
     assert len(rows) == 30 and all(set(r) == {"loss", "memory_goal", "skipped"} for r in rows)
     assert np.mean([r["memory_goal"] for r in rows[-10:]]) < 0.3 * np.mean([r["memory_goal"] for r in rows[:10]])
@@ -383,7 +382,7 @@ def test_the_aura_episodes_come_from_aura_tasks_only(demo, monkeypatch):
     monkeypatch.setattr(stages, "make_batch", lambda demos, picks: (drawn.extend(d.task for d in demos),
                                                                     real(demos, picks))[1])
     spec = AuraSpec(3, 1, 1e-2, max_frames=6, tasks=("cue-reach",))
-    train_aura(random_model(3), [reach, demo, reach], FIXED, spec, np.random.default_rng(0), lambda *_: None)
+    train_aura(random_model(3), [reach, demo, reach], spec, np.random.default_rng(0), lambda *_: None)
     assert drawn == ["cue-reach"] * 3
     with pytest.raises(ValueError, match="aura.tasks"):
         TrainSpec(tasks=("reach",), aura=replace(spec, tasks=("cue-reach",)))
@@ -440,57 +439,51 @@ def test_a_checkpoint_with_another_aura_layout_starts_the_memory_afresh(tmp_path
     np.testing.assert_array_equal(model.aura.k_proj.weight.detach().numpy(), stored.float32("aura.k_proj.weight"))
 
 
-def test_a_rollout_is_the_aura_policy_driving_the_robot_labelled_by_the_expert(tmp_path):
-    """DAgger's episodes: replayed through the engine's aura policy, each recorded frame gives the command that
-    moved the robot to the next recorded position, and each label is the expert's command where the robot
-    stood."""
-    model = random_model(1)
-    with torch.no_grad():  # a gate that both writes and declines, and a read that moves the action
-        torch.manual_seed(1)
-        model.aura.gate.weight.normal_(0.0, 1.0)
-        model.aura.out_proj.weight.normal_(0.0, 0.5)
-    task = TaskSpec(name="cue-reach", hold_s=0.1)
-    [episode] = aura_rollouts(model, FIXED, [task], [21], 0.5, max_frames=24)
-    assert len(episode.frames) == len(episode.commands) == len(episode.where) == 24 and not episode.success
-    assert episode.cue_frames == task.frames(task.cue_s)
-    policy = make_policy("aura", {"kv.aura.beta": 0.5, "kv.aura.use_learned_gate": True})
-    engine = engine_for(model, tmp_path, policy)
-    env = CueReachEnv(task, 21)
-    np.testing.assert_array_equal(episode.frames[0], resize_frame(env.reset(), CONFIG.vision.image_size))
-    step = task.max_speed / task.rate_hz
-    for i, frame in enumerate(episode.frames[:-1]):
-        command = np.clip(engine.step(frame).action, -1.0, 1.0) * (i >= task.release_frames)
-        robot = episode.where[i, :2]
-        np.testing.assert_allclose(episode.where[i + 1, :2], np.clip(robot + command * step, 0, 1), atol=1e-5)
-        env.place_robot(robot)
-        np.testing.assert_allclose(episode.commands[i], env.expert_command(), atol=1e-5)
-    assert 0 < policy.writes < 23  # the gate both wrote and declined
-    assert np.linalg.norm(episode.where[-1, :2] - episode.where[0, :2]) > 0.01  # the policy moved the robot
-
-
-def test_dagger_fills_half_of_each_aura_batch_with_the_policys_own_episodes(monkeypatch, demo):
+def test_dagger_fills_half_of_each_aura_batch_with_the_policys_own_episodes(demo):
     """Collections at the start of each round (steps 0 and 2 of 4), aggregated: the second half of every batch
     is drawn from the episodes collected so far, the first from the demonstrations."""
-    import vla_edge_ros.train.stages as stages
-
     collected: list[list] = []
 
-    def rollouts(*args, **kwargs):
-        collected.append(aura_rollouts(*args, **kwargs))
+    def collect(round_: int) -> list:
+        """Each round's episodes: the demonstration with its frames shifted, so every one is told apart."""
+        assert round_ == len(collected)
+        collected.append([replace(demo, frames=np.roll(demo.frames, 10 * round_ + i + 1, axis=0)) for i in range(2)])
         return collected[-1]
 
-    monkeypatch.setattr(stages, "aura_rollouts", rollouts)
     spec = AuraSpec(4, 2, 1e-3, max_frames=10, dagger_episodes=2, dagger_rounds=2)
-    model = random_model(3)
-    made = list(aura_batches(model, [demo], FIXED, spec, np.random.default_rng(0)))
-    assert len(made) == 4 and len(collected) == 2 and all(len(round_) == 2 for round_ in collected)
+    made = list(aura_batches([demo], spec, np.random.default_rng(0), collect))
+    assert len(made) == 4 and len(collected) == 2
     for step, batch in enumerate(made):
         pool = [episode for round_ in collected[:1 + step // 2] for episode in round_]
         np.testing.assert_array_equal(batch.frames[0][batch.valid[0]].numpy(), demo.frames[:10])
         own = batch.frames[1][batch.valid[1]].numpy()
-        assert any(np.array_equal(own, episode.frames) for episode in pool)
+        assert any(np.array_equal(own, episode.frames[:10]) for episode in pool)
+    with pytest.raises(ValueError, match="need a collection"):
+        next(aura_batches([demo], spec, np.random.default_rng(0)))
     with pytest.raises(ValueError, match="half a batch of 8"):  # refused with the spec, before any demonstration
         AuraSpec(500, 8, 3e-3, dagger_episodes=3)
+
+
+def test_the_aura_stages_dagger_drives_the_aura_policy_on_its_own_tasks(tmp_path):
+    """An aura phase with ``dagger_episodes`` hands the trainer's collections to the runtime with the aura
+    memory, on ``aura.tasks`` only, worded as their demonstrations, from the weights of the time (exported with
+    the memory), and logs each collection as the aura stage's."""
+    calls: list[tuple] = []
+
+    def rollouts(name, checkpoint, episodes, dagger, policy):
+        calls.append((name, policy, [episode.task for episode in episodes], check_aura(load_checkpoint(checkpoint))))
+        return [record_demo(TaskSpec(name=episode.task), episode.seed % 1000, episode.image_size, FIXED,
+                            chunk=episode.chunk) for episode in episodes]
+
+    aura = AuraSpec(2, 2, 1e-2, max_frames=8, dagger_episodes=2, dagger_rounds=2, tasks=("cue-reach",))
+    spec = TrainSpec(preset="sim", tasks=("reach", "cue-reach"), episodes=4, aura=aura, stages=("aura",),
+                     dtype="float32")
+    with pytest.raises(ValueError, match="DAgger needs the runtime"):
+        train(spec, tmp_path / "never", "p")
+    log = train(spec, tmp_path, "p", rollouts=rollouts)
+    assert [call[:3] for call in calls] == [("p-aura0", "aura", ["cue-reach"] * 2), ("p-aura1", "aura", ["cue-reach"] * 2)]
+    assert [(r["round"], r["episodes"], r["stage"]) for r in log.dagger] == [(0, 2, "aura"), (1, 2, "aura")]
+    assert not (tmp_path / "dagger").exists()
 
 
 TEMPLATES = ("head for the {color} marker, then stop right on it", "{color} one")

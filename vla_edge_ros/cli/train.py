@@ -4,9 +4,9 @@ phase as the recipe file says (``train/recipe.py``), and write an HF checkpoint.
 Every knob that decides the weights is in the recipe, so the file and train_log.json say how a checkpoint was
 made. The flags are only how this machine runs it: where to write, torch's threads, progress bars,
 ``--scale`` for a smoke run of a recipe (the log records the scaled steps), and ``--workers`` / ``--ray`` /
-``--resume`` for Meta-World's demonstrations and the dagger stage's episodes, recorded as units of
+``--resume`` for Meta-World's demonstrations and DAgger's episodes (the dagger and aura stages'), recorded as units of
 ``tools/parallel.py`` (one episode each, saved under ``OUT/demos``): rendering and the runtime's cycles are most
-of their cost, and the units are independent. The dagger stage's episodes are driven by the runtime
+of their cost, and the units are independent. DAgger's episodes are driven by the runtime
 (``tools/policy_rollouts.py``) and labelled by the trainer's ``PlanLabeller`` (the arm) or ``PlanarLabeller`` (the
 2-D world): this module is where the two meet.
 """
@@ -48,8 +48,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ..train.recipe import load_recipe
 
     recipe = load_recipe(args.recipe)  # before torch loads: a bad file is refused at once
-    for phase in recipe.phases:  # so is the configuration a dagger stage drives under, not hours later
-        if "dagger" in phase.spec.stages:
+    for phase in recipe.phases:  # so is the configuration DAgger drives under, not hours later
+        if phase.spec.drives_policy:
             load_settings(phase.spec.dagger.config)
     if args.scale < 1:
         recipe = recipe.scaled(args.scale)
@@ -118,11 +118,12 @@ def _episode_units(args: argparse.Namespace, job: Job, name: str, episodes: list
 
 
 def _rollouts(args: argparse.Namespace
-              ) -> Callable[[str, Path, list[ArmEpisode] | list[PlanarEpisode], DaggerSpec], list[Demo]]:
-    """How the dagger stage's episodes are collected: units as the demonstrations are, each the runtime driving
-    the world with the collection's checkpoint (``tools/policy_rollouts.py``) while the world's labeller labels
-    what the policy visits, saved to ``OUT/demos/<phase>-dagger<round>-<task>-<seed>.npz``. A unit resumes only for
-    the same episodes, checkpoint bytes, configuration and cost model."""
+              ) -> Callable[[str, Path, list[ArmEpisode] | list[PlanarEpisode], DaggerSpec, str], list[Demo]]:
+    """How DAgger's episodes (the dagger stage's, the aura stage's) are collected: units as the demonstrations are,
+    each the runtime driving the world with the collection's checkpoint and memory policy
+    (``tools/policy_rollouts.py``) while the world's labeller labels what the policy visits, saved to
+    ``OUT/demos/<phase>-<stage><round>-<task>-<seed>.npz``. A unit resumes only for the same episodes, checkpoint
+    bytes, configuration, cost model and memory policy."""
     from ..config import load_settings
     from ..runtime.block_costs import parse_cost
     from ..tools.policy_rollouts import PolicyDrive
@@ -132,17 +133,17 @@ def _rollouts(args: argparse.Namespace
     directory = args.out / DEMOS_DIR
 
     def collect(name: str, checkpoint: Path, episodes: list[ArmEpisode] | list[PlanarEpisode],
-                spec: DaggerSpec) -> list[Demo]:
+                spec: DaggerSpec, policy: str) -> list[Demo]:
         settings = load_settings(spec.config).replace("reasoning", {"model_dir": str(checkpoint)})
         planar = isinstance(episodes[0], PlanarEpisode)
         longest = max(len(episode.prompt) for episode in episodes) if planar else 0
-        drive = PolicyDrive(settings, parse_cost(spec.cost), spec.max_steps, longest)
+        drive = PolicyDrive(settings, parse_cost(spec.cost), spec.max_steps, longest, policy)
         weights = hashlib.sha256((checkpoint / "model.safetensors").read_bytes()).hexdigest()
         described = planar_identity(episodes) if planar else episodes_identity(episodes)
         identity = hashlib.sha256(f"{described} {weights} {settings.values} {spec.cost} "
-                                  f"{spec.max_steps}".encode()).hexdigest()
+                                  f"{spec.max_steps} {policy}".encode()).hexdigest()
         job = Job(rollout_driver, rollout_unit, (drive, str(directory)), identity)
-        return _episode_units(args, job, name, episodes, "dagger episodes")
+        return _episode_units(args, job, name, episodes, f"{policy} episodes")
 
     return collect
 

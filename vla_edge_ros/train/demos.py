@@ -7,7 +7,7 @@ et al. 2017). A chunked head's label is the world's ``CueReachEnv.expert_chunk``
 of the next H ticks the expert's command then, for the robot going on at the velocity it moves at now (the
 noise-free expert, the walls, the chase goal's path and the cue-reach hold all in it; why not the expert's
 own plan: its docstring). One formula labels the demonstrations, the perception views and the DAgger
-rollouts (``rollouts.py``), and its first action is the expert's command, the label of a head of one action.
+episodes (``PlanarLabeller``), and its first action is the expert's command, the label of a head of one action.
 It is defined past an episode's end (the world goes on), so no label is masked: a demonstration stops
 recording at success, the expert's chunk does not.
 

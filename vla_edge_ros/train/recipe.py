@@ -92,7 +92,7 @@ def _phase(item: Any, number: int, path: Path, taken: set[str]) -> Phase:
     spec = _build(TrainSpec(), {key: value for key, value in item.items() if key != "name"}, where, "")
     if spec.init_from is not None:
         spec = replace(spec, init_from=resolve_path(spec.init_from, path.resolve().parent))
-    if "dagger" in spec.stages:
+    if spec.drives_policy:
         config = spec.dagger.config or WORLD_CONFIGS[spec.world]
         spec = replace(spec, dagger=replace(spec.dagger, config=resolve_path(config, path.resolve().parent)))
     return Phase(name, spec)

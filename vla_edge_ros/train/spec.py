@@ -132,8 +132,10 @@ class AuraSpec(EpisodeStageSpec):
                               minimum=0.0, maximum=1000.0)
     memory_warmup: int = knob("cue_writes: steps of aura.* alone on that regression before the stage's steps", 0,
                               minimum=0, maximum=1_000_000)
-    dagger_episodes: int = knob("closed-loop episodes of the policy per collection, half of each batch (0: off)",
-                                0, minimum=0, maximum=4096)
+    dagger_episodes: int = knob("closed-loop episodes of the policy per collection, half of each batch (0: off): the "
+                                "weights of the time drive fresh layouts through the runtime with their aura memory, "
+                                "as evaluate's aura row, under dagger.config at dagger.cost", 0, minimum=0,
+                                maximum=4096)
     dagger_rounds: int = knob("dagger_episodes: collections, evenly spread, the first at step 0", 4,
                               minimum=1, maximum=1000)
     fresh: bool = knob("the memory starts from its initialisation, not from the weights the phase starts from",
@@ -270,6 +272,12 @@ class TrainSpec:
         if self.instructions:
             raise ValueError("instructions: the metaworld world's instruction is each task's description "
                              "(worlds/metaworld DESCRIPTIONS); leave instructions empty")
+
+    @property
+    def drives_policy(self) -> bool:
+        """Whether a stage collects the policy's own episodes through the runtime (DAgger): the dagger stage, or the
+        aura stage with ``aura.dagger_episodes`` (both under ``dagger.config`` at ``dagger.cost``)."""
+        return "dagger" in self.stages or ("aura" in self.stages and self.aura.dagger_episodes > 0)
 
     @property
     def demo_batch(self) -> int:

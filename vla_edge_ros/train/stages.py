@@ -21,7 +21,8 @@ frozen decoder.
    decoder must act on it, then the gate takes over (see ``write_forcing``). With ``memory_warmup``
    the memory first learns alone to say where the goal was (``_warm_memory``); only that, and enough
    steps after it, made the decoder read the memory (README, Training).
-   ``AuraSpec.dagger_episodes`` puts the policy's own closed-loop episodes in every batch (``aura_batches``).
+   ``AuraSpec.dagger_episodes`` puts the policy's own closed-loop episodes, driven through the runtime, in
+   every batch (``aura_batches``).
 3. ``train_dms``: only the per-layer dms gates learn. The student reads the whole episode with
    per-KV-head evictions enforced once a token has left the window; the teacher is the same frozen
    model reading everything. Loss: the student's action error against the teacher's plus a one-sided
@@ -39,9 +40,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..worlds.sim.world import TaskSpec
 from .demos import Demo, perception_samples, sample_frames, whole_episode
-from .rollouts import AuraPass, aura_frame, aura_rollouts
+from .aura_step import AuraPass, aura_frame
 from .spec import AuraSpec, BcSpec, DaggerSpec, DmsSpec, EpisodeStageSpec, StageSpec
 from .torch_model import DmsMask, Prompts, VlaModel, straight_through
 from .wording import Wording
@@ -378,27 +378,25 @@ def _aura_loss(model: VlaModel, batch: Batch, spec: AuraSpec, step: int, where: 
     return loss, figures
 
 
-def aura_batches(model: VlaModel, demos: list[Demo], wording: Wording, spec: AuraSpec, rng: np.random.Generator
-                 ) -> Iterator[Batch]:
+def aura_batches(demos: list[Demo], spec: AuraSpec, rng: np.random.Generator,
+                 collect: Callable[[int], list[Demo]] | None = None) -> Iterator[Batch]:
     """The aura stage's whole episodes: demonstrations, or with ``spec.dagger_episodes`` half of each batch
-    from the policy's own closed-loop episodes (``rollouts.aura_rollouts``: DAgger, aggregated over
-    ``spec.dagger_rounds`` collections with the weights of the time, on fresh layouts). The rollouts'
-    seeds are drawn from 2**31 up: never an evaluation's."""
+    from the policy's own closed-loop episodes (``collect``, the trainer's: DAgger, the weights of the time
+    driving fresh layouts through the runtime with their aura memory, aggregated over ``spec.dagger_rounds``
+    collections). Why the runtime: a chunked model acts once a cycle, about every 12th tick, and executes
+    its chunk between, so the states its memory must carry it through are those of the timeline, not of a
+    policy acting on every frame."""
     if not spec.dagger_episodes:
         yield from batches(demos, spec, rng, partial=False, max_stride=spec.max_stride)
         return
-    tasks = [TaskSpec(name=name) for name in dict.fromkeys(demo.task for demo in demos)]
-
-    def collect(round_: int) -> list[Demo]:
-        seeds = [int(seed) for seed in rng.integers(2**31, 2**62, size=spec.dagger_episodes)]
-        return aura_rollouts(model, wording, tasks, seeds, spec.beta, spec.max_frames)
-
+    if collect is None:
+        raise ValueError("aura.dagger_episodes: the policy's own episodes need a collection (the trainer's)")
     for chosen in aggregated(demos, spec.steps, spec.batch, spec.dagger_rounds, collect, rng):
         yield make_batch(chosen, [whole_episode(demo, rng, spec.max_frames, spec.max_stride) for demo in chosen])
 
 
-def train_aura(model: VlaModel, demos: list[Demo], wording: Wording, spec: AuraSpec, rng: np.random.Generator,
-               progress: Progress) -> None:
+def train_aura(model: VlaModel, demos: list[Demo], spec: AuraSpec, rng: np.random.Generator, progress: Progress,
+               collect: Callable[[int], list[Demo]] | None = None) -> None:
     """The aura memory on the frozen decoder (``spec.train_decoder``: with the decoder, see
     ``_train_aura_and_decoder``), after the memory warm-up when ``spec.memory_warmup`` asks for one. Each
     step: ``spec.batch`` whole episodes run frame by frame as the aura policy runs them (``aura_unroll``),
@@ -410,7 +408,7 @@ def train_aura(model: VlaModel, demos: list[Demo], wording: Wording, spec: AuraS
     if spec.memory_warmup:
         _warm_memory(model, spec, episodes, rng, progress)
     if spec.train_decoder:
-        _train_aura_and_decoder(model, episodes, demos, wording, spec, rng, progress)
+        _train_aura_and_decoder(model, episodes, demos, spec, rng, progress, collect)
         return
     params = [*model.aura.parameters(), *model.memory_goal_head.parameters()]
     _freeze(model, params)
@@ -419,7 +417,7 @@ def train_aura(model: VlaModel, demos: list[Demo], wording: Wording, spec: AuraS
         step, batch = step_batch
         return _aura_loss(model, batch, spec, step, where=False)
 
-    fit(params, spec, enumerate(aura_batches(model, episodes, wording, spec, rng)), loss_of, progress)
+    fit(params, spec, enumerate(aura_batches(episodes, spec, rng, collect)), loss_of, progress)
 
 
 def cue_pairs(demos: list[Demo], count: int, rng: np.random.Generator) -> Batch:
@@ -451,8 +449,9 @@ def _warm_memory(model: VlaModel, spec: AuraSpec, demos: list[Demo], rng: np.ran
     fit(params, warmup, (cue_pairs(demos, WARMUP_PAIRS, rng) for _ in range(warmup.steps)), loss_of, progress)
 
 
-def _train_aura_and_decoder(model: VlaModel, episodes: list[Demo], demos: list[Demo], wording: Wording,
-                            spec: AuraSpec, rng: np.random.Generator, progress: Progress) -> None:
+def _train_aura_and_decoder(model: VlaModel, episodes: list[Demo], demos: list[Demo], spec: AuraSpec,
+                            rng: np.random.Generator, progress: Progress,
+                            collect: Callable[[int], list[Demo]] | None) -> None:
     """The aura memory and the decoder together (an option, not the default). Each step: aura episodes (from
     ``episodes``) as ``train_aura`` takes them, with the position error too, plus ``spec.bc_batch``
     frame-history sequences of ``demos`` as behaviour cloning draws them, so that the decoder keeps serving
@@ -465,7 +464,7 @@ def _train_aura_and_decoder(model: VlaModel, episodes: list[Demo], demos: list[D
     memory = [*model.aura.parameters(), *model.where_head.parameters(), *model.memory_goal_head.parameters()]
     _freeze(model, decoder + memory)
     groups = [{"params": decoder, "lr": spec.decoder_lr}, {"params": memory, "lr": spec.lr}]
-    aura = aura_batches(model, episodes, wording, spec, rng)
+    aura = aura_batches(episodes, spec, rng, collect)
     histories = batches(demos, EpisodeStageSpec(spec.steps, spec.bc_batch, spec.lr, spec.max_frames), rng, partial=True,
                         max_stride=spec.max_stride)
     steps = zip(aura, histories) if spec.bc_batch else ((batch, None) for batch in aura)

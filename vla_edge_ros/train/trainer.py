@@ -41,10 +41,11 @@ MEMORY_GROUPS = ("aura", "dms")  # the memory policies with tensors of their own
 StageProgress = Callable[[str, int, int, dict[str, float]], None]
 # records a phase's Meta-World demonstrations, in order, their prompts left empty (the phase's name, for files)
 ArmRecording = Callable[[str, list[ArmEpisode]], list[Demo]]
-# the dagger stage's collection: (a name for its files, the checkpoint whose policy drives, the episodes, the stage's
-# knobs) -> each episode as the policy drove it, labelled as a demonstration (``arm_demos.PlanLabeller``,
+# a DAgger collection (the dagger stage's, the aura stage's): (a name for its files, the checkpoint whose policy
+# drives, the episodes, the dagger stage's knobs (configuration, cost, step limit), the memory policy: fifo or aura)
+# -> each episode as the policy drove it, labelled as a demonstration (``arm_demos.PlanLabeller``,
 # ``demos.PlanarLabeller``), in order
-Rollouts = Callable[[str, Path, list[ArmEpisode] | list[PlanarEpisode], DaggerSpec], list[Demo]]
+Rollouts = Callable[[str, Path, list[ArmEpisode] | list[PlanarEpisode], DaggerSpec, str], list[Demo]]
 DAGGER_DIR = "dagger"  # under a phase's output while it runs: the checkpoint of each collection
 
 
@@ -68,9 +69,8 @@ def train(spec: TrainSpec, out: Path, name: str, progress: StageProgress = lambd
           record_arm: ArmRecording = record_arm_demos, rollouts: Rollouts | None = None) -> PhaseLog:
     """One phase ``name``: every stage ``spec`` runs, the checkpoint written to ``out``. Meta-World's
     demonstrations are recorded first: the state token's statistics come from them."""
-    if "dagger" in spec.stages and rollouts is None:
-        raise ValueError(f"phase {name}: the dagger stage needs the runtime to drive the policy (vla-edge train gives "
-                         "it)")
+    if spec.drives_policy and rollouts is None:
+        raise ValueError(f"phase {name}: DAgger needs the runtime to drive the policy (vla-edge train gives it)")
     started = time.perf_counter()
     arm_demos = record_arm(name, arm_episodes(spec)) if spec.world == METAWORLD else []
     recorded = time.perf_counter() - started
@@ -118,39 +118,49 @@ def train(spec: TrainSpec, out: Path, name: str, progress: StageProgress = lambd
             lambda step: perception(model, spec.perception, rng, spec.tasks, wording, step))
     run("bc", spec.bc.steps, lambda step: behaviour_cloning(model, demos, spec.bc, rng, step))
 
-    def collect(round_: int) -> list[Demo]:
-        """The dagger stage's ``round_``-th collection: the weights as they are now, exported with the tokenizer,
-        drive fresh layouts (the tasks alternating, each worded as its demonstration would be); each episode comes
-        back labelled and cut into pieces."""
-        where = out / DAGGER_DIR / f"round-{round_}"
-        export(model, config, where, spec, trained_memory)
-        for file in TOKENIZER_FILES:
-            if (out / file).exists():  # a phase without words has none
-                shutil.copyfile(out / file, where / file)
-        seeds = [int(seed) for seed in rng.integers(2**31, 2**62, size=spec.dagger.episodes)]
-        episodes = ([arm_episode(spec, i, seed, noise=0.0) for i, seed in enumerate(seeds)] if spec.world == METAWORLD
-                    else [planar_episode(spec, wording, i, seed) for i, seed in enumerate(seeds)])
-        assert rollouts is not None  # checked on entry
-        driven = rollouts(f"{name}-dagger{round_}", where, episodes, spec.dagger)
-        log.dagger.append({"round": round_, "episodes": len(driven), "frames": int(sum(len(d.frames) for d in driven)),
-                           "policy_success": float(np.mean([d.success for d in driven]))})
-        if spec.world == METAWORLD:
-            driven = [replace(demo, prompt=wording.spoken(description(demo.task))) for demo in driven]
-        return [piece for demo in driven for piece in pieces(demo, spec.dagger.window)]
+    def collection(tag: str, tasks: Sequence[str], count: int, policy: str) -> Callable[[int], list[Demo]]:
+        """A collection of the policy's own episodes for a stage (``tag``): its ``round_``-th exports the weights as
+        they are now, with the tokenizer, and drives ``count`` fresh layouts with them through the runtime (``tasks``
+        alternating, each worded as its demonstration would be; memory ``policy``, ``spec.dagger``'s configuration
+        and cost), each episode back labelled."""
+        def collect(round_: int) -> list[Demo]:
+            where = out / DAGGER_DIR / f"round-{round_}"
+            export(model, config, where, spec, trained_memory)
+            for file in TOKENIZER_FILES:
+                if (out / file).exists():  # a phase without words has none
+                    shutil.copyfile(out / file, where / file)
+            seeds = [int(seed) for seed in rng.integers(2**31, 2**62, size=count)]
+            episodes = ([arm_episode(spec, i, seed, noise=0.0) for i, seed in enumerate(seeds)]
+                        if spec.world == METAWORLD
+                        else [planar_episode(spec, wording, tasks[i % len(tasks)], seed) for i, seed in enumerate(seeds)])
+            assert rollouts is not None  # checked on entry
+            driven = rollouts(f"{name}-{tag}{round_}", where, episodes, spec.dagger, policy)
+            log.dagger.append({"round": round_, "episodes": len(driven),
+                               "frames": int(sum(len(d.frames) for d in driven)),
+                               "policy_success": float(np.mean([d.success for d in driven])),
+                               **({} if tag == "dagger" else {"stage": tag})})
+            if spec.world == METAWORLD:
+                driven = [replace(demo, prompt=wording.spoken(description(demo.task))) for demo in driven]
+            return driven
 
-    run("dagger", spec.dagger.steps, lambda step: dagger(model, demos, spec.dagger, rng, collect, step))
-    shutil.rmtree(out / DAGGER_DIR, ignore_errors=True)
+        return collect
+
+    dagger_collect = collection("dagger", spec.tasks, spec.dagger.episodes, "fifo")
+    run("dagger", spec.dagger.steps, lambda step: dagger(
+        model, demos, spec.dagger, rng,
+        lambda round_: [piece for demo in dagger_collect(round_) for piece in pieces(demo, spec.dagger.window)], step))
+    aura_collect = collection("aura", spec.aura.tasks or spec.tasks, spec.aura.dagger_episodes, "aura")
     run("aura", spec.aura.memory_warmup + spec.aura.steps,
-        lambda step: train_aura(model, demos, wording, spec.aura, rng, step))
+        lambda step: train_aura(model, demos, spec.aura, rng, step, aura_collect))
+    shutil.rmtree(out / DAGGER_DIR, ignore_errors=True)
     run("dms", spec.dms.steps, lambda step: train_dms(model, demos, spec.dms, rng, step))
     export(model, config, out, spec, trained_memory)
     return log
 
 
-def planar_episode(spec: TrainSpec, wording: Wording, index: int, seed: int) -> PlanarEpisode:
-    """The ``index``-th of a collection's 2-D episodes (the phase's tasks alternating) from ``seed``, told what its
-    demonstration would be told (``demos.record_demo``'s wording)."""
-    task = spec.tasks[index % len(spec.tasks)]
+def planar_episode(spec: TrainSpec, wording: Wording, task: str, seed: int) -> PlanarEpisode:
+    """A collection's 2-D episode of ``task`` from ``seed``, told what its demonstration would be told
+    (``demos.record_demo``'s wording)."""
     env = CueReachEnv(TaskSpec(name=task), seed)
     prompt = wording.prompt(wording.instruction(env, np.random.default_rng([seed, 3])))
     return PlanarEpisode(task, seed, spec.image_size, spec.chunk, prompt)
