@@ -261,6 +261,30 @@ def test_a_two_phase_recipe_runs_the_second_phase_from_the_first_ones_weights(tm
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "phases", "train_log.json"]
 
 
+@pytest.mark.train
+def test_resume_goes_on_from_the_first_phase_a_run_did_not_finish(tmp_path, capsys):
+    """``--resume`` keeps the phases the log records with today's spec and a written checkpoint, and trains
+    the rest: after a second phase that changed, the checkpoint is the one a run of the changed recipe from
+    scratch writes, bit for bit; a run that finished trains nothing again; a torn log is one line."""
+    out, fresh = tmp_path / "out", tmp_path / "fresh"
+    assert main(["train", "--recipe", str(recipe_file(tmp_path, TINY)), "--out", str(out), "--quiet"]) == 0
+    first = (out / "phases" / "1-first" / "model.safetensors").stat().st_mtime_ns
+    changed = recipe_file(tmp_path, TINY.replace("seed: 1", "seed: 2"))
+    assert main(["train", "--recipe", str(changed), "--out", str(out), "--quiet", "--resume"]) == 0
+    assert (out / "phases" / "1-first" / "model.safetensors").stat().st_mtime_ns == first  # kept, not retrained
+    assert main(["train", "--recipe", str(changed), "--out", str(fresh), "--quiet"]) == 0
+    assert (out / "model.safetensors").read_bytes() == (fresh / "model.safetensors").read_bytes()
+    log = json.loads((out / "train_log.json").read_text())["phases"]
+    assert [phase["spec"]["seed"] for phase in log] == [0, 2]
+    last = (out / "model.safetensors").stat().st_mtime_ns
+    capsys.readouterr()
+    assert main(["train", "--recipe", str(changed), "--out", str(out), "--quiet", "--resume"]) == 0
+    assert (out / "model.safetensors").stat().st_mtime_ns == last and "first" in capsys.readouterr().out
+    (out / "train_log.json").write_text("{")
+    assert main(["train", "--recipe", str(changed), "--out", str(out), "--quiet", "--resume"]) == 2
+    assert "not a training log" in capsys.readouterr().err
+
+
 def test_a_smoke_run_scales_every_phase():
     recipe = load_recipe(SHIPPED / "recipe.yaml").scaled(0.02)
     fresh, dagger = recipe.phases[3].spec.aura, recipe.phases[4].spec.aura

@@ -76,8 +76,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         if step + 1 == steps:
             bar.close()
 
-    logs = train_recipe(recipe, args.out, progress, _arm_recording(args), _rollouts(args))
-    phases = ", ".join(f"{log.name} {sum(log.seconds.values()):.0f} s" for log in logs)
+    logs = train_recipe(recipe, args.out, progress, _arm_recording(args), _rollouts(args), resume=args.resume)
+    phases = ", ".join(f"{log['name']} {sum(log['seconds'].values()):.0f} s" for log in logs)
     print(f"wrote {args.out} (config.json, model.safetensors, train_log.json); {phases}")
     return 0
 

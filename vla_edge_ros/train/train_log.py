@@ -56,5 +56,17 @@ def summarise(rows: list[dict[str, float]]) -> dict[str, Any]:
     return {"steps": len(rows), "every": every, "means": means}
 
 
-def write_log(path: Path, phases: list[PhaseLog]) -> None:
-    path.write_text(json.dumps({"schema": SCHEMA, "phases": [phase.summary() for phase in phases]}, indent=1) + "\n")
+def write_log(path: Path, phases: list[dict[str, Any]]) -> None:
+    """The run's log: each phase's ``PhaseLog.summary``, in order."""
+    path.write_text(json.dumps({"schema": SCHEMA, "phases": phases}, indent=1) + "\n")
+
+
+def read_log(path: Path) -> list[dict[str, Any]]:
+    """The phases ``write_log`` wrote to ``path``; ValueError for a file of another kind."""
+    try:
+        log = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: not a training log ({error})") from None
+    if not isinstance(log, dict) or log.get("schema") != SCHEMA or not isinstance(log.get("phases"), list):
+        raise ValueError(f"{path}: not a training log of this version ({SCHEMA})")
+    return log["phases"]

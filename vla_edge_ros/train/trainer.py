@@ -10,11 +10,13 @@ all of them.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,11 +30,11 @@ from ..worlds.metaworld import ACTION, description
 from ..worlds.sim.world import CueReachEnv, TaskSpec
 from .arm_demos import ArmEpisode, arm_episode, arm_episodes, arm_state_statistics, pieces, record_arm_demos
 from .demos import Demo, PlanarEpisode, odometry_statistics, record_demos
-from .recipe import Recipe
+from .recipe import Phase, Recipe
 from .spec import METAWORLD, DaggerSpec, TrainSpec
 from .stages import behaviour_cloning, dagger, demo_perception, perception, train_aura, train_dms
 from .torch_model import VlaModel
-from .train_log import LOG_NAME, PhaseLog, write_log
+from .train_log import LOG_NAME, PhaseLog, read_log, write_log
 from .wording import Wording, arm_corpus, corpus
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", TEMPLATE_FILE)
@@ -50,19 +52,43 @@ DAGGER_DIR = "dagger"  # under a phase's output while it runs: the checkpoint of
 
 
 def train_recipe(recipe: Recipe, out: Path, progress: StageProgress = lambda *args: None,
-                 record_arm: ArmRecording = record_arm_demos, rollouts: Rollouts | None = None) -> list[PhaseLog]:
-    """Every phase of ``recipe`` where ``Recipe.chained`` puts it, ``out/train_log.json`` rewritten after each;
-    ``progress`` sees each stage as "<phase> <stage>"; ``record_arm`` records Meta-World's demonstrations (the
-    command line's runs them on ``--workers`` processes), ``rollouts`` the dagger stage's episodes (the
-    runtime drives them: the command line gives it)."""
-    logs: list[PhaseLog] = []
-    for phase, where in recipe.chained(out):
+                 record_arm: ArmRecording = record_arm_demos, rollouts: Rollouts | None = None,
+                 resume: bool = False) -> list[dict[str, Any]]:
+    """Every phase of ``recipe`` where ``Recipe.chained`` puts it, ``out/train_log.json`` rewritten after each, and
+    each phase's record as that log holds it, in order; ``progress`` sees each stage as "<phase> <stage>";
+    ``record_arm`` records Meta-World's demonstrations (the command line's runs them on ``--workers`` processes),
+    ``rollouts`` DAgger's episodes (the runtime drives them: the command line gives it). With ``resume`` the
+    phases an earlier run into ``out`` finished are kept (``finished_phases``) and the run goes on from the first
+    one it did not."""
+    phases = recipe.chained(out)
+    logs = finished_phases(phases, out) if resume else []
+    for phase, where in phases[len(logs):]:
         def tagged(stage: str, step: int, steps: int, figures: dict[str, float], name: str = phase.name) -> None:
             progress(f"{name} {stage}", step, steps, figures)
 
-        logs.append(train(phase.spec, where, phase.name, tagged, record_arm, rollouts))
+        logs.append(train(phase.spec, where, phase.name, tagged, record_arm, rollouts).summary())
         write_log(out / LOG_NAME, logs)
     return logs
+
+
+def finished_phases(phases: list[tuple[Phase, Path]], out: Path) -> list[dict[str, Any]]:
+    """The leading phases of ``phases`` that ``out/train_log.json`` records as finished with the spec each has now,
+    whose checkpoint is where the phase writes it: a phase is logged only after its checkpoint is written, and a
+    phase depends on nothing but its spec and the checkpoint before it (it seeds its own generators), so going on
+    from there gives what one uninterrupted run gives. The first phase that differs and every one after it run
+    again."""
+    path = out / LOG_NAME
+    if not path.is_file():
+        return []
+    logged = read_log(path)
+    kept: list[dict[str, Any]] = []
+    for (phase, where), record in zip(phases, logged):
+        spec = json.loads(json.dumps(asdict(phase.spec)))
+        written = all((where / name).is_file() for name in ("config.json", "model.safetensors"))
+        if record.get("name") != phase.name or record.get("spec") != spec or not written:
+            break
+        kept.append(record)
+    return kept
 
 
 def train(spec: TrainSpec, out: Path, name: str, progress: StageProgress = lambda *args: None,
