@@ -8,7 +8,8 @@ made. The flags are only how this machine runs it: where to write, torch's threa
 ``tools/parallel.py`` (one episode each, saved under ``OUT/demos``): rendering and the runtime's cycles are most
 of their cost, and the units are independent. DAgger's episodes are driven by the runtime
 (``tools/policy_rollouts.py``) and labelled by the trainer's ``PlanLabeller`` (the arm) or ``PlanarLabeller`` (the
-2-D world): this module is where the two meet.
+2-D world): this module is where the two meet. ``--resume`` also keeps the phases an earlier run into ``--out``
+finished (``trainer.finished_phases``).
 """
 
 from __future__ import annotations
