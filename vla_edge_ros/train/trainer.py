@@ -161,6 +161,7 @@ def train(spec: TrainSpec, out: Path, name: str, progress: StageProgress = lambd
                         else [planar_episode(spec, wording, tasks[i % len(tasks)], seed) for i, seed in enumerate(seeds)])
             assert rollouts is not None  # checked on entry
             driven = rollouts(f"{name}-{tag}{round_}", where, episodes, spec.dagger, policy)
+            shutil.rmtree(where)  # its episodes are saved (OUT/demos); the weights of the time are not needed again
             log.dagger.append({"round": round_, "episodes": len(driven),
                                "frames": int(sum(len(d.frames) for d in driven)),
                                "policy_success": float(np.mean([d.success for d in driven])),
