@@ -118,7 +118,7 @@ def test_the_shipped_log_sums_up_every_phase_that_made_the_checkpoint():
         ["aura", "bc", "dms", "perception"], ["aura", "bc", "dms"], ["aura", "dms"], ["aura", "dms"], ["aura", "dms"],
         ["bc", "perception"], ["perception"], ["perception"], ["perception"], ["bc", "perception"], ["aura", "dms"],
         ["dagger", "dms"], ["perception"], ["dagger", "dms"], ["aura"], *[["aura", "dms"]] * 5, ["perception"],
-        *[["aura", "dms"]] * 4]
+        *[["aura", "dms"]] * 6]
     steps = [{stage: summary["steps"] for stage, summary in phase["losses"].items()} for phase in log["phases"]]
     assert steps[3] == {"aura": 2000, "dms": 100} and steps[4] == {"aura": 600, "dms": 100}  # warm-up + stage steps
     assert steps[9] == {"perception": 1000, "bc": 900} and steps[10] == {"aura": 1600, "dms": 100}
@@ -126,12 +126,14 @@ def test_the_shipped_log_sums_up_every_phase_that_made_the_checkpoint():
     seconds = [sum(phase["seconds"].values()) for phase in log["phases"]]
     assert 6000 < sum(seconds[:5]) < 7000 and 8500 < sum(seconds[5:11]) < 9500  # the one-action model; words, chunks
     collections = [len(phase.get("dagger", [])) for phase in log["phases"][11:]]  # closed-loop episodes' rounds
-    assert collections == [3, 0, 2] + [0] * 9 + [4, 4]  # the last two: the aura stage's, through the runtime
+    assert collections == [3, 0, 2] + [0] * 9 + [4, 4, 5, 2]  # the last four: the aura stage's, through the runtime
     assert all(round_["stage"] == "aura" and round_["episodes"] == 64 for phase in log["phases"][23:]
                for round_ in phase["dagger"])
     assert steps[14] == {"aura": 1600} and steps[22] == {"aura": 400, "dms": 100}  # the chunked model's memory
     assert steps[23] == {"aura": 500, "dms": 100} and steps[24] == {"aura": 800, "dms": 100}
-    assert 14500 < sum(seconds[14:23]) < 16500 and 4500 < sum(seconds[23:]) < 5800  # partly beside evaluations
+    assert steps[25] == {"aura": 1000, "dms": 100} and steps[26] == {"aura": 400, "dms": 100}
+    assert 14500 < sum(seconds[14:23]) < 16500 and 4500 < sum(seconds[23:25]) < 5800  # partly beside evaluations
+    assert 5000 < seconds[25] < 6000 and 2000 < seconds[26] < 3000
     first = log["phases"][0]["losses"]["perception"]
     assert len(first["means"]["action"]) == 20 and first["means"]["action"][-1] < first["means"]["action"][0]
     words = log["phases"][8]["losses"]["perception"]["means"]["action"]  # the colour word grounded: lang-reach views
