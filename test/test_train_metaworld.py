@@ -24,12 +24,13 @@ from vla_edge_ros.config import ConfigError
 from vla_edge_ros.engine.vla_engine import VlaEngine
 from vla_edge_ros.memory import FifoPolicy
 from vla_edge_ros.model.checkpoint import load_checkpoint
+from vla_edge_ros.model.memory_tensors import check_aura
 from vla_edge_ros.model.init_model import AURA_DIM, preset
-from vla_edge_ros.train.arm_demos import (ArmEpisode, ArmRecorder, PlanLabeller, arm_episodes, arm_state_statistics,
-                                          pieces)
-from vla_edge_ros.train.demos import Demo, load_demo
+from vla_edge_ros.train.arm_demos import (ArmEpisode, ArmRecorder, PlanLabeller, arm_episode, arm_episodes,
+                                          arm_state_statistics, episodes_identity, pieces)
+from vla_edge_ros.train.demos import Demo, load_demo, sample_frames
 from vla_edge_ros.train.recipe import load_recipe
-from vla_edge_ros.train.spec import TrainSpec
+from vla_edge_ros.train.spec import MetaWorldSpec, TrainSpec
 from vla_edge_ros.train.stages import dagger
 from vla_edge_ros.train.torch_model import VlaModel
 from vla_edge_ros.train.trainer import phase_config, train
@@ -63,7 +64,13 @@ def _recipe(path: Path, **knobs) -> Path:
 @pytest.mark.parametrize("knobs, message", [
     ({"world": "metaworld", "stages": ["bc"]}, r"tasks: \['reach', 'cue-reach'\] are not the metaworld world's; .*"
                                                r"MT10's reach-v3, push-v3"),
-    ({"world": "metaworld", "tasks": ["reach-v3"]}, r"stages: \['aura', 'dms'\] learn the 2-D world's memory tasks"),
+    ({"world": "metaworld", "tasks": ["reach-v3"]}, r"stages: \['aura', 'dms'\] learn a memory task; .* and aura where "
+                                                    r"metaworld.goal_shown_s hides the goal"),
+    ({**SMALL, "stages": ["bc", "dms"], "metaworld": {"goal_shown_s": 0.3}}, r"stages: \['dms'\] learn a memory task"),
+    ({**SMALL, "metaworld": {"goal_shown_s": -0.1}}, "metaworld.goal_shown_s"),
+    ({"metaworld": {"goal_shown_s": 0.3}}, "metaworld: its knobs are for world: metaworld"),
+    ({**SMALL, "stages": ["bc", "aura"], "episodes": 32, "metaworld": {"goal_shown_s": 0.3}, "aura": {"tasks": ["reach"]}},
+     r"aura.tasks: the aura episodes are drawn from the phase's demonstrations"),
     ({"world": "metaworld", "tasks": ["reach-v3"], "stages": ["bc"], "instructions": ["go {color}"]},
      "instructions: the metaworld world's instruction is each task's description"),
     ({"tasks": ["reach-v3"]}, r"tasks: \['reach-v3'\] are not the sim world's"),
@@ -91,6 +98,19 @@ def test_a_metaworld_phase_trains_the_arms_action_and_the_2d_world_is_as_it_was(
     config = phase_config(replace(spec, state=False))
     assert (config.action.dof, config.action.chunk, config.vision.image_size, config.vision.patch_size) == (4, 4, 32, 8)
     assert phase_config(TrainSpec()) == preset("sim")  # the 2-D world's model is untouched by the new knobs
+
+
+def test_a_phase_that_hides_the_goal_trains_the_aura_memory_on_episodes_that_hide_it(tmp_path):
+    """The memory variant's training: with ``metaworld.goal_shown_s`` the aura stage is the arm's too, on the arm's
+    tasks, and every demonstration (and collected episode) hides the goal as ``evaluate --goal-shown-s`` does."""
+    spec = load_recipe(_recipe(tmp_path / "r.yaml", **SMALL | {"stages": ["bc", "aura"]}, metaworld={"goal_shown_s": 0.3},
+                               aura={"tasks": ["push-v3"], "batch": 2, "bc_batch": 2})).phases[0].spec
+    assert spec.stages == ("bc", "aura") and spec.aura.tasks == ("push-v3",)
+    assert {e.goal_shown_s for e in arm_episodes(spec)} == {0.3}
+    assert arm_episode(spec, 0, 5, noise=0.0, tasks=spec.aura.tasks).task == "push-v3"
+    drawn = replace(spec, stages=("bc",), metaworld=MetaWorldSpec())
+    assert {e.goal_shown_s for e in arm_episodes(drawn)} == {None}
+    assert episodes_identity(arm_episodes(spec)) != episodes_identity(arm_episodes(drawn))  # never resumed as one
 
 
 def test_a_dagger_phase_resolves_its_configuration_against_the_recipe_then_the_package(tmp_path):
@@ -143,6 +163,12 @@ def test_a_driven_episode_is_cut_into_pieces_that_keep_every_frame_in_order():
     cut = pieces(demo, 128)
     assert [len(piece.frames) for piece in cut] == [128, 128, 44]
     assert all(piece.cue_frames == len(piece.frames) and piece.prompt == (3,) and not piece.success for piece in cut)
+    hidden = pieces(replace(demo, cue_frames=130), 128)  # the goal drawn in the first 130 frames only
+    assert [piece.cue_frames for piece in hidden] == [128, 2, 0]
+    rng = np.random.default_rng(0)
+    for _ in range(200):  # a piece without a cue frame is sampled as any other
+        picked = sample_frames(hidden[2], rng, max_frames=16)
+        assert picked.size and picked.max() < 44 and np.all(np.diff(picked) > 0)
     np.testing.assert_array_equal(np.concatenate([piece.states for piece in cut]), demo.states)
     np.testing.assert_array_equal(np.concatenate([piece.frames for piece in cut]), demo.frames)
 
@@ -239,24 +265,101 @@ def test_train_on_two_tasks_with_workers_and_evaluate_the_checkpoint_on_the_arm(
     assert not any("prompt_token_ids" in note for note in report["tasks"][0]["notes"])  # it reads the description
 
 
-def test_a_step_the_expert_drives_is_labelled_as_its_demonstration_is():
-    """``PlanLabeller`` on an episode the expert itself drives records what ``ArmRecorder`` does for it: the same
-    frames, states, object positions and plans (on the expert's path a plan is what it goes on to execute)."""
+def test_a_demonstration_that_hides_the_goal_counts_the_frames_that_show_it():
+    """push-v3 with its goal ball drawn for 0.3 s: the first 24 frames (80 Hz) are the plain demonstration's and
+    are its cue frames, later frames lack the ball, and the arm's path and labels are unchanged."""
     loaded()
-    episode = ArmEpisode("reach-v3", 10**6, image_size=32, chunk=4)
+    recorder = ArmRecorder()
+    try:
+        plain = recorder.record(ArmEpisode("push-v3", 10**6, image_size=96, chunk=4))
+        hidden = recorder.record(ArmEpisode("push-v3", 10**6, image_size=96, chunk=4, goal_shown_s=0.3))
+    finally:
+        recorder.close()
+    assert plain.cue_frames == len(plain.frames) > 30 and hidden.cue_frames == 24
+    np.testing.assert_array_equal(hidden.frames[:24], plain.frames[:24])
+    assert all(np.any(hidden.frames[i] != plain.frames[i]) for i in (24, 30))
+    np.testing.assert_array_equal(hidden.states, plain.states)
+    np.testing.assert_array_equal(hidden.chunks, plain.chunks)
+
+
+def _aura_phase(tmp_path: Path, phase: dict | None = None, **aura) -> Path:
+    """A small recipe whose phase trains bc, then the aura memory with the decoder on push-v3 with the goal ball
+    drawn for 0.3 s only (``phase``: more of the phase's keys)."""
+    return _recipe(tmp_path / "r.yaml", **SMALL | {"stages": ["bc", "aura"], "tasks": ["push-v3"], "episodes": 2},
+                   **(phase or {}), metaworld={"goal_shown_s": 0.3},
+                   aura={"steps": 2, "batch": 2, "max_frames": 8, "max_stride": 4, "cue_writes": True,
+                         "memory_goal": 1.0, "memory_warmup": 2, "train_decoder": True, "bc_batch": 2, **aura})
+
+
+def test_an_aura_phase_on_the_hidden_goal_writes_a_memory_the_arm_is_evaluated_with(tmp_path, capsys):
+    """The memory variant end to end, small: the phase writes aura's tensors (its learned gate among them), and
+    ``vla-edge evaluate --goal-shown-s 0.3 --policy aura`` drives push-v3 with them (it must run, not succeed)."""
+    loaded()
+    out = tmp_path / "arm"
+    assert main(["train", "--recipe", str(_aura_phase(tmp_path)), "--out", str(out), "--quiet"]) == 0
+    log = json.loads((out / "train_log.json").read_text())["phases"][0]
+    assert sorted(log["losses"]) == ["aura", "bc"] and log["losses"]["aura"]["steps"] == 4  # warm-up + steps
+    assert check_aura(load_checkpoint(out))[1]  # a learned write gate
+    assert all(load_demo(path).cue_frames == 24 for path in (out / "demos").glob("arm-*.npz"))
+    settings = tmp_path / "arm.yaml"
+    settings.write_text(yaml.safe_dump({"reasoning": {"ros__parameters": {"model_dir": str(out), "backend": "numpy"}}}))
+    capsys.readouterr()
+    assert main(["evaluate", "--config", str(settings), "--task", "metaworld/push-v3", "--goal-shown-s", "0.3",
+                 "--policy", "aura", "--episodes", "1", "--max-steps", "30", "--cost", "fixed:encode=8ms,decode=1ms",
+                 "--out", str(tmp_path / "eval")]) == 0
+    cells = json.loads((tmp_path / "eval" / "evaluate.json").read_text())["tasks"][0]["cells"]
+    aura = [cell for cell in cells if cell["variant"] == "aura"][0]
+    assert aura["episodes"] == 1 and aura["invalid"] == 0 and aura["memory_frames"] > 0
+
+
+def test_a_phase_hiding_a_goal_a_task_does_not_draw_is_refused_before_anything_is_recorded(tmp_path, capsys):
+    loaded()
+    recipe = _recipe(tmp_path / "r.yaml", **SMALL | {"stages": ["bc"], "tasks": ["button-press-topdown-v3"]},
+                     metaworld={"goal_shown_s": 0.3})
+    assert main(["train", "--recipe", str(recipe), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "button-press-topdown-v3 draws no goal marker to hide" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # about a minute: the runtime drives the arm with the aura memory, two worker processes
+def test_an_aura_phase_collects_its_own_hidden_goal_episodes_through_the_runtime(tmp_path):
+    """aura's DAgger on the arm: the collected episodes hide the goal as the demonstrations do (24 cue frames, or
+    all of them when an episode is shorter), driven with the aura memory of the weights of the time."""
+    loaded()
+    out = tmp_path / "arm"
+    recipe = _aura_phase(tmp_path, {"dagger": {"max_steps": 40}}, dagger_episodes=2, dagger_rounds=1)
+    assert main(["train", "--recipe", str(recipe), "--out", str(out), "--workers", "2", "--quiet"]) == 0
+    log = json.loads((out / "train_log.json").read_text())["phases"][0]
+    assert [(r["round"], r["episodes"], r["stage"]) for r in log["dagger"]] == [(0, 2, "aura")]
+    driven = sorted((out / "demos").glob("arm-aura0-*.npz"))
+    assert len(driven) == 2
+    for path in driven:
+        demo = load_demo(path)
+        assert demo.cue_frames == min(24, len(demo.frames)) and len(demo.frames) == 37  # plans of 4 within 40 steps
+
+
+@pytest.mark.parametrize("goal_shown_s", [None, 0.3])
+def test_a_step_the_expert_drives_is_labelled_as_its_demonstration_is(goal_shown_s):
+    """``PlanLabeller`` on an episode the expert itself drives records what ``ArmRecorder`` does for it: the same
+    frames, states, object positions, plans (on the expert's path a plan is what it goes on to execute) and cue
+    frames."""
+    loaded()
+    episode = ArmEpisode("reach-v3", 10**6, image_size=32, chunk=4, goal_shown_s=goal_shown_s)
     recorder = ArmRecorder()
     try:
         recorded = recorder.record(episode)
     finally:
         recorder.close()
     labeller = PlanLabeller(episode)
-    with MetaWorldEnv(ArmSpec(task="reach-v3"), seed=0) as env:
+    with MetaWorldEnv(ArmSpec(task="reach-v3", goal_shown_s=goal_shown_s), seed=0) as env:
         env.reset(episode.seed)
         while not env.success:
             labeller.see(env)
             env.step(env.expert_action(), render=False)
         labelled = labeller.demo(env.success)
     assert labelled.success and len(labelled.frames) == len(recorded.frames)
+    assert labelled.cue_frames == recorded.cue_frames == (len(recorded.frames) if goal_shown_s is None else 24)
     for name in ("frames", "states", "where"):
         np.testing.assert_array_equal(getattr(labelled, name), getattr(recorded, name))
     np.testing.assert_allclose(labelled.chunks, recorded.chunks, atol=1e-6)

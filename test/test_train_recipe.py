@@ -45,7 +45,7 @@ NOT_REPRODUCIBLE = {
 # today's knobs that every logged phase predates (train/1 and train/2 alike): what the code of the time did
 # (the dagger stage's knobs: at their defaults, since no logged 2-D world phase ran that stage)
 LATER = {"aura.tasks": [], "world": "sim", "image_size": 64, "blind": False, "metaworld.camera": "corner2",
-         "metaworld.noise": 0.0, "bc.max_stride": 1, "aura.max_stride": 1,
+         "metaworld.noise": 0.0, "metaworld.goal_shown_s": None, "bc.max_stride": 1, "aura.max_stride": 1,
          **{f"dagger.{name}": value for name, value in asdict(TrainSpec().dagger).items()}}
 PREDATED = {"aura.dagger_episodes": 0, "aura.dagger_rounds": 4, "instructions": [], "state": False, "head": "linear",
             "chunk": 1, "mlp_hidden": 128, **LATER}

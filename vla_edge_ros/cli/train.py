@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # the trainer's modules load at run time, after the recipe is
     from ..tools.policy_rollouts import PolicyDrive
     from ..train.arm_demos import ArmEpisode
     from ..train.demos import Demo, PlanarEpisode
-    from ..train.spec import DaggerSpec
+    from ..train.spec import DaggerSpec, TrainSpec
 
 DEMOS_DIR = "demos"  # under --out: Meta-World's demonstrations, one .npz an episode (what --resume keeps)
 
@@ -52,6 +52,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     for phase in recipe.phases:  # so is the configuration DAgger drives under, not hours later
         if phase.spec.drives_policy:
             load_settings(phase.spec.dagger.config)
+        _check_goal_markers(phase.spec)
     if args.scale < 1:
         recipe = recipe.scaled(args.scale)
 
@@ -81,6 +82,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     phases = ", ".join(f"{log['name']} {sum(log['seconds'].values()):.0f} s" for log in logs)
     print(f"wrote {args.out} (config.json, model.safetensors, train_log.json); {phases}")
     return 0
+
+
+def _check_goal_markers(spec: TrainSpec) -> None:
+    """A phase that hides the arm's goal marker (``metaworld.goal_shown_s``) needs tasks that draw one: each task's
+    scene is opened once to tell (ValueError naming the task), before anything is recorded."""
+    from ..train.spec import METAWORLD
+
+    if spec.world != METAWORLD or spec.metaworld.goal_shown_s is None:
+        return
+    from ..worlds.metaworld import ArmSpec, MetaWorldEnv
+
+    for task in spec.tasks:
+        MetaWorldEnv(ArmSpec(task=task, goal_shown_s=spec.metaworld.goal_shown_s), 0).close()
 
 
 def _arm_recording(args: argparse.Namespace) -> Callable[[str, list[ArmEpisode]], list[Demo]]:
@@ -174,7 +188,7 @@ def rollout_unit(state: tuple[dict, Path], spec: tuple[str, ArmEpisode | PlanarE
         outcome = drive_planar(drive, episode.task, episode.seed, episode.prompt, labeller.see)
     else:
         labeller = PlanLabeller(episode)
-        outcome = drive_arm(drive, episode.task, episode.seed, labeller.see)
+        outcome = drive_arm(drive, episode.task, episode.seed, labeller.see, episode.goal_shown_s)
     demo = labeller.demo(outcome.success)
     name = f"{key}.npz"
     save_demo(demo, directory / name)

@@ -74,17 +74,20 @@ def prepare_drive(drive: PolicyDrive) -> dict[str, Any]:
     return {"drive": drive, "checkpoint": checkpoint, "row": (drive.policy, budget), "tasks": {}}
 
 
-def drive_arm(state: dict[str, Any], task: str, seed: int, before_step: Callable[[MetaWorldEnv], None]) -> Episode:
+def drive_arm(state: dict[str, Any], task: str, seed: int, before_step: Callable[[MetaWorldEnv], None],
+              goal_shown_s: float | None = None) -> Episode:
     """One episode of ``task`` from ``seed``'s layout, the policy driving (the drive's memory policy, the configured
-    execution), ``before_step`` seeing the arm before every step."""
-    if task not in state["tasks"]:
+    execution), ``before_step`` seeing the arm before every step; ``goal_shown_s``: the goal marker drawn for the
+    first seconds only, as ``evaluate --goal-shown-s`` draws it."""
+    key = (task, goal_shown_s)
+    if key not in state["tasks"]:
         drive, checkpoint = state["drive"], state["checkpoint"]
-        spec = ArmTask(task, max_steps=drive.max_steps)
+        spec = ArmTask(task, max_steps=drive.max_steps, goal_shown_s=goal_shown_s)
         settings = arm_observation(drive.settings, checkpoint.config, spec, "the dagger stage")
         context = EvalContext(settings, spec, drive.costs, None, (), longest_prompt(settings, checkpoint, spec, ()))
-        state["tasks"][task] = {"context": context, "checkpoint": checkpoint, "engines": {}, "instructor": None,
-                                "arm": MetaWorldEnv(spec.arm, 0)}
-    cell = state["tasks"][task]
+        state["tasks"][key] = {"context": context, "checkpoint": checkpoint, "engines": {}, "instructor": None,
+                               "arm": MetaWorldEnv(spec.arm, 0)}
+    cell = state["tasks"][key]
     world = WatchedArmWorld(cell["arm"], seed, camera_period_steps(CAMERA_RATE_HZ), before_step)
     return drive_episode(world, seed, episode_start(cell, EpisodeSpec(*state["row"], seed))())
 

@@ -14,7 +14,9 @@ the 2-D world's DART), and each frame's plan is computed from the state it shows
 it was. The gripper's effort gets no noise: the experts command it fully open or closed.
 
 ``where`` (privileged, for the training-only ``where_head``) is the object's and the goal's (x, y), mapped
-from the table to about [0, 1]. A demonstration stops at success, or where the plan of its last frame would
+from the table to about [0, 1]. With ``MetaWorldSpec.goal_shown_s`` (the memory variant) the goal marker is drawn
+in the frames of the first that many seconds only, as ``evaluate --goal-shown-s`` draws it; ``cue_frames`` counts
+those frames, the cue the aura stage's writes are labelled on, as in the 2-D world's cue-reach. A demonstration stops at success, or where the plan of its last frame would
 run past Meta-World's 500-step limit.
 
 Rendering costs about 20 ms a frame on a CPU and the physics under 1 ms a step, so demonstrations are recorded
@@ -57,6 +59,7 @@ class ArmEpisode:
     chunk: int = 1
     noise: float = 0.0
     render: bool = True  # False (a blind model's): every frame is zeros, nothing is drawn
+    goal_shown_s: float | None = None  # the goal marker drawn for the first seconds only (None: always)
 
     @property
     def key(self) -> str:
@@ -69,11 +72,13 @@ def arm_episodes(spec: TrainSpec) -> list[ArmEpisode]:
     return [arm_episode(spec, i, demo_seed(spec.seed, i), spec.metaworld.noise) for i in range(spec.episodes)]
 
 
-def arm_episode(spec: TrainSpec, index: int, seed: int, noise: float) -> ArmEpisode:
-    """The ``index``-th episode of a phase (its task: the phase's tasks alternating) from ``seed``, recorded with the
-    phase's camera, frame size, chunk and blindness."""
-    return ArmEpisode(task=spec.tasks[index % len(spec.tasks)], seed=seed, camera=spec.metaworld.camera,
-                      image_size=spec.image_size, chunk=spec.chunk, noise=noise, render=not spec.blind)
+def arm_episode(spec: TrainSpec, index: int, seed: int, noise: float, tasks: Sequence[str] = ()) -> ArmEpisode:
+    """The ``index``-th episode of a phase (its task: ``tasks``, default the phase's, alternating) from ``seed``,
+    recorded with the phase's camera, frame size, chunk, blindness and goal marker."""
+    tasks = tasks or spec.tasks
+    return ArmEpisode(task=tasks[index % len(tasks)], seed=seed, camera=spec.metaworld.camera,
+                      image_size=spec.image_size, chunk=spec.chunk, noise=noise, render=not spec.blind,
+                      goal_shown_s=spec.metaworld.goal_shown_s)
 
 
 def arm_where(observation: np.ndarray) -> np.ndarray:
@@ -97,7 +102,9 @@ class ArmRecorder:
         blank = np.zeros((episode.image_size, episode.image_size, 3), np.uint8)
         noise = np.zeros(3)
         frames, plans, executed, where, states = [], [], [], [], []
+        shown = 0
         while len(frames) < limit:
+            shown += env.goal_drawn
             frames.append(resize_frame(env.frame(), episode.image_size) if episode.render else blank)
             where.append(arm_where(env.observation))
             states.append(env.state.astype(np.float32))
@@ -116,13 +123,14 @@ class ArmRecorder:
             for _ in range(episode.chunk - 1):
                 executed.append(env.step(env.expert_action(), render=False).action)
             plans = [executed[i:i + episode.chunk] for i in range(len(frames))]
-        return Demo(episode.task, np.stack(frames), np.asarray(plans, np.float32), np.stack(where), len(frames),
+        return Demo(episode.task, np.stack(frames), np.asarray(plans, np.float32), np.stack(where), shown,
                     success, np.stack(states), ())
 
     def _env(self, episode: ArmEpisode) -> MetaWorldEnv:
-        key = (episode.task, episode.camera)
+        key = (episode.task, episode.camera, episode.goal_shown_s)
         if key not in self._envs:
-            self._envs[key] = MetaWorldEnv(ArmSpec(task=episode.task, camera=episode.camera), episode.seed)
+            spec = ArmSpec(task=episode.task, camera=episode.camera, goal_shown_s=episode.goal_shown_s)
+            self._envs[key] = MetaWorldEnv(spec, episode.seed)
         return self._envs[key]
 
     def close(self) -> None:
@@ -142,6 +150,7 @@ class PlanLabeller:
         self.episode = episode
         self._blank = np.zeros((episode.image_size, episode.image_size, 3), np.uint8)
         self._frames: list[np.ndarray] = []
+        self._shown = 0  # the frames that draw the goal marker
         self._plans: list[np.ndarray] = []
         self._where: list[np.ndarray] = []
         self._states: list[np.ndarray] = []
@@ -149,6 +158,7 @@ class PlanLabeller:
     def see(self, env: MetaWorldEnv) -> None:
         if env.steps + self.episode.chunk > env.spec.max_steps:  # ``record``'s limit: every action of the plan runs
             return
+        self._shown += env.goal_drawn
         self._frames.append(resize_frame(env.frame(), self.episode.image_size) if self.episode.render else self._blank)
         self._where.append(arm_where(env.observation))
         self._states.append(env.state.astype(np.float32))
@@ -157,15 +167,17 @@ class PlanLabeller:
     def demo(self, success: bool) -> Demo:
         """What was seen (at least the first step), its prompt left empty for the trainer."""
         return Demo(self.episode.task, np.stack(self._frames), np.asarray(self._plans, np.float32),
-                    np.stack(self._where), len(self._frames), success, np.stack(self._states), ())
+                    np.stack(self._where), self._shown, success, np.stack(self._states), ())
 
 
 def pieces(demo: Demo, window: int) -> list[Demo]:
     """``demo`` cut into consecutive pieces of at most ``window`` frames (``DaggerSpec.window``), each a demonstration
-    of its own: bc samples a demonstration's sequences back from its last frame."""
+    of its own: bc samples a demonstration's sequences back from its last frame. A piece's ``cue_frames`` are those
+    of the goal-drawing frames that fall in it."""
     cuts = [slice(i, i + window) for i in range(0, len(demo.frames), window)]
     return [replace(demo, frames=demo.frames[cut], chunks=demo.chunks[cut], where=demo.where[cut],
-                    cue_frames=len(demo.frames[cut]), states=demo.states[cut]) for cut in cuts]
+                    cue_frames=int(np.clip(demo.cue_frames - cut.start, 0, len(demo.frames[cut]))),
+                    states=demo.states[cut]) for cut in cuts]
 
 
 def record_arm_demos(phase: str, episodes: list[ArmEpisode]) -> list[Demo]:
@@ -208,5 +220,6 @@ def record_unit(state: tuple[ArmRecorder, Path], spec: tuple[str, ArmEpisode]) -
 def episodes_identity(episodes: list[ArmEpisode]) -> str:
     """What a unit's result depends on besides its key (task and seed), for ``Job.identity``: the schema and the
     recording settings, so that a demonstration recorded with other settings is never resumed."""
-    settings = sorted({(e.camera, e.image_size, e.chunk, e.noise, e.render) for e in episodes})
+    settings = sorted({(e.camera, e.image_size, e.chunk, e.noise, e.render, e.goal_shown_s) for e in episodes},
+                      key=repr)
     return json.dumps([DEMO_SCHEMA, settings])

@@ -269,8 +269,8 @@ def sample_frames(demo: Demo, rng: np.random.Generator, max_frames: int, max_str
     kind = rng.choice(3, p=(0.5, 0.25, 0.25))
     if kind == 1 and count > 1:  # sliding window
         index = np.arange(rng.integers(1, count), count)
-    elif kind == 2 and count > 2:  # the start and the recent past
-        head = int(rng.integers(1, min(demo.cue_frames, count - 2) + 1))
+    elif kind == 2 and count > 2:  # the start and the recent past (a piece of an episode may hold no cue frame)
+        head = int(rng.integers(1, min(max(demo.cue_frames, 1), count - 2) + 1))
         index = np.concatenate([np.arange(head), np.arange(rng.integers(head + 1, count), count)])
     else:
         index = np.arange(count)

@@ -29,7 +29,7 @@ DEMONSTRATED_TASKS = ("reach", "cue-reach", "lang-reach", "chase")  # the script
 SIM, METAWORLD = "sim", "metaworld"  # the worlds a phase trains on: the package's 2-D world, Meta-World's arm
 WORLDS = (SIM, METAWORLD)
 WORLD_TASKS = {SIM: DEMONSTRATED_TASKS, METAWORLD: ARM_TASKS}  # each world's scripted experts
-ARM_STAGES = ("perception", "bc", "dagger")  # aura and dms learn the 2-D world's memory tasks; Meta-World's need no memory
+ARM_STAGES = ("perception", "bc", "dagger")  # the arm's stages; aura too where the goal is hidden (a memory task)
 ROLLOUT_COST = "fixed:encode=8ms,decode=1ms"  # the cycle cost MT10's figures are measured at (docs/metaworld.md)
 WORLD_CONFIGS = {SIM: "config/default.yaml", METAWORLD: "config/metaworld.yaml"}  # what each world's robot runs under
 
@@ -142,7 +142,7 @@ class AuraSpec(EpisodeStageSpec):
                        False)
     tasks: tuple[str, ...] = knob("the tasks of the aura episodes, its warm-up and DAgger (empty: the phase's); "
                                   "train_decoder's frame histories keep every task of the phase", (),
-                                  choices=DEMONSTRATED_TASKS)
+                                  choices=DEMONSTRATED_TASKS + ARM_TASKS)
 
     def __post_init__(self) -> None:
         if self.forced_fraction >= 1:
@@ -173,6 +173,10 @@ class MetaWorldSpec:
     noise: float = knob("std of the correlated noise added to the expert's displacement while recording (DART); every "
                         "frame is still labelled with the clean expert's plan from the state it shows (0: plain "
                         "behaviour cloning, the expert's own path)", 0.0, minimum=0.0, maximum=1.0)
+    goal_shown_s: float | None = knob("the goal marker drawn for the first seconds of every episode only, in the "
+                                      "demonstrations and the policy's own episodes (evaluate's --goal-shown-s: "
+                                      "the memory variant, which the aura stage trains for); None: always drawn",
+                                      None, minimum=0.0, maximum=10.0)
 
 
 @dataclass(frozen=True)
@@ -265,10 +269,11 @@ class TrainSpec:
                 raise ValueError("dagger.max_steps: the 2-D world's episodes end at their task's time limit; "
                                  "max_steps is for world: metaworld")
             return
-        memory = [stage for stage in self.stages if stage not in ARM_STAGES]
+        hidden = self.metaworld.goal_shown_s is not None
+        memory = [stage for stage in self.stages if stage not in ARM_STAGES and not (stage == "aura" and hidden)]
         if memory:
-            raise ValueError(f"stages: {memory} learn the 2-D world's memory tasks; the metaworld world trains "
-                             f"{list(ARM_STAGES)}: set stages to those")
+            raise ValueError(f"stages: {memory} learn a memory task; the metaworld world trains {list(ARM_STAGES)}, "
+                             f"and aura where metaworld.goal_shown_s hides the goal after its first seconds")
         if self.instructions:
             raise ValueError("instructions: the metaworld world's instruction is each task's description "
                              "(worlds/metaworld DESCRIPTIONS); leave instructions empty")

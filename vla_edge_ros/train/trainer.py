@@ -156,7 +156,7 @@ def train(spec: TrainSpec, out: Path, name: str, progress: StageProgress = lambd
                 if (out / file).exists():  # a phase without words has none
                     shutil.copyfile(out / file, where / file)
             seeds = [int(seed) for seed in rng.integers(2**31, 2**62, size=count)]
-            episodes = ([arm_episode(spec, i, seed, noise=0.0) for i, seed in enumerate(seeds)]
+            episodes = ([arm_episode(spec, i, seed, noise=0.0, tasks=tasks) for i, seed in enumerate(seeds)]
                         if spec.world == METAWORLD
                         else [planar_episode(spec, wording, tasks[i % len(tasks)], seed) for i, seed in enumerate(seeds)])
             assert rollouts is not None  # checked on entry

@@ -138,11 +138,16 @@ class MetaWorldEnv:
         self._steps, self._success = 0, False
         return self.frame()
 
+    @property
+    def goal_drawn(self) -> bool:
+        """Whether ``frame`` draws the goal marker now: always, or within the first ``goal_shown_s`` seconds."""
+        return self.spec.goal_shown_s is None or self.time_s < self.spec.goal_shown_s
+
     def frame(self) -> np.ndarray:
         """The camera's view now: HxWx3 uint8 RGB, upright (without the goal marker after ``goal_shown_s``)."""
         if self._goal is not None:
             site, alpha = self._goal
-            self._env.model.site_rgba[site, 3] = alpha if self.time_s < self.spec.goal_shown_s else 0.0
+            self._env.model.site_rgba[site, 3] = alpha if self.goal_drawn else 0.0
         return self._camera.frame(self._env.data)
 
     def _goal_marker(self) -> tuple[int, float]:
