@@ -16,8 +16,8 @@ it was. The gripper's effort gets no noise: the experts command it fully open or
 ``where`` (privileged, for the training-only ``where_head``) is the object's and the goal's (x, y), mapped
 from the table to about [0, 1]. With ``MetaWorldSpec.goal_shown_s`` (the memory variant) the goal marker is drawn
 in the frames of the first that many seconds only, as ``evaluate --goal-shown-s`` draws it; ``cue_frames`` counts
-those frames, the cue the aura stage's writes are labelled on, as in the 2-D world's cue-reach. A demonstration stops at success, or where the plan of its last frame would
-run past Meta-World's 500-step limit.
+those frames, the cue the aura stage's writes are labelled on, as in the 2-D world's cue-reach. A demonstration
+stops at success, or where the plan of its last frame would run past Meta-World's 500-step limit.
 
 Rendering costs about 20 ms a frame on a CPU and the physics under 1 ms a step, so demonstrations are recorded
 as units of ``tools/parallel.py`` where the command line runs them (``vla-edge train --workers``): a unit is one
