@@ -20,7 +20,7 @@ import pytest
 from vla_edge_ros import dependencies as deps
 from vla_edge_ros.config import USER_ERRORS
 from vla_edge_ros.worlds.metaworld import (DESCRIPTIONS, MT10, TASKS, ArmSpec, MetaWorldEnv, WorldUnavailable,
-                                           clip_action)
+                                           check_goal_marker, clip_action)
 from vla_edge_ros.worlds.metaworld import backend
 from vla_edge_ros.worlds.metaworld.camera import CAMERAS, ROLLED
 from vla_edge_ros.worlds.metaworld.spec import MAX_PATH_LENGTH
@@ -182,6 +182,10 @@ def test_a_goal_shown_for_a_while_is_drawn_until_then_and_changes_nothing_else(p
         hidden.close()
     with pytest.raises(ValueError, match="button-press-topdown-v3 draws no goal marker to hide"):
         MetaWorldEnv(ArmSpec(task="button-press-topdown-v3", goal_shown_s=0.3), seed=0)
+    check_goal_marker(ArmSpec(task="push-v3", goal_shown_s=0.3))  # the check before a run: a marker to hide
+    check_goal_marker(ArmSpec(task="button-press-topdown-v3"))  # nothing hidden, nothing to check
+    with pytest.raises(ValueError, match="button-press-topdown-v3 draws no goal marker to hide"):
+        check_goal_marker(ArmSpec(task="button-press-topdown-v3", goal_shown_s=0.3))
 
 
 def test_the_corner_camera_is_turned_upright_by_half_a_turn_not_mirrored(push):

@@ -85,16 +85,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _check_goal_markers(spec: TrainSpec) -> None:
-    """A phase that hides the arm's goal marker (``metaworld.goal_shown_s``) needs tasks that draw one: each task's
-    scene is opened once to tell (ValueError naming the task), before anything is recorded."""
+    """A phase that hides the arm's goal marker (``metaworld.goal_shown_s``) needs tasks that draw one."""
     from ..train.spec import METAWORLD
 
     if spec.world != METAWORLD or spec.metaworld.goal_shown_s is None:
         return
-    from ..worlds.metaworld import ArmSpec, MetaWorldEnv
+    from ..worlds.metaworld import ArmSpec, check_goal_marker
 
     for task in spec.tasks:
-        MetaWorldEnv(ArmSpec(task=task, goal_shown_s=spec.metaworld.goal_shown_s), 0).close()
+        check_goal_marker(ArmSpec(task=task, goal_shown_s=spec.metaworld.goal_shown_s))
 
 
 def _arm_recording(args: argparse.Namespace) -> Callable[[str, list[ArmEpisode]], list[Demo]]:

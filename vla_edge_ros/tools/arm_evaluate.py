@@ -17,7 +17,7 @@ from typing import Any
 from ..config import Settings
 from ..runtime.block_costs import CostModel
 from ..runtime.loader import load_model
-from ..worlds.metaworld import MetaWorldEnv
+from ..worlds.metaworld import check_goal_marker
 from ..worlds.metaworld.backend import load as load_backend
 from .arm_world import ARM_RATE_HZ, ArmTask, arm_observation
 from .evaluate import evaluate, success_counts, write_report
@@ -38,9 +38,8 @@ def evaluate_arm(settings: Settings, tasks: Sequence[ArmTask], variants: Sequenc
     # machine without Meta-World or OSMesa (each one line)
     arm_observation(settings, load_model(settings).config, tasks[0], "evaluate")
     load_backend()
-    for task in tasks:  # a goal to hide must be drawn in the first place (the scene tells, so it is opened)
-        if task.goal_shown_s is not None:
-            MetaWorldEnv(task.arm, 0).close()
+    for task in tasks:  # a goal to hide must be drawn in the first place
+        check_goal_marker(task.arm)
     reports = []
     for task in tasks:
         progress(f"{task.name}: \"{task.description}\" ({episodes} episodes a row, "

@@ -5,9 +5,9 @@ machine without them (or without OSMesa) gets one ``WorldUnavailable`` line nami
 """
 
 from .backend import WorldUnavailable
-from .env import ACTION, STATE, MetaWorldEnv, StepOutcome, clip_action
+from .env import ACTION, STATE, MetaWorldEnv, StepOutcome, check_goal_marker, clip_action
 from .spec import ArmSpec
 from .tasks import DESCRIPTIONS, MT10, TASKS, description
 
 __all__ = ["ACTION", "DESCRIPTIONS", "MT10", "STATE", "TASKS", "ArmSpec", "MetaWorldEnv", "StepOutcome",
-           "WorldUnavailable", "clip_action", "description"]
+           "WorldUnavailable", "check_goal_marker", "clip_action", "description"]

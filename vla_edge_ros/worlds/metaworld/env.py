@@ -230,3 +230,10 @@ class MetaWorldEnv:
 
     def __exit__(self, *_: Any) -> None:
         self.close()
+
+
+def check_goal_marker(spec: ArmSpec) -> None:
+    """Refuse, before anything is recorded or evaluated, a spec that hides the goal marker of a task that draws none
+    (ValueError naming the task): only the task's scene tells, so it is opened once and closed."""
+    if spec.goal_shown_s is not None:
+        MetaWorldEnv(spec, 0).close()
