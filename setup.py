@@ -19,7 +19,8 @@ DEPENDENCIES = runpy.run_path(str(Path(__file__).resolve().parent / PACKAGE / "d
 # the trained checkpoints and the recipe files that made them: the 2-D world's default and Meta-World's MT10 arm
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                     "train_log.json")
-SHIPPED_MODELS = {"sim": ("recipe.yaml",), "metaworld": ("recipe.yaml", "state-only.yaml")}
+SHIPPED_MODELS = {"sim": ("recipe.yaml",), "metaworld": ("recipe.yaml", "state-only.yaml"),
+                  "metaworld-memory": ("recipe.yaml",)}
 
 setup(
     name=PACKAGE,

@@ -25,6 +25,16 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_YAML = ROOT / "config" / "default.yaml"
 
 
+def test_the_memory_variants_config_is_the_arms_but_for_its_checkpoint():
+    """config/metaworld-memory.yaml reads the arm as config/metaworld.yaml does: only the checkpoint differs, so the
+    two files cannot drift apart."""
+    arm, memory = (load_settings(ROOT / "config" / name) for name in ("metaworld.yaml", "metaworld-memory.yaml"))
+    differ = {(node, key) for node, params in arm.values.items() for key, value in params.items()
+              if memory.values[node][key] != value}
+    assert differ == {("reasoning", "model_dir")}
+    assert memory["reasoning"]["model_dir"] == str(ROOT / "models" / "metaworld-memory")
+
+
 def test_default_yaml_names_every_parameter_with_the_schema_default():
     """config/default.yaml is the schema's defaults written out: the same keys and the same values, so a
     command run without --config behaves as one run with the shipped file."""

@@ -106,10 +106,12 @@ def test_the_documented_layout_names_every_package_of_the_tree():
     assert listed == on_disk
 
 
-@pytest.mark.parametrize("model, recipes", [("sim", ("recipe.yaml",)), ("metaworld", ("recipe.yaml", "state-only.yaml"))])
+@pytest.mark.parametrize("model, recipes", [("sim", ("recipe.yaml",)), ("metaworld", ("recipe.yaml", "state-only.yaml")),
+                                            ("metaworld-memory", ("recipe.yaml",))])
 def test_setup_installs_exactly_the_shipped_model_files(model, recipes):
-    """models/sim and models/metaworld ship their checkpoint, tokenizer and chat template, recipes and one summary
-    log, nothing else (no plots, no old logs, no evaluation phrasings, no demonstrations); at most 20 MB."""
+    """Each shipped model (models/sim, models/metaworld, models/metaworld-memory) ships its checkpoint, tokenizer and
+    chat template, recipes and one summary log, nothing else (no plots, no old logs, no evaluation phrasings, no
+    demonstrations); at most 20 MB."""
     shipped = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                "train_log.json", *recipes)
     data_files = dict(declared_by_setup().data_files)

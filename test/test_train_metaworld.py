@@ -191,6 +191,22 @@ def test_the_mt10_recipes_are_one_phase_the_baseline_blind_on_the_same_demonstra
         [(e.task, e.seed, e.noise) for e in arm_episodes(camera.spec)]
 
 
+def test_the_memory_recipe_starts_from_the_mt10_policy_and_hides_the_goal_as_evaluation_does():
+    """models/metaworld-memory: one phase from models/metaworld with the same model (so its weights load), on
+    reach-v3 and push-v3 with the goal shown for 0.3 s, bc then aura; its demonstrations are neither an
+    evaluation's (seeds from 0) nor the MT10 recipe's, and its checkpoint carries aura's learned write gate."""
+    (memory,), (mt10,) = (load_recipe(ROOT / "models" / name / "recipe.yaml").phases
+                          for name in ("metaworld-memory", "metaworld"))
+    spec = memory.spec
+    assert Path(spec.init_from).resolve() == ROOT / "models" / "metaworld"
+    assert spec.tasks == TASKS and spec.stages == ("bc", "aura") and spec.metaworld.goal_shown_s == 0.3
+    seeds = {e.seed for e in arm_episodes(spec)}
+    assert min(seeds) >= 1000 and not seeds & {e.seed for e in arm_episodes(mt10.spec)}
+    checkpoint, started_from = (load_checkpoint(ROOT / "models" / name) for name in ("metaworld-memory", "metaworld"))
+    assert checkpoint.config == started_from.config  # the same model, state statistics included
+    assert check_aura(checkpoint)[1]
+
+
 # --- with Meta-World -------------------------------------------------------------------------------------------
 
 
