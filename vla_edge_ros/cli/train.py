@@ -88,7 +88,7 @@ def _check_goal_markers(spec: TrainSpec) -> None:
     """A phase that hides the arm's goal marker (``metaworld.goal_shown_s``) needs tasks that draw one."""
     from ..train.spec import METAWORLD
 
-    if spec.world != METAWORLD or spec.metaworld.goal_shown_s is None:
+    if spec.world != METAWORLD:
         return
     from ..worlds.metaworld import ArmSpec, check_goal_marker
 
